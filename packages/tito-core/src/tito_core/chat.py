@@ -1,0 +1,317 @@
+"""Strands messages to chat-template messages, and incremental rendering with the chat template.
+
+The first model call renders the whole conversation (system prompt, tools, messages, generation
+prompt). Later calls render only the new messages, by rendering them after a dummy ``[system, user]``
+prefix and taking the difference, which must be a clean suffix (a :class:`TemplateError` otherwise).
+Assistant turns are never re-rendered: the model's own tokens are the truth.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from strands.types.content import ContentBlock, Message, Messages
+from strands.types.tools import ToolResultContent, ToolSpec
+
+from .errors import TemplateError, UnsupportedContentError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+ChatMessage = dict[str, Any]
+
+TEXT_JOINER = "\n"
+"""Several text blocks of one message (or items of one tool result) are joined with this."""
+
+_DUMMY_PREFIX: list[ChatMessage] = [
+    {"role": "system", "content": "tito dummy system"},
+    {"role": "user", "content": "tito dummy user"},
+]
+_PROBE_MARK = "tito-probe-7f3a9c"
+_IGNORED_BLOCKS = frozenset({"cachePoint"})
+
+
+def tool_specs_to_chat(tool_specs: Sequence[ToolSpec] | None) -> list[dict[str, Any]] | None:
+    """Strands tool specs to the OpenAI ``{"type": "function", "function": ...}`` form templates expect."""
+    if not tool_specs:
+        return None
+    tools = []
+    for spec in tool_specs:
+        schema = spec.get("inputSchema", {})
+        parameters = schema.get("json", schema) if isinstance(schema, Mapping) else {}
+        tools.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": spec["name"],
+                    "description": spec.get("description", ""),
+                    "parameters": parameters,
+                },
+            }
+        )
+    return tools
+
+
+def system_text(system_prompt: str | None, system_prompt_content: Sequence[Mapping[str, Any]] | None) -> str | None:
+    """The system prompt as one string (content blocks take priority; cache points are ignored)."""
+    if system_prompt_content:
+        parts = []
+        for block in system_prompt_content:
+            if "text" in block:
+                parts.append(block["text"])
+            elif not set(block) <= _IGNORED_BLOCKS:
+                raise UnsupportedContentError(f"system prompt block {sorted(block)} is not supported (text only)")
+        return TEXT_JOINER.join(parts)
+    return system_prompt
+
+
+def _tool_result_text(content: Sequence[ToolResultContent], tool_use_id: str) -> str:
+    parts: list[str] = []
+    for item in content:
+        if "text" in item:
+            parts.append(item["text"])
+        elif "json" in item:
+            parts.append(json.dumps(item["json"], ensure_ascii=False))
+        else:
+            kinds = ", ".join(sorted(item))
+            raise UnsupportedContentError(
+                f"tool result {tool_use_id!r} holds a {kinds} item; only text and json tool results are supported"
+            )
+    return TEXT_JOINER.join(parts)
+
+
+def _unsupported(block: ContentBlock, role: str) -> UnsupportedContentError:
+    kinds = ", ".join(sorted(block)) or "empty"
+    if {"image", "video", "document"} & set(block):
+        return UnsupportedContentError(
+            f"{kinds} content in a {role} message is not supported yet: tito renders text-only chat templates"
+        )
+    return UnsupportedContentError(f"unsupported content block {kinds!r} in a {role} message")
+
+
+def _assistant_to_chat(message: Message) -> tuple[ChatMessage, list[str]]:
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for block in message["content"]:
+        if "text" in block:
+            texts.append(block["text"])
+        elif "toolUse" in block:
+            use = block["toolUse"]
+            calls.append(
+                {
+                    "id": use["toolUseId"],
+                    "type": "function",
+                    "function": {"name": use["name"], "arguments": use.get("input") or {}},
+                }
+            )
+        elif "reasoningContent" in block:
+            text = block["reasoningContent"].get("reasoningText", {}).get("text")
+            if text is None:
+                raise UnsupportedContentError("redacted reasoning content cannot be rendered into tokens")
+            reasoning.append(text)
+        elif not set(block) <= _IGNORED_BLOCKS:
+            raise _unsupported(block, "assistant")
+    chat: ChatMessage = {"role": "assistant", "content": TEXT_JOINER.join(texts)}
+    if reasoning:
+        chat["reasoning_content"] = TEXT_JOINER.join(reasoning)
+    if calls:
+        chat["tool_calls"] = calls
+    return chat, [c["id"] for c in calls]
+
+
+def _user_to_chat(message: Message, call_order: Sequence[str]) -> list[ChatMessage]:
+    """A user message becomes tool messages (in call order) and/or user messages, in block order."""
+    out: list[ChatMessage] = []
+    texts: list[str] = []
+    results: list[tuple[str, ChatMessage]] = []
+
+    def flush_text() -> None:
+        if texts:
+            out.append({"role": "user", "content": TEXT_JOINER.join(texts)})
+            texts.clear()
+
+    def flush_results() -> None:
+        if results:
+            rank = {call_id: i for i, call_id in enumerate(call_order)}
+            # Stable: results of unknown calls keep their order, after the known ones.
+            ordered = sorted(results, key=lambda r: rank.get(r[0], len(rank)))
+            out.extend(chat for _, chat in ordered)
+            results.clear()
+
+    for block in message["content"]:
+        if "toolResult" in block:
+            flush_text()
+            result = block["toolResult"]
+            call_id = result["toolUseId"]
+            text = _tool_result_text(result.get("content", []), call_id)
+            results.append((call_id, {"role": "tool", "tool_call_id": call_id, "content": text}))
+        elif "text" in block:
+            flush_results()
+            texts.append(block["text"])
+        elif not set(block) <= _IGNORED_BLOCKS:
+            raise _unsupported(block, "user")
+    flush_results()
+    flush_text()
+    return out
+
+
+def to_chat_messages(
+    messages: Messages, *, system_prompt: str | None = None, call_order: Sequence[str] = ()
+) -> list[ChatMessage]:
+    """Convert Strands messages to chat-template messages.
+
+    Args:
+        messages: Strands messages.
+        system_prompt: Prepended as a system message when given.
+        call_order: Tool-call ids of the assistant turn just before ``messages`` (for ordering the
+            results of parallel calls when that assistant message is not part of ``messages``).
+
+    Raises:
+        UnsupportedContentError: for content tito cannot render (images, documents, redacted reasoning).
+    """
+    chat: list[ChatMessage] = []
+    if system_prompt is not None:
+        chat.append({"role": "system", "content": system_prompt})
+    order: Sequence[str] = call_order
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant":
+            converted, order = _assistant_to_chat(message)
+            chat.append(converted)
+        elif role == "user":
+            chat.extend(_user_to_chat(message, order))
+        else:
+            raise UnsupportedContentError(f"unsupported message role {role!r}")
+    return chat
+
+
+def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """Index of the first item where ``a`` and ``b`` differ (``min(len)`` if one prefixes the other)."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class ChatRenderer:
+    """Renders chat messages with a tokenizer's chat template and tokenizes the result.
+
+    Args:
+        tokenizer: A Hugging Face tokenizer with a chat template.
+        chat_template: A template string overriding the tokenizer's own.
+        template_kwargs: Extra variables for the template (e.g. ``{"enable_thinking": False}``).
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        chat_template: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if chat_template is None and not getattr(tokenizer, "chat_template", None):
+            raise TemplateError("the tokenizer has no chat template; pass chat_template=...")
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.template_kwargs = dict(template_kwargs or {})
+
+    def render(
+        self,
+        chat: Sequence[ChatMessage],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool,
+    ) -> str:
+        """Render chat messages to text with the chat template."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                list(chat),
+                tools=list(tools) if tools else None,
+                chat_template=self.chat_template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **self.template_kwargs,
+            )
+        except Exception as exc:  # jinja errors, template "raise_exception" calls
+            raise TemplateError(f"the chat template failed to render: {exc}") from exc
+        if not isinstance(text, str):
+            raise TemplateError(f"the chat template rendered {type(text).__name__}, expected text")
+        return text
+
+    def encode(self, text: str) -> list[int]:
+        """Tokenize rendered text (the template already holds any special tokens it wants)."""
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Detokenize, keeping special tokens."""
+        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        return text
+
+    def initial_text(self, chat: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None) -> str:
+        """The first prompt: the whole conversation plus the generation prompt."""
+        return self.render(chat, tools=tools, add_generation_prompt=True)
+
+    def continuation_text(self, chat: Sequence[ChatMessage]) -> str:
+        """Text the template adds for ``chat`` (new non-assistant messages) plus the generation prompt.
+
+        Raises:
+            TemplateError: when the messages do not render as a clean suffix of the dummy prefix.
+        """
+        prefix = self._dummy_prefix_text
+        full = self.render([*_DUMMY_PREFIX, *chat], add_generation_prompt=True)
+        if not full.startswith(prefix):
+            at = first_difference(prefix, full)
+            raise TemplateError(
+                "rendering new messages changed the text before them, so they cannot be tokenized "
+                f"incrementally (first difference at character {at}: {prefix[at:at + 40]!r} became "
+                f"{full[at:at + 40]!r}); this chat template is not incremental for these messages"
+            )
+        return full[len(prefix) :]
+
+    @cached_property
+    def _dummy_prefix_text(self) -> str:
+        return self.render(_DUMMY_PREFIX, add_generation_prompt=False)
+
+    @cached_property
+    def turn_tail(self) -> tuple[str, str]:
+        """``(end_of_turn, boundary)``: what the template writes after an assistant message's content.
+
+        ``end_of_turn`` is the token the model itself generates to end its turn (``<|im_end|>`` for
+        Qwen); ``boundary`` is what follows it up to the next message (``"\\n"`` for Qwen), which the
+        model never generates. Both are empty for templates that write nothing there.
+        """
+        probe = [{"role": "user", "content": "tito probe"}, {"role": "assistant", "content": _PROBE_MARK}]
+        text = self.render(probe, add_generation_prompt=False)
+        at = text.rfind(_PROBE_MARK)
+        if at < 0:
+            raise TemplateError("the chat template does not render assistant message content verbatim")
+        tail = text[at + len(_PROBE_MARK) :]
+        if not tail:
+            return "", ""
+        first = self.encode(tail)[0]
+        eot = self.decode([first]) if first in set(self.tokenizer.all_special_ids) or self._is_added(first) else ""
+        if eot and tail.startswith(eot):
+            return eot, tail[len(eot) :]
+        return "", tail
+
+    def _is_added(self, token_id: int) -> bool:
+        decoder = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+        return token_id in decoder
+
+    @cached_property
+    def end_of_turn_ids(self) -> frozenset[int]:
+        """Token ids that end a turn: the template's end-of-turn token and the tokenizer's EOS."""
+        ids: set[int] = set()
+        eot, _ = self.turn_tail
+        if eot:
+            ids.update(self.encode(eot))
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        return frozenset(ids)

@@ -1,0 +1,127 @@
+"""An in-process backend that "generates" scripted texts as real token ids.
+
+Used by the demo, the core's tests and anyone who wants to exercise a Strands agent through tito
+without an inference engine. It records every request, so tests can assert exactly what an engine
+would have received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..backend import Backend, FinishReason, GenerateRequest, GenerateResult
+from ..errors import BackendError, ContextLengthError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Script = str | Callable[[GenerateRequest], str]
+
+
+class ScriptedReply(msgspec.Struct, frozen=True, kw_only=True):
+    """A scripted reply: ``text`` is encoded, then ``stop_token`` is appended unless it is None."""
+
+    text: str
+    stop_token: str | None = "<|im_end|>"
+
+
+def scripted_logprob(token_id: int, position: int) -> float:
+    """A deterministic, token-dependent fake logprob in (-10, 0]."""
+    return -(zlib.crc32(f"{token_id}:{position}".encode()) % 10_000) / 1000.0
+
+
+class ScriptedBackend(Backend):
+    """Replies with scripted texts, tokenized with a real tokenizer.
+
+    Args:
+        tokenizer: The tokenizer (or a path for ``AutoTokenizer``) used to encode replies.
+        replies: Texts, :class:`ScriptedReply` objects, or callables receiving the request and
+            returning a text, used in order; running out raises :class:`BackendError`.
+        context_length: Reported context window (None: unknown).
+        delay: Seconds to sleep in each call (to test cancellation and concurrency).
+    """
+
+    name = "scripted"
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase | str,
+        replies: Sequence[Script | ScriptedReply] = (),
+        *,
+        context_length: int | None = None,
+        delay: float = 0.0,
+    ) -> None:
+        if isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.tokenizer = tokenizer
+        self.replies: list[Script | ScriptedReply] = list(replies)
+        self.context_length = context_length
+        self.delay = delay
+        self.requests: list[GenerateRequest] = []
+        self._next = 0
+
+    def add(self, *replies: Script | ScriptedReply) -> None:
+        """Append replies to the script."""
+        self.replies.extend(replies)
+
+    async def max_context_length(self) -> int | None:
+        """The configured context length."""
+        return self.context_length
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Encode the next scripted reply, honouring ``max_new_tokens``."""
+        if not request.input_ids:
+            raise BackendError("empty prompt", backend=self.name)
+        snapshot = msgspec.structs.replace(request, input_ids=list(request.input_ids))
+        self.requests.append(snapshot)
+        if self.context_length is not None and len(request.input_ids) >= self.context_length:
+            raise ContextLengthError(
+                f"prompt of {len(request.input_ids)} tokens exceeds the context length {self.context_length}",
+                status=400,
+                backend=self.name,
+            )
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self._next >= len(self.replies):
+            raise BackendError(f"the script has no reply left for call {self._next + 1}", backend=self.name)
+        script = self.replies[self._next]
+        self._next += 1
+        reply = script if isinstance(script, ScriptedReply) else ScriptedReply(text=_text(script, request))
+        ids: list[int] = self.tokenizer.encode(reply.text, add_special_tokens=False)
+        if reply.stop_token is not None:
+            ids.append(self.tokenizer.convert_tokens_to_ids(reply.stop_token))
+        finish: FinishReason = "stop"
+        limit = request.sampling.max_new_tokens
+        if limit is not None and len(ids) > limit:
+            ids, finish = ids[:limit], "length"
+        start = len(request.input_ids)
+        logprobs = [scripted_logprob(t, start + i) for i, t in enumerate(ids)] if request.return_logprobs else None
+        prompt_logprobs: list[float | None] | None = None
+        if request.return_prompt_logprobs:
+            new = request.input_ids[request.prefix_len :]
+            prompt_logprobs = [
+                None if request.prefix_len + i == 0 else scripted_logprob(t, request.prefix_len + i)
+                for i, t in enumerate(new)
+            ]
+        return GenerateResult(
+            output_ids=ids,
+            output_logprobs=logprobs,
+            finish_reason=finish,
+            prompt_logprobs=prompt_logprobs,
+            prompt_tokens=len(request.input_ids),
+            cached_tokens=request.prefix_len,
+        )
+
+
+def _text(script: Any, request: GenerateRequest) -> str:
+    text = script(request) if callable(script) else script
+    if not isinstance(text, str):
+        raise BackendError(f"a scripted reply must be text, got {type(text).__name__}", backend="scripted")
+    return text
