@@ -39,7 +39,33 @@ _EXPORTS = {
     "TitoError": "tito_core.errors",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "Backend",
+    "BackendSpec",
+    "GenerateRequest",
+    "GenerateResult",
+    "ParsedOutput",
+    "PrefixReport",
+    "SamplingParams",
+    "Segment",
+    "TitoConfig",
+    "TitoError",
+    "TitoModel",
+    "ToolCall",
+    "ToolParser",
+    "ToolParserSpec",
+    "Trajectory",
+    "TrajectoryRecord",
+    "Turn",
+    "Usage",
+    "check_prefix_preservation",
+    "get_backend",
+    "get_tool_parser",
+    "hookimpl",
+    "list_backends",
+    "list_tool_parsers",
+    "load_config",
+]
 
 if TYPE_CHECKING:
     from .backend import Backend, GenerateRequest, GenerateResult, SamplingParams

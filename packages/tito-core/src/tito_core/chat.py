@@ -231,7 +231,7 @@ class ChatRenderer:
         try:
             text = self.tokenizer.apply_chat_template(
                 list(chat),
-                tools=list(tools) if tools else None,
+                tools=[dict(t) for t in tools] if tools else None,
                 chat_template=self.chat_template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
@@ -250,7 +250,9 @@ class ChatRenderer:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenize, keeping special tokens."""
-        text: str = self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        if not isinstance(text, str):
+            raise TemplateError(f"the tokenizer decoded to {type(text).__name__}, expected text")
         return text
 
     def initial_text(self, chat: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None) -> str:
@@ -269,8 +271,8 @@ class ChatRenderer:
             at = first_difference(prefix, full)
             raise TemplateError(
                 "rendering new messages changed the text before them, so they cannot be tokenized "
-                f"incrementally (first difference at character {at}: {prefix[at:at + 40]!r} became "
-                f"{full[at:at + 40]!r}); this chat template is not incremental for these messages"
+                f"incrementally (first difference at character {at}: {prefix[at : at + 40]!r} became "
+                f"{full[at : at + 40]!r}); this chat template is not incremental for these messages"
             )
         return full[len(prefix) :]
 
@@ -280,7 +282,7 @@ class ChatRenderer:
 
     @cached_property
     def turn_tail(self) -> tuple[str, str]:
-        """``(end_of_turn, boundary)``: what the template writes after an assistant message's content.
+        r"""``(end_of_turn, boundary)``: what the template writes after an assistant message's content.
 
         ``end_of_turn`` is the token the model itself generates to end its turn (``<|im_end|>`` for
         Qwen); ``boundary`` is what follows it up to the next message (``"\\n"`` for Qwen), which the

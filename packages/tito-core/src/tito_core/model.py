@@ -27,10 +27,17 @@ from strands.types.streaming import StreamEvent
 from strands.types.tools import ToolSpec
 
 from .backend import Backend, GenerateRequest, GenerateResult, SamplingParams
-from .chat import ChatMessage, ChatRenderer, first_difference, system_text, to_chat_messages, tool_specs_to_chat
+from .chat import (
+    ChatMessage,
+    ChatRenderer,
+    first_difference,
+    system_text,
+    to_chat_messages,
+    tool_specs_to_chat,
+)
 from .errors import BackendError, BackendResponseError, ConfigError, PrefixMismatchError, TitoError
 from .tool_parsers.base import ParsedOutput, ToolParser
-from .trajectory import Trajectory, Turn, Usage
+from .trajectory import Status, Trajectory, Turn, Usage
 
 if TYPE_CHECKING:
     from strands.hooks import BeforeToolCallEvent
@@ -160,7 +167,7 @@ class TitoModel(Model):
             "return_prompt_logprobs": return_prompt_logprobs,
             "return_routed_experts": return_routed_experts,
         }
-        self._engine_limit: int | None | Literal[False] = False  # False: not asked yet
+        self._engine_limit: int | Literal[False] | None = False  # False: not asked yet
         self._malformed: dict[str, str] = {}
         self._guarded_agents: weakref.WeakSet[Any] = weakref.WeakSet()
         self._busy = False
@@ -242,10 +249,19 @@ class TitoModel(Model):
                 self._pending = None
                 n += 1
             elif same_history and len(messages) == n:
-                return self._fork(messages, system, tools, n, "the previous output was discarded (model call retried)")
+                return self._fork(
+                    messages,
+                    system,
+                    tools,
+                    n,
+                    "the previous output was discarded (model call retried)",
+                    discarded=True,
+                )
             else:
                 at = _common_prefix(messages, self._consumed)
-                return self._fork(messages, system, tools, at, f"the conversation history was rewritten at message {at}")
+                return self._fork(
+                    messages, system, tools, at, f"the conversation history was rewritten at message {at}"
+                )
         elif not same_history:
             at = _common_prefix(messages, self._consumed)
             return self._fork(messages, system, tools, at, f"the conversation history was rewritten at message {at}")
@@ -257,7 +273,14 @@ class TitoModel(Model):
         return _Plan(initial=False, count=n, chat=to_chat_messages(new, call_order=self._call_ids))
 
     def _fork(
-        self, messages: Messages, system: str | None, tools: list[dict[str, Any]] | None, agree: int, reason: str
+        self,
+        messages: Messages,
+        system: str | None,
+        tools: list[dict[str, Any]] | None,
+        agree: int,
+        reason: str,
+        *,
+        discarded: bool = False,
     ) -> _Plan:
         """Start a new branch that keeps the longest token prefix still consistent with ``messages``."""
         self._pending = None
@@ -272,24 +295,33 @@ class TitoModel(Model):
                 keep = mark
                 break
         old = self._traj
+        status: Status | None = "aborted" if discarded else None
         if keep is None:
-            self._traj = old.fork(0, reason)
+            self._traj = old.fork(0, reason, status=status)
             self._consumed, self._marks, self._call_ids = [], [], []
             self._system, self._tools = system, tools
             logger.info("rollout %s: forked to branch %d from scratch: %s", old.rollout_id, self._traj.branch, reason)
             return _Plan(initial=True, count=0, chat=to_chat_messages(messages, system_prompt=system))
-        self._traj = old.fork(keep.offset, reason)
+        self._traj = old.fork(keep.offset, reason, status=status)
         self._consumed = self._consumed[: keep.count]
         self._marks = [m for m in self._marks if m.offset <= keep.offset]
         logger.info(
-            "rollout %s: forked to branch %d keeping %d tokens: %s", old.rollout_id, self._traj.branch, keep.offset, reason
+            "rollout %s: forked to branch %d keeping %d tokens: %s",
+            old.rollout_id,
+            self._traj.branch,
+            keep.offset,
+            reason,
         )
         if keep.kind == "prompt":
             return _Plan(initial=False, count=keep.count, chat=[])
         self._call_ids = [
             block["toolUse"]["toolUseId"] for block in self._consumed[-1]["content"] if "toolUse" in block
         ]
-        return _Plan(initial=False, count=keep.count, chat=to_chat_messages(messages[keep.count :], call_order=self._call_ids))
+        return _Plan(
+            initial=False,
+            count=keep.count,
+            chat=to_chat_messages(messages[keep.count :], call_order=self._call_ids),
+        )
 
     def _new_prompt(self, plan: _Plan) -> tuple[list[int], int]:
         """Token ids of the new prompt, and how many of them (leading) are boundary tokens."""
@@ -375,10 +407,12 @@ class TitoModel(Model):
             room = limit - prefix_len - len(new_ids)
             if room <= 0:
                 traj.set_status(
-                    "truncated", f"context window full: {prefix_len + len(new_ids)} prompt tokens, limit {limit}"
+                    "truncated",
+                    f"context window full: {prefix_len + len(new_ids)} prompt tokens, limit {limit}",
                 )
+                needed = prefix_len + len(new_ids)
                 raise ContextWindowOverflowException(
-                    f"the prompt ({prefix_len + len(new_ids)} tokens) leaves no room in the {limit}-token context window"
+                    f"the prompt ({needed} tokens) leaves no room in the {limit}-token context window"
                 )
             if sampling.max_new_tokens is None or sampling.max_new_tokens > room:
                 sampling = msgspec.structs.replace(sampling, max_new_tokens=room)
@@ -498,7 +532,8 @@ class TitoModel(Model):
         if result.output_logprobs is not None:
             if len(result.output_logprobs) != len(result.output_ids):
                 raise BackendResponseError(
-                    f"{len(result.output_ids)} output tokens but {len(result.output_logprobs)} logprobs", backend=name
+                    f"{len(result.output_ids)} output tokens but {len(result.output_logprobs)} logprobs",
+                    backend=name,
                 )
             if any(math.isnan(x) or x > 1e-6 for x in result.output_logprobs):
                 raise BackendResponseError("output logprobs must be finite and <= 0", backend=name)
@@ -509,8 +544,13 @@ class TitoModel(Model):
                 raise BackendResponseError("a prompt-rendering backend must return the prompt token ids", backend=name)
         elif result.prompt_ids is not None and list(result.prompt_ids) != list(request.input_ids):
             at = first_difference(result.prompt_ids, request.input_ids)
-            raise BackendResponseError(f"the engine consumed a different prompt (first difference at token {at})", backend=name)
-        if result.prompt_logprobs is not None and len(result.prompt_logprobs) != len(request.input_ids) - request.prefix_len:
+            raise BackendResponseError(
+                f"the engine consumed a different prompt (first difference at token {at})", backend=name
+            )
+        if (
+            result.prompt_logprobs is not None
+            and len(result.prompt_logprobs) != len(request.input_ids) - request.prefix_len
+        ):
             raise BackendResponseError(
                 f"{len(request.input_ids) - request.prefix_len} new prompt tokens but "
                 f"{len(result.prompt_logprobs)} prompt logprobs",
@@ -526,7 +566,7 @@ class TitoModel(Model):
             at = first_difference(prompt, have)
             message = (
                 f"the server-rendered prompt does not extend the trajectory: first difference at token {at} "
-                f"(recorded {have[at:at + 8]}, server {prompt[at:at + 8]})"
+                f"(recorded {have[at : at + 8]}, server {prompt[at : at + 8]})"
             )
             if self.on_prefix_mismatch == "error":
                 traj.set_status("failed", message)

@@ -129,13 +129,13 @@ class Trajectory:
         "_lps",
         "_segments",
         "_turns",
+        "branch",
         "branches",
         "fork_at",
         "fork_reason",
         "metadata",
         "parent_branch",
         "rollout_id",
-        "branch",
         "status",
         "status_reason",
         "tool_parse_errors",
@@ -305,8 +305,8 @@ class Trajectory:
         self._closed = True
         return self
 
-    def fork(self, keep: int, reason: str) -> Trajectory:
-        """Close this branch and start the next one, keeping the first ``keep`` tokens.
+    def fork(self, keep: int, reason: str, *, status: Status | None = None) -> Trajectory:
+        """Close this branch (with ``status``, if given) and start the next one, keeping ``keep`` tokens.
 
         ``keep`` must fall on a segment boundary. The new branch shares the rollout id; the turns whose
         tokens lie entirely within the kept prefix are kept too.
@@ -324,7 +324,8 @@ class Trajectory:
         child._segments = [s for s in self._segments if s.end <= keep]
         child._turns = [t for t in self._turns if t.output_start + t.output_len <= keep]
         child.tool_parse_errors = dict(self.tool_parse_errors)
-        self.close(reason=f"forked into branch {child.branch}: {reason}")
+        note = f"forked into branch {child.branch}: {reason}"
+        self.close(status, note) if status is not None else self.close(reason=note)
         child.branches = [*self.branches, self]
         self.branches = []
         return child

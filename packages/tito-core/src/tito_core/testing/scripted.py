@@ -96,7 +96,10 @@ class ScriptedBackend(Backend):
         reply = script if isinstance(script, ScriptedReply) else ScriptedReply(text=_text(script, request))
         ids: list[int] = self.tokenizer.encode(reply.text, add_special_tokens=False)
         if reply.stop_token is not None:
-            ids.append(self.tokenizer.convert_tokens_to_ids(reply.stop_token))
+            stop_id = self.tokenizer.convert_tokens_to_ids(reply.stop_token)
+            if not isinstance(stop_id, int):
+                raise BackendError(f"unknown stop token {reply.stop_token!r}", backend=self.name)
+            ids.append(stop_id)
         finish: FinishReason = "stop"
         limit = request.sampling.max_new_tokens
         if limit is not None and len(ids) > limit:

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -122,5 +122,5 @@ def load_qwen_tokenizer(flavor: Flavor = "qwen3") -> PreTrainedTokenizerFast:
     """Load the offline Qwen tokenizer (built and cached on first use)."""
     from transformers import AutoTokenizer
 
-    tokenizer: PreTrainedTokenizerFast = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir(flavor)))
-    return tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir(flavor)))
+    return cast("PreTrainedTokenizerFast", tokenizer)

@@ -1,0 +1,160 @@
+"""Think-aware splitting of a model output into reasoning, visible content and raw tool-call regions.
+
+Rules, applied left to right on the decoded output:
+
+- Reasoning is the text inside ``<think>...</think>``. When the first ``</think>`` comes before any
+  ``<think>`` (models that pre-open ``<think>`` in the generation prompt, e.g. Qwen3-Thinking-2507),
+  everything before it is reasoning. An unclosed ``<think>`` makes everything after it reasoning.
+- Reasoning is opaque: tool-call markup inside it is never reported, so a draft call is never run.
+- Outside reasoning, a tool-call region runs from the start delimiter to its end delimiter (found by
+  the parser's end finder, which can skip delimiters quoted inside arguments). A region is opaque
+  too: think tags inside it are argument text. A region with no end runs to the end of the output.
+- Stray delimiters (a ``</think>`` after the first think tag, a ``</tool_call>`` without a start) are
+  plain content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+CallEndFinder = Callable[[str, int], "int | None"]
+"""``(text, body_start) -> end``: index just past the call's end delimiter, or None when unclosed."""
+
+
+class RawCall(NamedTuple):
+    """A tool-call region found outside reasoning, not yet parsed.
+
+    Attributes:
+        raw: The exact text of the region, delimiters included.
+        body: The text between the delimiters (to the end of the output when unclosed).
+        closed: Whether the end delimiter was found.
+
+    """
+
+    raw: str
+    body: str
+    closed: bool
+
+
+class ReasoningSplit(NamedTuple):
+    """A model output split by :func:`split_reasoning`.
+
+    Attributes:
+        reasoning: Reasoning text with surrounding newlines stripped (blocks joined by a blank line),
+            or None when there is none or it is blank.
+        content: Text outside reasoning and outside tool-call regions, stripped.
+        calls: Tool-call regions outside reasoning, in output order.
+
+    """
+
+    reasoning: str | None
+    content: str
+    calls: list[RawCall]
+
+
+def find_delimiter_end(delimiter: str) -> CallEndFinder:
+    """Build an end finder that stops at the first occurrence of ``delimiter``."""
+
+    def find(text: str, body_start: int) -> int | None:
+        at = text.find(delimiter, body_start)
+        return None if at == -1 else at + len(delimiter)
+
+    return find
+
+
+def skip_whitespace(text: str, pos: int) -> int:
+    """Return the first index at or after ``pos`` that is not whitespace (``len(text)`` if none)."""
+    n = len(text)
+    while pos < n and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def check_delimiters(**delimiters: str) -> None:
+    """Raise ValueError unless every delimiter is a non-empty string and all differ."""
+    for arg, value in delimiters.items():
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{arg} must be a non-empty string, got {value!r}")
+    if len(set(delimiters.values())) != len(delimiters):
+        raise ValueError(f"delimiters must differ: {delimiters}")
+
+
+def split_reasoning(
+    text: str,
+    *,
+    think_start: str = "<think>",
+    think_end: str = "</think>",
+    tool_start: str | None = None,
+    tool_end: str | None = None,
+    find_call_end: CallEndFinder | None = None,
+) -> ReasoningSplit:
+    """Split ``text`` into reasoning, content and raw tool-call regions (see the module docstring).
+
+    Args:
+        text: The decoded model output.
+        think_start: Opening reasoning delimiter.
+        think_end: Closing reasoning delimiter.
+        tool_start: Opening tool-call delimiter; None to find no calls (all non-reasoning text is
+            content).
+        tool_end: Closing tool-call delimiter; required with ``tool_start``.
+        find_call_end: Locates the end of a call whose body starts at the given index (the index
+            returned is just past ``tool_end``); default: the first ``tool_end``.
+
+    """
+    if tool_start is not None:
+        if tool_end is None:
+            raise ValueError("tool_end is required with tool_start")
+        if find_call_end is None:
+            find_call_end = find_delimiter_end(tool_end)
+    reasoning: list[str] = []
+    visible: list[str] = []
+    calls: list[RawCall] = []
+    pos, n = 0, len(text)
+
+    first_end = text.find(think_end)
+    if first_end != -1 and text.find(think_start, 0, first_end) == -1:
+        # A lone closing tag: the generation prompt opened the reasoning block.
+        reasoning.append(text[:first_end])
+        pos = first_end + len(think_end)
+
+    # Next occurrence of each opening delimiter, searched again only once passed (keeps the scan linear).
+    think_at = text.find(think_start, pos)
+    call_at = -1 if tool_start is None else text.find(tool_start, pos)
+    while pos < n:
+        if 0 <= think_at < pos:
+            think_at = text.find(think_start, pos)
+        if 0 <= call_at < pos:
+            assert tool_start is not None
+            call_at = text.find(tool_start, pos)
+        if call_at != -1 and (think_at == -1 or call_at < think_at):
+            assert tool_start is not None and tool_end is not None and find_call_end is not None
+            visible.append(text[pos:call_at])
+            body_start = call_at + len(tool_start)
+            end = find_call_end(text, body_start)
+            if end is None:
+                calls.append(RawCall(text[call_at:], text[body_start:], False))
+                pos = n
+            else:
+                calls.append(RawCall(text[call_at:end], text[body_start : end - len(tool_end)], True))
+                pos = end
+        elif think_at != -1:
+            visible.append(text[pos:think_at])
+            inner = think_at + len(think_start)
+            close = text.find(think_end, inner)
+            if close == -1:
+                reasoning.append(text[inner:])
+                pos = n
+            else:
+                reasoning.append(text[inner:close])
+                pos = close + len(think_end)
+        else:
+            visible.append(text[pos:])
+            pos = n
+
+    blocks = [block.strip("\n") for block in reasoning if block.strip()]
+    return ReasoningSplit(
+        reasoning="\n\n".join(blocks) if blocks else None,
+        content="".join(visible).strip(),
+        calls=calls,
+    )

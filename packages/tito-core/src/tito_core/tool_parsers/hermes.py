@@ -1,0 +1,129 @@
+"""Hermes tool calls (Qwen2.5, Qwen3, ...): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from strands.types.tools import ToolSpec
+
+from tito_core.tool_parsers._reasoning import RawCall, check_delimiters, skip_whitespace, split_reasoning
+from tito_core.tool_parsers.base import (
+    UNKNOWN_TOOL_NAME,
+    ParsedOutput,
+    ToolCall,
+    json_type_name,
+    loads_json_strict,
+    malformed_call,
+    new_call_id,
+)
+
+_NAME_SALVAGE = re.compile(r'"name"\s*:\s*"([^"]+)"')
+_LENIENT_DECODER = json.JSONDecoder()
+
+
+class HermesToolParser:
+    """Strict parser for hermes-style JSON tool calls.
+
+    The body of each ``<tool_call>...</tool_call>`` (surrounding whitespace allowed) must be one JSON
+    object with exactly the keys ``"name"`` (a non-empty string) and ``"arguments"`` (a JSON object).
+    Anything else (invalid JSON, NaN, duplicate keys, arguments given as a string or a list, extra
+    keys, a missing end tag) gives a malformed call with the exact raw text and a one-line error;
+    nothing is repaired. The end of a call is found by decoding its JSON, so an argument that quotes
+    ``</tool_call>`` or ``<think>`` does not cut the call short.
+
+    Args:
+        think_start: Opening reasoning delimiter.
+        think_end: Closing reasoning delimiter.
+        tool_start: Opening tool-call delimiter.
+        tool_end: Closing tool-call delimiter.
+        allow_missing_arguments: Accept a call without an ``"arguments"`` key as a call with no
+            arguments (``{}``). Off by default: the format always writes ``"arguments"``.
+
+    """
+
+    name = "hermes"
+
+    def __init__(
+        self,
+        *,
+        think_start: str = "<think>",
+        think_end: str = "</think>",
+        tool_start: str = "<tool_call>",
+        tool_end: str = "</tool_call>",
+        allow_missing_arguments: bool = False,
+    ) -> None:
+        check_delimiters(think_start=think_start, think_end=think_end, tool_start=tool_start, tool_end=tool_end)
+        self.think_start = think_start
+        self.think_end = think_end
+        self.tool_start = tool_start
+        self.tool_end = tool_end
+        self.allow_missing_arguments = allow_missing_arguments
+
+    def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
+        """Split ``text`` into reasoning, content and tool calls; ``tools`` is not needed."""
+        split = split_reasoning(
+            text,
+            think_start=self.think_start,
+            think_end=self.think_end,
+            tool_start=self.tool_start,
+            tool_end=self.tool_end,
+            find_call_end=self._find_call_end,
+        )
+        calls = [self._parse_call(call) for call in split.calls]
+        return ParsedOutput(content=split.content, reasoning=split.reasoning, calls=calls)
+
+    def _find_call_end(self, text: str, body_start: int) -> int | None:
+        """End of the call: the first end tag after the JSON value when one decodes, else the first."""
+        search_from = body_start
+        value_start = skip_whitespace(text, body_start)
+        if text.startswith("{", value_start):
+            try:
+                _, search_from = _LENIENT_DECODER.raw_decode(text, value_start)
+            except (ValueError, RecursionError):
+                search_from = body_start
+        at = text.find(self.tool_end, search_from)
+        return None if at == -1 else at + len(self.tool_end)
+
+    def _parse_call(self, call: RawCall) -> ToolCall:
+        if not call.closed:
+            return self._malformed(call, f"tool call is not closed: no {self.tool_end} before the end of the output")
+        body = call.body.strip()
+        if not body:
+            return self._malformed(call, "tool call is empty")
+        try:
+            obj = loads_json_strict(body)
+        except ValueError as exc:
+            return self._malformed(call, f"tool call is not valid JSON: {exc}")
+        if not isinstance(obj, dict):
+            return self._malformed(call, f"tool call must be a JSON object, got {json_type_name(obj)}")
+        name = obj.get("name")
+        if "name" not in obj:
+            return self._malformed(call, 'tool call has no "name"', UNKNOWN_TOOL_NAME)
+        if not isinstance(name, str) or not name.strip():
+            got = "a blank string" if isinstance(name, str) else json_type_name(name)
+            return self._malformed(call, f'tool call "name" must be a non-empty string, got {got}', UNKNOWN_TOOL_NAME)
+        extra = [key for key in obj if key not in ("name", "arguments")]
+        if extra:
+            keys = ", ".join(json.dumps(key, ensure_ascii=False) for key in extra)
+            return self._malformed(
+                call, f'unexpected key(s) {keys} in tool call: only "name" and "arguments" are allowed', name
+            )
+        if "arguments" not in obj:
+            if self.allow_missing_arguments:
+                return ToolCall(id=new_call_id(), name=name, input={}, raw=call.raw)
+            return self._malformed(call, 'tool call has no "arguments" (write "arguments": {} for none)', name)
+        arguments = obj["arguments"]
+        if not isinstance(arguments, dict):
+            return self._malformed(
+                call, f"tool call arguments must be a JSON object, got {json_type_name(arguments)}", name
+            )
+        return ToolCall(id=new_call_id(), name=name, input=arguments, raw=call.raw)
+
+    @staticmethod
+    def _malformed(call: RawCall, error: str, name: str | None = None) -> ToolCall:
+        if name is None:
+            found = _NAME_SALVAGE.search(call.raw)
+            name = found.group(1).strip() if found else None
+        return malformed_call(call.raw, error, name)

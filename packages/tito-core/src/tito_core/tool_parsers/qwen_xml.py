@@ -1,0 +1,293 @@
+"""Qwen3-Coder / Qwen3.5 XML tool calls, typed by the tool's JSON schema.
+
+Format (one newline around each value, added by the chat template)::
+
+    <tool_call>
+    <function=NAME>
+    <parameter=KEY>
+    VALUE
+    </parameter>
+    </function>
+    </tool_call>
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from strands.types.tools import ToolSpec
+
+from tito_core.tool_parsers._reasoning import RawCall, check_delimiters, skip_whitespace, split_reasoning
+from tito_core.tool_parsers.base import (
+    ParsedOutput,
+    ToolCall,
+    json_type_name,
+    loads_json_strict,
+    malformed_call,
+    new_call_id,
+)
+
+_FUNCTION_OPEN = "<function="
+_FUNCTION_CLOSE = "</function>"
+_PARAM_OPEN = "<parameter="
+_PARAM_CLOSE = "</parameter>"
+_NAME_SALVAGE = re.compile(r"<function=([^\s<>]+)>")
+_INTEGER = re.compile(r"-?[0-9]+", re.ASCII)
+_NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?", re.ASCII)
+_KNOWN_TYPES = ("string", "integer", "number", "boolean", "object", "array", "null")
+_MAX_REF_DEPTH = 32
+
+
+class _Function(NamedTuple):
+    name: str
+    params: list[tuple[str, str]]
+    end: int
+
+
+class _ScanError(Exception):
+    pass
+
+
+def _snippet(value: str, limit: int = 40) -> str:
+    """Render ``value`` as short, one-line JSON for error messages."""
+    return json.dumps(value if len(value) <= limit else value[:limit] + "...", ensure_ascii=False)
+
+
+def _strip_one_newline(value: str) -> str:
+    if value.startswith("\n"):
+        value = value[1:]
+    if value.endswith("\n"):
+        value = value[:-1]
+    return value
+
+
+def _bad_tag_name(name: str) -> bool:
+    return not name or any(ch.isspace() or ch == "<" for ch in name)
+
+
+def _scan_function(text: str, start: int) -> _Function:
+    """Read ``<function=NAME>`` and its parameters from ``text[start:]`` up to ``</function>``."""
+    pos = skip_whitespace(text, start)
+    if not text.startswith(_FUNCTION_OPEN, pos):
+        raise _ScanError(f"tool call has no {_FUNCTION_OPEN}NAME> tag")
+    close = text.find(">", pos)
+    name = text[pos + len(_FUNCTION_OPEN) : close]
+    if close == -1 or _bad_tag_name(name):
+        raise _ScanError(f"invalid {_FUNCTION_OPEN}NAME> tag: {_snippet(text[pos : pos + 60])}")
+    params: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    pos = close + 1
+    while True:
+        pos = skip_whitespace(text, pos)
+        if text.startswith(_PARAM_OPEN, pos):
+            close = text.find(">", pos)
+            key = text[pos + len(_PARAM_OPEN) : close]
+            if close == -1 or _bad_tag_name(key):
+                raise _ScanError(f"invalid {_PARAM_OPEN}KEY> tag: {_snippet(text[pos : pos + 60])}")
+            value_end = text.find(_PARAM_CLOSE, close + 1)
+            if value_end == -1:
+                raise _ScanError(f'parameter "{key}" is not closed: no {_PARAM_CLOSE}')
+            if key in seen:
+                raise _ScanError(f'duplicate parameter "{key}"')
+            seen.add(key)
+            params.append((key, _strip_one_newline(text[close + 1 : value_end])))
+            pos = value_end + len(_PARAM_CLOSE)
+        elif text.startswith(_FUNCTION_CLOSE, pos):
+            return _Function(name, params, pos + len(_FUNCTION_CLOSE))
+        elif pos >= len(text):
+            raise _ScanError(f"{_FUNCTION_OPEN}{name}> is not closed: no {_FUNCTION_CLOSE}")
+        else:
+            raise _ScanError(f"unexpected text inside {_FUNCTION_OPEN}{name}>: {_snippet(text[pos : pos + 60])}")
+
+
+def _resolve(schema: Any, root: Mapping[str, Any]) -> Any:
+    """Follow local ``$ref`` pointers (``#/...``); anything unresolvable becomes an empty schema."""
+    for _ in range(_MAX_REF_DEPTH):
+        if not isinstance(schema, Mapping) or not isinstance(schema.get("$ref"), str):
+            return schema
+        ref: str = schema["$ref"]
+        if not ref.startswith("#"):
+            return {}
+        target: Any = root
+        for part in filter(None, ref[1:].split("/")):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, Mapping) or part not in target:
+                return {}
+            target = target[part]
+        schema = target
+    return {}
+
+
+def _schema_types(schema: Any, root: Mapping[str, Any], depth: int = 0) -> list[str]:
+    """List the JSON types a schema admits, in schema order (empty when it says nothing usable)."""
+    schema = _resolve(schema, root)
+    if not isinstance(schema, Mapping) or depth > _MAX_REF_DEPTH:
+        return []
+    declared = schema.get("type")
+    found: list[str] = []
+    if isinstance(declared, str):
+        found = [declared]
+    elif isinstance(declared, list):
+        found = [t for t in declared if isinstance(t, str)]
+    elif "const" in schema:
+        found = [json_type_name(schema["const"])]
+    elif isinstance(schema.get("enum"), list):
+        found = [json_type_name(value) for value in schema["enum"]]
+    else:
+        for keyword in ("anyOf", "oneOf", "allOf"):
+            options = schema.get(keyword)
+            if isinstance(options, list):
+                for option in options:
+                    found.extend(_schema_types(option, root, depth + 1))
+    return list(dict.fromkeys(t for t in found if t in _KNOWN_TYPES))
+
+
+def _convert(value: str, json_type: str) -> Any:
+    """``value`` as ``json_type``; raises ValueError when it is not one."""
+    if json_type == "string":
+        return value
+    text = value.strip()
+    if json_type == "integer":
+        if _INTEGER.fullmatch(text):
+            return int(text)
+    elif json_type == "number":
+        if _NUMBER.fullmatch(text):
+            if _INTEGER.fullmatch(text):
+                return int(text)
+            number = float(text)
+            if number not in (float("inf"), float("-inf")):
+                return number
+    elif json_type == "boolean":
+        if text.lower() in ("true", "false"):
+            return text.lower() == "true"
+    elif json_type == "null":
+        if text.lower() in ("null", "none"):
+            return None
+    elif json_type in ("object", "array"):
+        decoded = loads_json_strict(text)
+        if json_type_name(decoded) == json_type:
+            return decoded
+        raise ValueError(f"got a JSON {json_type_name(decoded)}")
+    raise ValueError("")
+
+
+def _input_schemas(tools: Sequence[ToolSpec] | None) -> dict[str, Mapping[str, Any]]:
+    """Tool name -> root JSON schema of its input."""
+    schemas: dict[str, Mapping[str, Any]] = {}
+    for spec in tools or ():
+        input_schema: Any = spec.get("inputSchema")
+        if isinstance(input_schema, Mapping):
+            root = input_schema.get("json", input_schema)
+            if isinstance(root, Mapping):
+                schemas.setdefault(spec.get("name", ""), root)
+    return schemas
+
+
+class QwenXMLToolParser:
+    """Strict parser for the Qwen3-Coder / Qwen3.5 XML tool-call format.
+
+    Values are typed by the tool's JSON schema (from ``tools``): a ``string`` parameter keeps its
+    exact text minus one leading and one trailing newline (``"007"`` stays ``"007"``); ``integer``,
+    ``number``, ``boolean`` (``true`` / ``false``, any case), ``null`` (``null`` / ``None``) and
+    ``object`` / ``array`` (JSON) are converted and must be well-formed; unions (a type list,
+    ``anyOf`` / ``oneOf``, an ``enum``) are tried in schema order. A parameter with no usable
+    schema, or of an unknown tool, stays a string. A missing ``<function=...>``, an unclosed tag, a
+    duplicate parameter, text outside the tags or a value of the wrong type gives a malformed call
+    with the exact raw text and a one-line error; nothing is repaired.
+
+    Args:
+        think_start: Opening reasoning delimiter.
+        think_end: Closing reasoning delimiter.
+        tool_start: Opening tool-call delimiter.
+        tool_end: Closing tool-call delimiter.
+
+    """
+
+    name = "qwen_xml"
+
+    def __init__(
+        self,
+        *,
+        think_start: str = "<think>",
+        think_end: str = "</think>",
+        tool_start: str = "<tool_call>",
+        tool_end: str = "</tool_call>",
+    ) -> None:
+        check_delimiters(think_start=think_start, think_end=think_end, tool_start=tool_start, tool_end=tool_end)
+        self.think_start = think_start
+        self.think_end = think_end
+        self.tool_start = tool_start
+        self.tool_end = tool_end
+
+    def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
+        """Split ``text`` into reasoning, content and tool calls typed by the schemas in ``tools``."""
+        split = split_reasoning(
+            text,
+            think_start=self.think_start,
+            think_end=self.think_end,
+            tool_start=self.tool_start,
+            tool_end=self.tool_end,
+            find_call_end=self._find_call_end,
+        )
+        schemas = _input_schemas(tools) if split.calls else {}
+        calls = [self._parse_call(call, schemas) for call in split.calls]
+        return ParsedOutput(content=split.content, reasoning=split.reasoning, calls=calls)
+
+    def _find_call_end(self, text: str, body_start: int) -> int | None:
+        """Find the first end tag after ``</function>`` when the call reads well, else the first one."""
+        try:
+            search_from = _scan_function(text, body_start).end
+        except _ScanError:
+            search_from = body_start
+        at = text.find(self.tool_end, search_from)
+        return None if at == -1 else at + len(self.tool_end)
+
+    def _parse_call(self, call: RawCall, schemas: Mapping[str, Mapping[str, Any]]) -> ToolCall:
+        if not call.closed:
+            return self._malformed(call, f"tool call is not closed: no {self.tool_end} before the end of the output")
+        try:
+            function = _scan_function(call.body, 0)
+        except _ScanError as exc:
+            return self._malformed(call, str(exc))
+        trailing = call.body[function.end :]
+        if trailing.strip():
+            return self._malformed(call, f"unexpected text after {_FUNCTION_CLOSE}: {_snippet(trailing.strip())}")
+        root = schemas.get(function.name)
+        properties = root.get("properties") if root is not None else None
+        if not isinstance(properties, Mapping):
+            properties = {}
+        arguments: dict[str, Any] = {}
+        errors: list[str] = []
+        for key, value in function.params:
+            types = _schema_types(properties.get(key), root) if root is not None else []
+            try:
+                arguments[key] = self._typed(value, types)
+            except ValueError as exc:
+                errors.append(f'parameter "{key}": {exc}')
+        if errors:
+            return malformed_call(
+                call.raw, f'invalid arguments for "{function.name}": ' + "; ".join(errors), function.name
+            )
+        return ToolCall(id=new_call_id(), name=function.name, input=arguments, raw=call.raw)
+
+    @staticmethod
+    def _typed(value: str, types: list[str]) -> Any:
+        if not types:
+            return value
+        details: list[str] = []
+        for json_type in types:
+            try:
+                return _convert(value, json_type)
+            except ValueError as exc:
+                if str(exc):
+                    details.append(str(exc))
+        detail = f" ({details[0]})" if details else ""
+        raise ValueError(f"expected {' or '.join(types)}, got {_snippet(value)}{detail}")
+
+    @staticmethod
+    def _malformed(call: RawCall, error: str) -> ToolCall:
+        found = _NAME_SALVAGE.search(call.raw)
+        return malformed_call(call.raw, error, found.group(1) if found else None)
