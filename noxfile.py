@@ -22,7 +22,7 @@ TEMPLATE_ASSETS = "trl==1.16.0"
 
 def install_core(session: nox.Session, *extra_paths: str) -> None:
     """Install tito-core with its test extra, the given local packages, and the template files."""
-    session.install("-e", f"{CORE}[testing]", "pytest-asyncio>=0.24", *[arg for p in extra_paths for arg in ("-e", p)])
+    session.install("-e", f"{CORE}[testing]", *[arg for p in extra_paths for arg in ("-e", p)])
     session.install("--no-deps", TEMPLATE_ASSETS)
 
 
@@ -30,7 +30,7 @@ def install_core(session: nox.Session, *extra_paths: str) -> None:
 def tests_core(session: nox.Session) -> None:
     """Core unit and property tests, plugin discovery with the example third-party adapter."""
     install_core(session, EXAMPLE)
-    session.run("pytest", "tests/core", "tests/plugins", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+    session.run("pytest", "tests/core", "tests/plugins", EXAMPLE, *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 
 @nox.session(python=PYTHON, tags=["tests"])

@@ -223,8 +223,7 @@ def test_split_reasoning_needs_tool_end() -> None:
         '<tool_call>{"name": "get", "arguments": {"city": "Paris", "days": 3}}</tool_call>',
         '<tool_call>\n{"name": "get", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>',
         '<tool_call>  \n\t{"name":"get","arguments":{"city":"Paris","days":3}} \r\n </tool_call>',
-        '<tool_call>\n{\n  "arguments": {\n    "days": 3,\n    "city": "Paris"\n  },\n'
-        '  "name": "get"\n}\n</tool_call>',
+        '<tool_call>\n{\n  "arguments": {\n    "days": 3,\n    "city": "Paris"\n  },\n  "name": "get"\n}\n</tool_call>',
     ],
 )
 def test_hermes_whitespace_and_key_order_variants(text: str) -> None:
@@ -340,9 +339,7 @@ def test_hermes_unclosed_call_is_malformed_with_the_rest_as_raw() -> None:
     out = HermesToolParser().parse(f"Text {good}\n{tail}")
     assert [c.name for c in out.calls] == ["a", "b"]
     assert out.calls[0].error is None
-    assert_malformed(
-        out.calls[1], "tool call is not closed: no </tool_call> before the end of the output", "b"
-    )
+    assert_malformed(out.calls[1], "tool call is not closed: no </tool_call> before the end of the output", "b")
     assert out.calls[1].raw == tail
     assert out.content == "Text"
 
@@ -571,9 +568,7 @@ def test_qwen_xml_unclosed_call() -> None:
     out = QwenXMLToolParser().parse(xml([("i", "1")]) + "\n" + tail, [TYPED])
     assert [c.name for c in out.calls] == ["f", "f"]
     assert out.calls[0].input == {"i": 1}
-    assert_malformed(
-        out.calls[1], "tool call is not closed: no </tool_call> before the end of the output", "f"
-    )
+    assert_malformed(out.calls[1], "tool call is not closed: no </tool_call> before the end of the output", "f")
     assert out.calls[1].raw == tail
 
 
@@ -684,9 +679,7 @@ qwen_typed = st.one_of(
     calls=st.lists(st.tuples(qwen_names, st.dictionaries(qwen_keys, qwen_typed, max_size=4)), max_size=3),
     sep=separators,
 )
-def test_qwen_xml_round_trip(
-    calls: list[tuple[str, dict[str, tuple[dict[str, Any], Any]]]], sep: str
-) -> None:
+def test_qwen_xml_round_trip(calls: list[tuple[str, dict[str, tuple[dict[str, Any], Any]]]], sep: str) -> None:
     tools: list[ToolSpec] = []
     expected = []
     rendered = []
@@ -718,9 +711,7 @@ def test_parse_never_raises(parser_cls: type, text: str) -> None:
 
 @pytest.mark.parametrize("parser_cls", PARSERS)
 @PROPS
-@given(
-    reasoning=fragment_text.filter(lambda s: "<think>" not in s and "</think>" not in s), tail=st.booleans()
-)
+@given(reasoning=fragment_text.filter(lambda s: "<think>" not in s and "</think>" not in s), tail=st.booleans())
 def test_calls_inside_reasoning_never_returned(parser_cls: type, reasoning: str, tail: bool) -> None:
     parser = parser_cls()
     suffix = "\n</think>\n\ndone" if tail else ""

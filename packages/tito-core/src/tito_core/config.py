@@ -1,0 +1,205 @@
+"""Configuration: the backend chosen by name, loadable from a TOML file, a mapping or the environment.
+
+A config file holds the keys of :class:`TitoConfig` at the top level or in a ``[tito]`` table
+(``[tool.tito]`` in a ``pyproject.toml``)::
+
+    [tito]
+    backend = "vllm"
+    backend_options = { base_url = "http://localhost:8000" }
+    tokenizer = "Qwen/Qwen3-8B"
+    tool_parser = "hermes"
+    sampling = { temperature = 1.0, max_new_tokens = 2048 }
+
+Environment: ``TITO_CONFIG`` is the file :func:`load_config` reads when given no source, and
+``TITO_BACKEND`` overrides ``backend`` whatever the source.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from tito_core.backend import Backend, SamplingParams
+from tito_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tito_core.model import TitoModel
+
+__all__ = ["TitoConfig", "load_config"]
+
+_SAMPLING_KEYS = frozenset(SamplingParams.__struct_fields__)
+
+
+class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything needed to build a :class:`~tito_core.model.TitoModel` from names and plain values.
+
+    Attributes:
+        backend: Name of the backend plugin (``"vllm"``, ``"sglang"``, ``"scripted"``, a third party's).
+        backend_options: Keyword arguments for the backend's factory (``base_url``, timeouts, ...).
+        tokenizer: Path or name of a Hugging Face tokenizer (``AutoTokenizer.from_pretrained``).
+        tool_parser: Name of the tool-parser plugin.
+        tool_parser_options: Keyword arguments for the tool parser's factory.
+        sampling: Default sampling parameters: keys of :class:`~tito_core.backend.SamplingParams`.
+        chat_template: A Jinja chat template replacing the tokenizer's own.
+        chat_template_kwargs: Extra variables for the chat template (e.g. ``enable_thinking``).
+        context_window_limit: Context window in tokens; None asks the backend.
+        return_prompt_logprobs: Ask the engine for logprobs of prompt tokens.
+        return_routed_experts: Ask the engine for MoE routing decisions (routing replay).
+
+    """
+
+    backend: str
+    backend_options: dict[str, Any] = msgspec.field(default_factory=dict)
+    tokenizer: str | None = None
+    tool_parser: str = "hermes"
+    tool_parser_options: dict[str, Any] = msgspec.field(default_factory=dict)
+    sampling: dict[str, Any] = msgspec.field(default_factory=dict)
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+    context_window_limit: int | None = None
+    return_prompt_logprobs: bool = False
+    return_routed_experts: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.backend.strip():
+            raise ConfigError("`backend` must name a backend plugin, got an empty string")
+        if not self.tool_parser.strip():
+            raise ConfigError("`tool_parser` must name a tool parser plugin, got an empty string")
+        if self.context_window_limit is not None and self.context_window_limit <= 0:
+            raise ConfigError(f"`context_window_limit` must be positive, got {self.context_window_limit}")
+        for key in self.sampling:
+            if key not in _SAMPLING_KEYS:
+                raise ConfigError(f"unknown key `sampling.{key}`{_suggest(key, _SAMPLING_KEYS)}")
+        self.sampling_params()  # type-check the values now rather than at the first model call
+
+    def sampling_params(self) -> SamplingParams:
+        """Return :attr:`sampling` as :class:`~tito_core.backend.SamplingParams`."""
+        try:
+            return msgspec.convert(self.sampling, SamplingParams)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"invalid `sampling`: {_dotted(exc, 'sampling')}") from exc
+
+    def create_backend(self) -> Backend:
+        """Create the configured backend through the plugin registry."""
+        from tito_core.plugins import get_backend
+
+        return get_backend(self.backend, **self.backend_options)
+
+    def create_model(self, backend: Backend | None = None, *, tokenizer: Any = None) -> TitoModel:
+        """Create a :class:`~tito_core.model.TitoModel` from this configuration.
+
+        Args:
+            backend: A backend to share between models; None creates the configured one.
+            tokenizer: An already-loaded tokenizer; None uses :attr:`tokenizer` (loaded by the model).
+
+        """
+        from tito_core.model import TitoModel
+        from tito_core.plugins import get_tool_parser
+
+        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+        if tokenizer is None:
+            raise ConfigError("`tokenizer` is not set: give its path or name in the config, or pass one")
+        return TitoModel(
+            backend if backend is not None else self.create_backend(),
+            tokenizer,
+            tool_parser=get_tool_parser(self.tool_parser, **self.tool_parser_options),
+            sampling=self.sampling_params(),
+            chat_template=self.chat_template,
+            chat_template_kwargs=dict(self.chat_template_kwargs),
+            context_window_limit=self.context_window_limit,
+            return_prompt_logprobs=self.return_prompt_logprobs,
+            return_routed_experts=self.return_routed_experts,
+        )
+
+
+def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | None = None) -> TitoConfig:
+    """Load a :class:`TitoConfig`.
+
+    Args:
+        source: A TOML file path, a mapping of config keys, or None for the file named by the
+            ``TITO_CONFIG`` environment variable. ``TITO_BACKEND``, when set, overrides ``backend``;
+            with no source and no ``TITO_CONFIG`` it is enough on its own.
+
+    Raises:
+        ConfigError: The file is missing or not valid TOML, a key is unknown, or a value has the wrong
+            type; the message names the file and the key.
+
+    """
+    if source is None:
+        env_path = os.environ.get("TITO_CONFIG", "").strip()
+        if env_path:
+            source = env_path
+        elif os.environ.get("TITO_BACKEND", "").strip():
+            source = {}
+        else:
+            raise ConfigError("no tito configuration: pass a file or a mapping, or set TITO_CONFIG or TITO_BACKEND")
+    if isinstance(source, Mapping):
+        data, origin, prefix = dict(source), "config", ""
+    else:
+        origin = os.fspath(source)
+        data, prefix = _read_toml(Path(source))
+    backend = os.environ.get("TITO_BACKEND", "").strip()
+    if backend:
+        data["backend"] = backend
+    return _build(data, origin, prefix)
+
+
+def _read_toml(path: Path) -> tuple[dict[str, Any], str]:
+    """Read a config file; return its tito table and that table's dotted prefix."""
+    try:
+        with path.open("rb") as f:
+            document = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc}") from exc
+    if isinstance(document.get("tito"), dict):
+        return dict(document["tito"]), "tito."
+    tool = document.get("tool")
+    if isinstance(tool, dict) and isinstance(tool.get("tito"), dict):
+        return dict(tool["tito"]), "tool.tito."
+    if path.name == "pyproject.toml":
+        raise ConfigError(f"{path}: no [tool.tito] table")
+    return document, ""
+
+
+def _build(data: dict[str, Any], origin: str, prefix: str) -> TitoConfig:
+    fields = TitoConfig.__struct_fields__
+    for key in data:
+        if key not in fields:
+            raise ConfigError(f"{origin}: unknown key `{prefix}{key}`{_suggest(str(key), fields)}")
+    if "backend" not in data:
+        raise ConfigError(f"{origin}: missing required key `{prefix}backend` (or set TITO_BACKEND)")
+    try:
+        return msgspec.convert(data, TitoConfig)
+    except msgspec.ValidationError as exc:
+        # Errors raised in __post_init__ (ConfigError is a ValueError) arrive here as ValidationError.
+        raise ConfigError(f"{origin}: {_dotted(exc, prefix.rstrip('.'))}") from exc
+    except ConfigError as exc:
+        raise ConfigError(f"{origin}: {exc}") from exc
+
+
+def _dotted(exc: msgspec.ValidationError, root: str) -> str:
+    """Rewrite msgspec's ``- at `$.a.b``` suffix as a dotted key under ``root``."""
+    message = str(exc)
+    head, sep, where = message.rpartition(" - at `$")
+    if not sep:
+        return message
+    key = where.rstrip("`").lstrip(".")
+    key = ".".join(part for part in (root, key) if part)
+    return f"{head} (at `{key}`)" if key else head
+
+
+def _suggest(key: str, valid: Iterable[str]) -> str:
+    names = sorted(valid)
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f"; did you mean `{close[0]}`?" if close else ""
+    return f"{hint} (valid keys: {', '.join(names)})"
