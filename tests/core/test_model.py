@@ -422,3 +422,45 @@ def test_prompt_logprobs_align_with_prompt_tokens(qwen25_tokenizer):
     lps = traj.logprobs
     assert lps[0] is None  # the very first token has no logprob
     assert all(lp is not None for lp in lps[1:])
+
+
+def test_output_not_taken_by_strands_is_not_kept_as_accepted(qwen25_tokenizer):
+    """A consumer that stops reading early never appends the output; the next call forks it away."""
+    tok = qwen25_tokenizer
+    backend = ScriptedBackend(tok, ["abandoned", "kept"])
+    model = TitoModel(backend, tok)
+    messages = [{"role": "user", "content": [{"text": "hi"}]}]
+
+    async def first_event_only():
+        async for _ in model.stream(messages):
+            break
+
+    async def consume():
+        return [e async for e in model.stream(messages)]
+
+    asyncio.run(first_event_only())
+    asyncio.run(consume())
+    traj = model.trajectory
+    assert traj.branch == 1 and "discarded" in (traj.fork_reason or "")
+    assert "abandoned" not in tok.decode(traj.token_ids) and "kept" in tok.decode(traj.token_ids)
+    assert list(backend.requests[0].input_ids) == list(backend.requests[1].input_ids)
+
+
+def test_engine_abort_keeps_tokens_and_says_why(qwen25_tokenizer):
+    from tito_core.backend import GenerateResult
+
+    tok = qwen25_tokenizer
+    backend = ScriptedBackend(tok)
+
+    async def aborted(request):
+        return GenerateResult(output_ids=[9707], output_logprobs=[-1.0], finish_reason="abort")
+
+    backend.generate = aborted  # type: ignore[method-assign]
+    model = TitoModel(backend, tok)
+    agent = Agent(model=model, callback_handler=None, conversation_manager=NullConversationManager())
+    with pytest.raises(Exception) as info:
+        agent("hi")
+    assert "aborted" in str(info.value)
+    traj = model.trajectory
+    assert traj.status == "aborted" and traj.turns[0].finish_reason == "abort"
+    assert traj.token_ids[-1] == 9707 and traj.loss_mask[-1] == 1

@@ -268,6 +268,9 @@ class TitoModel(Model):
         new = messages[n:]
         if any(m.get("role") == "assistant" for m in new):
             return self._fork(messages, system, tools, n, "assistant messages were inserted into the history")
+        if new and self._traj.segments[-1].kind != "output":
+            # The trajectory ends with a generation prompt that got no output; messages cannot follow it.
+            return self._fork(messages, system, tools, n, "messages were added after a prompt that got no output")
         if not new and self._traj.segments[-1].kind != "output":
             return _Plan(initial=False, count=n, chat=[])  # a retry of a call that failed before output
         return _Plan(initial=False, count=n, chat=to_chat_messages(new, call_order=self._call_ids))
@@ -497,26 +500,29 @@ class TitoModel(Model):
                 routed_experts_shape=result.routed_experts_shape,
             )
         )
+        # Until Strands appends this output to the conversation, it is pending: a conversation that comes
+        # back without it (a retry, a consumer that stopped early, an engine abort) forks the rollout.
+        expected: list[tuple[Any, ...]] = []
+        if parsed.reasoning:
+            expected.append(("reasoning", parsed.reasoning))
+        if parsed.content:
+            expected.append(("text", parsed.content))
+        expected.extend(("toolUse", call.id, call.name, call.input) for call in parsed.calls)
+        self._pending = _Pending(expected=expected, call_ids=[call.id for call in parsed.calls])
         if result.finish_reason == "abort":
             raise BackendError("the engine aborted the request", backend=self.backend.name)
 
-        expected: list[tuple[Any, ...]] = []
         yield {"messageStart": {"role": "assistant"}}
         if parsed.reasoning:
-            expected.append(("reasoning", parsed.reasoning))
             yield {"contentBlockDelta": {"delta": {"reasoningContent": {"text": parsed.reasoning}}}}
             yield {"contentBlockStop": {}}
         if parsed.content or not (parsed.reasoning or parsed.calls):
-            if parsed.content:
-                expected.append(("text", parsed.content))
             yield {"contentBlockDelta": {"delta": {"text": parsed.content}}}
             yield {"contentBlockStop": {}}
         for call in parsed.calls:
-            expected.append(("toolUse", call.id, call.name, call.input))
             yield {"contentBlockStart": {"start": {"toolUse": {"name": call.name, "toolUseId": call.id}}}}
             yield {"contentBlockDelta": {"delta": {"toolUse": {"input": json.dumps(call.input, ensure_ascii=False)}}}}
             yield {"contentBlockStop": {}}
-        self._pending = _Pending(expected=expected, call_ids=[call.id for call in parsed.calls])
         yield {"messageStop": {"stopReason": cast(Any, stop)}}
         strands_usage: dict[str, int] = {
             "inputTokens": usage.prompt_tokens,
