@@ -1,0 +1,72 @@
+"""Trainer formats: a :class:`~tito_core.trajectory.Trajectory` as the fields each RL trainer expects.
+
+Every exporter returns plain Python data (no trainer is imported). The *response* is everything after
+the first prompt: the model's outputs (loss 1) and the tool results / boundaries between them (loss 0).
+Logprobs of non-output tokens are ``0.0``, as the trainers expect.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .trajectory import Trajectory
+
+_SLIME_STATUS = {
+    "running": "PENDING",
+    "completed": "COMPLETED",
+    "truncated": "TRUNCATED",
+    "aborted": "ABORTED",
+    "failed": "FAILED",
+}
+
+
+def _response(traj: Trajectory) -> tuple[int, list[int], list[int], list[float]]:
+    start = traj.prompt_length
+    ids = traj.token_ids
+    mask = traj.loss_mask[start:]
+    logprobs = [0.0 if (lp is None or not m) else lp for lp, m in zip(traj.logprobs[start:], mask, strict=True)]
+    return start, ids, mask, logprobs
+
+
+def to_slime(traj: Trajectory, *, tokenizer: Any = None) -> dict[str, Any]:
+    """Fields of slime's ``Sample``: assign them onto the sample (``status`` names a ``Sample.Status`` member).
+
+    ``rollout_routed_experts`` is a ``(len(tokens) - 1, layers, top_k)`` int32 numpy array when routing
+    was recorded (numpy required then). ``response`` (text) is filled when a tokenizer is given.
+    """
+    start, ids, mask, logprobs = _response(traj)
+    fields: dict[str, Any] = {
+        "tokens": ids,
+        "response_length": len(ids) - start,
+        "loss_mask": mask,
+        "rollout_log_probs": logprobs,
+        "status": _SLIME_STATUS[traj.status],
+        "rollout_id": traj.rollout_id,
+    }
+    if tokenizer is not None:
+        fields["response"] = tokenizer.decode(ids[start:], skip_special_tokens=False)
+    routed = traj.routed_experts()
+    if routed is not None:
+        import numpy as np
+
+        data, (layers, top_k) = routed
+        fields["rollout_routed_experts"] = np.frombuffer(data, dtype="<i4").reshape(-1, layers, top_k)
+    return fields
+
+
+def to_verl(traj: Trajectory) -> dict[str, Any]:
+    """Fields of verl's ``AgentLoopOutput`` (before its padding)."""
+    start, ids, mask, logprobs = _response(traj)
+    return {
+        "prompt_ids": ids[:start],
+        "response_ids": ids[start:],
+        "response_mask": mask,
+        "response_logprobs": logprobs,
+        "num_turns": len(traj.turns),
+    }
+
+
+def to_trl(traj: Trajectory) -> dict[str, Any]:
+    """One rollout in the shape TRL's ``GRPOTrainer(rollout_func=...)`` returns per prompt."""
+    start, ids, mask, logprobs = _response(traj)
+    return {"prompt_ids": ids[:start], "completion_ids": ids[start:], "logprobs": logprobs, "env_mask": mask}
