@@ -464,3 +464,21 @@ def test_engine_abort_keeps_tokens_and_says_why(qwen25_tokenizer):
     traj = model.trajectory
     assert traj.status == "aborted" and traj.turns[0].finish_reason == "abort"
     assert traj.token_ids[-1] == 9707 and traj.loss_mask[-1] == 1
+
+
+def test_backend_selected_by_string_in_config(tmp_path):
+    from tito_core import load_config
+    from tito_core.testing.tokenizers import qwen_tokenizer_dir
+
+    tokenizer_dir = str(qwen_tokenizer_dir("qwen2.5"))
+    config_file = tmp_path / "tito.toml"
+    config_file.write_text(
+        f'backend = "scripted"\ntokenizer = "{tokenizer_dir}"\ntool_parser = "hermes"\n'
+        f'[backend_options]\ntokenizer = "{tokenizer_dir}"\nreplies = ["configured reply"]\n'
+        "[sampling]\ntemperature = 0.0\nmax_new_tokens = 64\n"
+    )
+    model = load_config(config_file).create_model()
+    agent = Agent(model=model, callback_handler=None, conversation_manager=NullConversationManager())
+    assert str(agent("hi")).strip() == "configured reply"
+    assert model.backend.requests[0].sampling.max_new_tokens == 64
+    assert model.trajectory.status == "completed"
