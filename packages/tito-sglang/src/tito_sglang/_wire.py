@@ -1,0 +1,331 @@
+"""SGLang's native ``/generate`` wire format: request building and response decoding.
+
+Only the fields tito reads are declared; every struct ignores unknown fields, so newer servers that add
+fields keep working. Shapes were checked against responses recorded from a real SGLang 0.5.23 server.
+"""
+
+from __future__ import annotations
+
+import array
+import base64
+import binascii
+import sys
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgspec
+
+from tito_core.backend import FinishReason, GenerateRequest, GenerateResult, SamplingParams
+from tito_core.errors import BackendResponseError
+
+BACKEND_NAME: Final = "sglang"
+
+_encoder = msgspec.json.Encoder()
+
+# -- request ---------------------------------------------------------------------------------------
+
+
+def sampling_params(params: SamplingParams) -> dict[str, Any]:
+    """Map engine-neutral sampling parameters onto SGLang's ``sampling_params`` object.
+
+    Stop tokens are never trimmed (``no_stop_trim``) and special tokens are never skipped, so the output
+    ids are exactly the generated ids. ``extra`` is merged last and may override anything (e.g.
+    ``regex``, ``json_schema``, ``ebnf``, ``min_p``, penalties).
+    """
+    out: dict[str, Any] = {"no_stop_trim": True, "skip_special_tokens": False}
+    if params.max_new_tokens is not None:
+        out["max_new_tokens"] = params.max_new_tokens
+    if params.temperature is not None:
+        out["temperature"] = params.temperature
+    if params.top_p is not None:
+        out["top_p"] = params.top_p
+    if params.top_k is not None:
+        out["top_k"] = params.top_k
+    if params.seed is not None:
+        out["sampling_seed"] = params.seed
+    if params.stop:
+        out["stop"] = list(params.stop)
+    if params.stop_token_ids:
+        out["stop_token_ids"] = list(params.stop_token_ids)
+    if params.ignore_eos:
+        out["ignore_eos"] = True
+    out.update(params.extra)
+    return out
+
+
+def _as_list(ids: Sequence[int]) -> list[int]:
+    if isinstance(ids, list):
+        return ids
+    if isinstance(ids, array.array):
+        return ids.tolist()
+    return list(ids)
+
+
+def prompt_logprob_start(request: GenerateRequest) -> int:
+    """Where SGLang should start computing input logprobs.
+
+    One token before the new prompt: the position ``prefix_len - 1`` is still in the radix cache from the
+    previous turn, and the logprob of ``input_ids[prefix_len]`` needs its hidden state, so SGLang can
+    reuse the cached prefix and recompute only the tail.
+    """
+    return max(0, request.prefix_len - 1)
+
+
+def routed_experts_start(request: GenerateRequest) -> int:
+    """First routed-experts row wanted: rows before it were returned by the previous turn.
+
+    A sequence of N tokens has N - 1 routing rows (the last token is never fed to the model). After a turn
+    of N1 tokens the rows 0..N1-2 are known, so the next turn (``prefix_len == N1``) starts at N1 - 1.
+    """
+    return max(0, request.prefix_len - 1)
+
+
+def encode_generate(request: GenerateRequest) -> bytes:
+    """Encode ``request`` as the JSON body of ``POST /generate``."""
+    body: dict[str, Any] = {
+        "rid": request.rid,
+        "input_ids": _as_list(request.input_ids),
+        "sampling_params": sampling_params(request.sampling),
+        "return_logprob": request.return_logprobs or request.return_prompt_logprobs,
+        "stream": False,
+    }
+    if request.return_prompt_logprobs:
+        body["logprob_start_len"] = prompt_logprob_start(request)
+    elif body["return_logprob"]:
+        body["logprob_start_len"] = -1  # output logprobs only: no prompt recomputation, full cache reuse
+    if request.return_routed_experts:
+        body["return_routed_experts"] = True
+        body["routed_experts_start_len"] = routed_experts_start(request)
+    return _encoder.encode(body)
+
+
+def encode_abort(rid: str) -> bytes:
+    """Encode the JSON body of ``POST /abort_request`` for one request id."""
+    return _encoder.encode({"rid": rid})
+
+
+# -- response --------------------------------------------------------------------------------------
+
+LogprobEntry = tuple[float | None, int, str | None]
+
+
+class FinishReasonView(msgspec.Struct):
+    """``meta_info.finish_reason``: ``{"type": "stop", "matched": 151645}``, ``{"type": "length", ...}``."""
+
+    type: str
+    matched: int | str | None = None
+    message: str | None = None
+
+
+class MetaInfoView(msgspec.Struct):
+    """The part of ``meta_info`` tito reads."""
+
+    id: str | None = None
+    finish_reason: FinishReasonView | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_token_logprobs: list[LogprobEntry] | None = None
+    input_token_logprobs: list[LogprobEntry] | None = None
+    routed_experts: str | None = None
+
+
+class GenerateResponseView(msgspec.Struct):
+    """A non-streaming ``/generate`` answer for one prompt."""
+
+    output_ids: list[int]
+    meta_info: MetaInfoView
+
+
+_decoder = msgspec.json.Decoder(GenerateResponseView)
+
+
+class ModelInfoView(msgspec.Struct):
+    """``GET /model_info`` (fields tito reads)."""
+
+    model_path: str | None = None
+    is_generation: bool | None = None
+
+
+class ServerInfoView(msgspec.Struct):
+    """``GET /server_info`` (fields tito reads)."""
+
+    context_length: int | None = None
+    model_path: str | None = None
+
+
+def _response_error(message: str) -> BackendResponseError:
+    return BackendResponseError(f"{BACKEND_NAME}: {message}", backend=BACKEND_NAME)
+
+
+_FINISH_REASONS: Final[dict[str, FinishReason]] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def decode_generate(
+    body: bytes, request: GenerateRequest, *, routed_experts_shape: tuple[int, int] | None = None
+) -> GenerateResult:
+    """Turn a ``/generate`` answer into a :class:`GenerateResult`, checking it is self-consistent."""
+    try:
+        view = _decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        snippet = body[:300].decode("utf-8", errors="replace")
+        raise _response_error(f"malformed /generate response ({exc}): {snippet}") from exc
+    meta = view.meta_info
+    output_ids = view.output_ids
+
+    output_logprobs: list[float] | None = None
+    if request.return_logprobs:
+        entries = meta.output_token_logprobs
+        if entries is None:
+            raise _response_error("logprobs were requested but meta_info.output_token_logprobs is missing")
+        if len(entries) != len(output_ids) or any(e[1] != t for e, t in zip(entries, output_ids, strict=True)):
+            raise _response_error(
+                f"output_token_logprobs ids {[e[1] for e in entries][:8]}... do not match output_ids "
+                f"{output_ids[:8]}... ({len(entries)} vs {len(output_ids)} tokens)"
+            )
+        if any(e[0] is None for e in entries):
+            raise _response_error("output_token_logprobs holds a null logprob")
+        output_logprobs = [e[0] for e in entries]  # type: ignore[misc]
+
+    prompt_logprobs = _prompt_logprobs(meta, request) if request.return_prompt_logprobs else None
+
+    reason = meta.finish_reason
+    if reason is None:
+        raise _response_error("meta_info.finish_reason is missing (is the request still running?)")
+    finish = _FINISH_REASONS.get(reason.type)
+    if finish is None:
+        raise _response_error(f"unknown finish_reason type {reason.type!r}")
+
+    matched: int | str | None = reason.matched
+    returned_len = len(output_ids)
+    cut = _stop_token_cut(request, output_ids) if finish != "abort" else None
+    if cut is not None:
+        output_ids = output_ids[:cut]
+        if output_logprobs is not None:
+            output_logprobs = output_logprobs[:cut]
+        finish, matched = "stop", output_ids[-1]
+
+    routed: bytes | None = None
+    routed_start = 0
+    shape: tuple[int, int] | None = None
+    if request.return_routed_experts:
+        if meta.routed_experts is None:
+            raise _response_error("routed experts were requested but meta_info.routed_experts is missing")
+        routed, routed_start, shape = decode_routed_experts(
+            meta.routed_experts,
+            start=routed_experts_start(request),
+            total_tokens=len(request.input_ids) + returned_len,
+            shape=routed_experts_shape,
+        )
+        if cut is not None and routed:
+            rows = len(request.input_ids) + returned_len - 1 - routed_start
+            keep = len(request.input_ids) + cut - 1 - routed_start
+            if rows > 0:
+                routed = routed[: len(routed) // rows * keep]
+
+    return GenerateResult(
+        output_ids=output_ids,
+        output_logprobs=output_logprobs,
+        finish_reason=finish,
+        matched_stop=matched,
+        prompt_logprobs=prompt_logprobs,
+        prompt_tokens=meta.prompt_tokens,
+        cached_tokens=meta.cached_tokens,
+        routed_experts=routed,
+        routed_experts_start=routed_start,
+        routed_experts_shape=shape,
+    )
+
+
+def _stop_token_cut(request: GenerateRequest, output_ids: list[int]) -> int | None:
+    """Output length up to the first stop token id, when SGLang could not stop there itself.
+
+    SGLang's ``ignore_eos`` also disables ``stop_token_ids`` (it skips every token-based stop), while
+    tito's :class:`SamplingParams` means "do not stop at EOS" only. With both set, the server generates
+    past the stop token; the ids up to and including it are exactly what the engine generated, so the
+    answer is cut there and reported as a stop on that token.
+    """
+    sampling = request.sampling
+    if not (sampling.ignore_eos and sampling.stop_token_ids):
+        return None
+    stops = set(sampling.stop_token_ids)
+    for index, token in enumerate(output_ids):
+        if token in stops:
+            return index + 1
+    return None
+
+
+def _prompt_logprobs(meta: MetaInfoView, request: GenerateRequest) -> list[float | None]:
+    """Logprobs of ``input_ids[prefix_len:]`` out of ``input_token_logprobs`` (which starts earlier)."""
+    entries = meta.input_token_logprobs
+    if entries is None:
+        raise _response_error("prompt logprobs were requested but meta_info.input_token_logprobs is missing")
+    input_ids = request.input_ids
+    start = prompt_logprob_start(request)
+    if len(entries) != len(input_ids) - start:
+        raise _response_error(
+            f"input_token_logprobs has {len(entries)} entries for {len(input_ids) - start} prompt tokens "
+            f"from position {start}"
+        )
+    for offset, entry in enumerate(entries):
+        if entry[1] != input_ids[start + offset]:
+            raise _response_error(
+                f"input_token_logprobs id {entry[1]} at position {start + offset} does not match the "
+                f"prompt id {input_ids[start + offset]}"
+            )
+    skip = request.prefix_len - start
+    return [entry[0] for entry in entries[skip:]]
+
+
+def decode_routed_experts(
+    encoded: str, *, start: int, total_tokens: int, shape: tuple[int, int] | None
+) -> tuple[bytes, int, tuple[int, int] | None]:
+    """Decode SGLang's base64 routed-experts blob into little-endian int32 rows.
+
+    Servers differ: some honour ``routed_experts_start_len`` and return rows ``start..total_tokens-2``,
+    others return every row of the request (``0..total_tokens-2``). The row count tells which; the
+    returned start says where the first row belongs. Element width (int32, or int8 on some builds) is
+    inferred from the byte count when ``shape`` is known.
+
+    Returns:
+        ``(int32 little-endian bytes, first row position, (layers, top_k) or None when unknown)``.
+
+    """
+    try:
+        raw = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise _response_error(f"meta_info.routed_experts is not valid base64: {exc}") from exc
+    cropped_rows = max(0, total_tokens - 1 - start)
+    full_rows = max(0, total_tokens - 1)
+    if shape is not None:
+        per_row = shape[0] * shape[1]
+        for width in (4, 1, 2):
+            for rows, first in ((cropped_rows, start), (full_rows, 0)):
+                if len(raw) == rows * per_row * width:
+                    return _to_int32(raw, width), first, shape
+        raise _response_error(
+            f"routed experts blob of {len(raw)} bytes fits neither {cropped_rows} rows from {start} nor "
+            f"{full_rows} rows of shape {shape}"
+        )
+    # Unknown shape: assume int32 and infer the row layout from the row count.
+    if len(raw) % 4:
+        raise _response_error(f"routed experts blob of {len(raw)} bytes is not int32 data")
+    count = len(raw) // 4
+    for rows, first in ((cropped_rows, start), (full_rows, 0)):
+        if rows and count % rows == 0:
+            return raw, first, None
+    if count == 0:
+        return raw, start, None
+    raise _response_error(f"routed experts blob of {count} values fits neither {cropped_rows} nor {full_rows} rows")
+
+
+def _to_int32(raw: bytes, width: int) -> bytes:
+    """Little-endian ints of ``width`` bytes (as the server wrote them) to little-endian int32."""
+    if width == 4:
+        return raw
+    values = array.array("b" if width == 1 else "h", raw)
+    if width > 1 and sys.byteorder != "little":
+        values.byteswap()
+    out = array.array("i", values)
+    if sys.byteorder != "little":
+        out.byteswap()
+    return out.tobytes()

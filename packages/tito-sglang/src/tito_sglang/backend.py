@@ -1,0 +1,209 @@
+"""The SGLang backend: token ids in, token ids and logprobs out, through SGLang's native ``/generate``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+import msgspec
+
+from tito_core.backend import Backend, GenerateRequest, GenerateResult
+from tito_core.errors import BackendError, BackendResponseError
+from tito_core.http import HttpClient, RetryPolicy
+from tito_sglang import _wire
+
+__all__ = ["SGLangBackend"]
+
+logger = logging.getLogger(__name__)
+
+# Config keys that hold the number of experts each token is routed to, across MoE families.
+_TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k")
+
+
+class SGLangBackend(Backend):
+    """Client of one SGLang server (or an SGLang router) speaking the native ``/generate`` API.
+
+    Every request carries the exact prompt ids (``input_ids``) and a request id (``rid``); stop tokens
+    are kept (``no_stop_trim``) and special tokens are never skipped, so ``output_ids`` are exactly the
+    generated ids. Cancelling :meth:`generate`, or a timeout, aborts the request on the server
+    (``POST /abort_request``). One instance can be shared by many models and used from any event loop.
+
+    Args:
+        base_url: The server (or router) root URL.
+        timeout: Seconds one generation may take; None for no limit.
+        retry: Retry policy for connection failures and 429 / 503 answers.
+        max_connections: Connection pool size (per event loop).
+        transport: An ``httpx`` transport to use instead of TCP (tests, proxies).
+        model_path: Local directory of the served model; its ``config.json`` gives the routed-experts
+            row shape ``(layers, top_k)`` for MoE models.
+        headers: Extra headers for every request (e.g. ``Authorization``).
+        connect_timeout: Seconds to establish a connection.
+        routed_experts_shape: ``(layers, top_k)`` of a routed-experts row, overriding ``model_path``.
+
+    """
+
+    name: ClassVar[str] = "sglang"
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:30000",
+        *,
+        timeout: float | None = 600.0,
+        retry: RetryPolicy | None = None,
+        max_connections: int = 1024,
+        transport: httpx.AsyncBaseTransport | None = None,
+        model_path: str | Path | None = None,
+        headers: Mapping[str, str] | None = None,
+        connect_timeout: float = 5.0,
+        routed_experts_shape: tuple[int, int] | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model_path = Path(model_path) if model_path is not None else None
+        self._http = HttpClient(
+            self.base_url,
+            backend_name=self.name,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            max_connections=max_connections,
+            retry=retry,
+            headers=headers,
+            transport=transport,
+        )
+        self._routed_shape = routed_experts_shape
+        self._routed_shape_resolved = routed_experts_shape is not None
+        self._max_context: int | None = None
+        self._max_context_known = False
+
+    def __repr__(self) -> str:
+        return f"SGLangBackend({self.base_url!r})"
+
+    @property
+    def http(self) -> HttpClient:
+        """The underlying HTTP client (shared plumbing: pooling, retries, error mapping)."""
+        return self._http
+
+    @classmethod
+    def from_slime_args(cls, args: Any, **kwargs: Any) -> SGLangBackend:
+        """Build a backend from slime's parsed arguments (the router address and its concurrency).
+
+        Uses ``http://{sglang_router_ip}:{sglang_router_port}`` and, as slime sizes its own HTTP client,
+        ``max_connections = sglang_server_concurrency * rollout_num_gpus // rollout_num_gpus_per_engine``.
+        ``kwargs`` go to the constructor and win over the values derived from ``args``; ``model_path``
+        defaults to ``args.hf_checkpoint`` when slime has one.
+        """
+        options: dict[str, Any] = {}
+        concurrency = getattr(args, "sglang_server_concurrency", None)
+        gpus = getattr(args, "rollout_num_gpus", None)
+        per_engine = getattr(args, "rollout_num_gpus_per_engine", None)
+        if concurrency and gpus and per_engine:
+            options["max_connections"] = max(1, int(concurrency * gpus // per_engine))
+        checkpoint = getattr(args, "hf_checkpoint", None)
+        if isinstance(checkpoint, str) and checkpoint:
+            options["model_path"] = checkpoint
+        options.update(kwargs)
+        url = f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+        return cls(url, **options)
+
+    # -- generation ---------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Run one generation on ``/generate``; abort it on the server when cancelled or timed out."""
+        body = _wire.encode_generate(request)
+
+        async def abort() -> None:
+            await self.abort(request.rid)
+
+        answer = await self._http.post("/generate", body, abort=abort)
+        shape = self._routed_shape
+        if request.return_routed_experts and not self._routed_shape_resolved:
+            shape = self._resolve_routed_shape()
+        return _wire.decode_generate(answer, request, routed_experts_shape=shape)
+
+    async def abort(self, rid: str) -> None:
+        """Ask the server to stop request ``rid`` (a no-op on the server when it already finished)."""
+        await self._http.post("/abort_request", _wire.encode_abort(rid))
+
+    # -- discovery ----------------------------------------------------------------------------
+
+    async def health(self) -> bool:
+        """Return True when ``GET /health`` answers 200 (the server is up and its scheduler responds)."""
+        try:
+            await self._http.get("/health")
+        except BackendError:
+            return False
+        return True
+
+    async def model_info(self) -> dict[str, Any]:
+        """``GET /model_info``: the served model's path, whether it generates, its weight version, ..."""
+        return self._json_object(await self._http.get("/model_info"), "/model_info")
+
+    async def server_info(self) -> dict[str, Any]:
+        """``GET /server_info``: the server arguments and scheduler state."""
+        return self._json_object(await self._http.get("/server_info"), "/server_info")
+
+    async def max_context_length(self) -> int | None:
+        """Return the server's context length (``context_length`` of ``/server_info``), fetched once.
+
+        None when the server does not say (e.g. a router without ``/server_info``); that answer is cached
+        too, so an unknown limit costs one request per backend, not one per call.
+        """
+        if not self._max_context_known:
+            self._max_context = await self._fetch_context_length()
+            self._max_context_known = True
+        return self._max_context
+
+    async def _fetch_context_length(self) -> int | None:
+        for path in ("/server_info", "/get_server_info"):  # the second: older servers and some routers
+            try:
+                body = await self._http.get(path)
+            except BackendError as exc:
+                if exc.status in (404, 405):
+                    continue
+                raise
+            try:
+                info = msgspec.json.decode(body, type=_wire.ServerInfoView)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise BackendResponseError(f"sglang: malformed {path}: {exc}", backend=self.name) from exc
+            return info.context_length
+        logger.info("sglang: %s exposes no server info; the context length is unknown", self.base_url)
+        return None
+
+    async def aclose(self) -> None:
+        """Close pooled connections."""
+        await self._http.aclose()
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _json_object(body: bytes, path: str) -> dict[str, Any]:
+        try:
+            value = msgspec.json.decode(body)
+        except msgspec.DecodeError as exc:
+            raise BackendResponseError(f"sglang: {path} is not JSON: {exc}", backend="sglang") from exc
+        if not isinstance(value, dict):
+            raise BackendResponseError(f"sglang: {path} is not a JSON object", backend="sglang")
+        return value
+
+    def _resolve_routed_shape(self) -> tuple[int, int] | None:
+        """``(layers, top_k)`` from the model's ``config.json`` (text config for multimodal models)."""
+        self._routed_shape_resolved = True
+        if self.model_path is None:
+            return None
+        path = self.model_path / "config.json"
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            logger.warning("sglang: cannot read %s for the routed-experts shape: %s", path, exc)
+            return None
+        for candidate in (config, config.get("text_config") or {}):
+            layers = candidate.get("num_hidden_layers")
+            top_k = next((candidate[k] for k in _TOP_K_KEYS if isinstance(candidate.get(k), int)), None)
+            if isinstance(layers, int) and top_k:
+                self._routed_shape = (layers, top_k)
+                return self._routed_shape
+        logger.warning("sglang: %s has no MoE layer count / top-k; routed experts keep no shape", path)
+        return None

@@ -1,0 +1,100 @@
+"""slime integration: run a Strands agent for a slime ``Sample`` through tito and fill the sample.
+
+slime calls ``--custom-generate-function-path mod.generate`` as ``await generate(args, sample,
+sampling_params)``. :func:`run_agent` does the backend-independent part: one shared backend per
+process (built from slime's args), a fresh :class:`~tito_core.TitoModel` per sample, the agent run,
+and the trajectory written onto the sample with :func:`tito_core.export.to_slime`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from tito_core.backend import Backend, SamplingParams
+from tito_core.export import to_slime
+from tito_core.model import TitoModel
+
+from .backend import SGLangBackend
+
+_NEUTRAL = {"max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "ignore_eos"}
+# Set by the adapter on every request anyway, or meaningless for token-in/token-out.
+_DROPPED = {"skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens"}
+
+
+def sampling_from_slime(sampling_params: Mapping[str, Any]) -> SamplingParams:
+    """slime's SGLang-style ``sampling_params`` as :class:`SamplingParams` (unknown keys pass through)."""
+    neutral: dict[str, Any] = {k: v for k, v in sampling_params.items() if k in _NEUTRAL and v is not None}
+    for key in ("stop", "stop_token_ids"):
+        if key in neutral:
+            value = neutral[key]
+            neutral[key] = (value,) if isinstance(value, str | int) else tuple(value)
+    extra = {k: v for k, v in sampling_params.items() if k not in _NEUTRAL | _DROPPED | {"sampling_seed"}}
+    seed = sampling_params.get("sampling_seed")
+    return SamplingParams(**neutral, seed=seed, extra=extra)
+
+
+@functools.cache
+def _backend_for(url_key: tuple[str, int, int | None, int | None, int | None, str | None]) -> SGLangBackend:
+    ip, port, concurrency, gpus, per_engine, checkpoint = url_key
+
+    class _Args:
+        sglang_router_ip = ip
+        sglang_router_port = port
+        sglang_server_concurrency = concurrency
+        rollout_num_gpus = gpus
+        rollout_num_gpus_per_engine = per_engine
+        hf_checkpoint = checkpoint
+
+    return SGLangBackend.from_slime_args(_Args())
+
+
+def backend_from_slime_args(args: Any) -> SGLangBackend:
+    """The process-wide backend for slime's router (one pooled client shared by every sample)."""
+    key = (
+        str(args.sglang_router_ip),
+        int(args.sglang_router_port),
+        getattr(args, "sglang_server_concurrency", None),
+        getattr(args, "rollout_num_gpus", None),
+        getattr(args, "rollout_num_gpus_per_engine", None),
+        getattr(args, "hf_checkpoint", None),
+    )
+    return _backend_for(key)
+
+
+async def run_agent(
+    sample: Any,
+    sampling_params: Mapping[str, Any],
+    *,
+    backend: Backend,
+    tokenizer: Any,
+    run: Callable[[TitoModel], Awaitable[Any]],
+    status_enum: Any = None,
+    **model_options: Any,
+) -> Any:
+    """Run ``run(model)`` (which drives a Strands agent) and write the trajectory onto ``sample``.
+
+    Errors raised by the agent loop do not escape: the trajectory keeps its tokens and its status says
+    why it ended (``TRUNCATED``, ``ABORTED``, ``FAILED``), as slime expects of a rollout.
+
+    Args:
+        sample: A slime ``Sample`` (or anything with its attributes).
+        sampling_params: slime's sampling parameters.
+        backend: The shared backend (see :func:`backend_from_slime_args`).
+        tokenizer: The policy's tokenizer.
+        run: An async function that builds the agent around ``model`` and runs it on the sample.
+        status_enum: slime's ``Sample.Status``; when given, ``sample.status`` is set to its member.
+        **model_options: More :class:`~tito_core.TitoModel` options (``tool_parser``, ...).
+    """
+    model = TitoModel(backend, tokenizer, sampling=sampling_from_slime(sampling_params), **model_options)
+    try:
+        await run(model)
+    except Exception as exc:  # the trajectory records why; slime reads the status
+        model.trajectory.metadata["error"] = f"{type(exc).__name__}: {exc}"
+    fields = to_slime(model.reset(), tokenizer=tokenizer)
+    status = fields.pop("status")
+    for name, value in fields.items():
+        setattr(sample, name, value)
+    sample.status = status_enum[status] if status_enum is not None else status
+    return sample

@@ -1,0 +1,376 @@
+"""HttpClient: retries only where safe, error mapping, abort on timeout / cancellation, any event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+from strands.types.exceptions import ContextWindowOverflowException, ModelThrottledException
+
+import tito_core.http as http_mod
+from tito_core.errors import (
+    BackendConnectionError,
+    BackendError,
+    BackendThrottledError,
+    BackendTimeoutError,
+    ContextLengthError,
+)
+from tito_core.http import HttpClient, RetryPolicy
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+    """Record backoff delays instead of sleeping; jitter draws are the maximum (delay * (1 - jitter))."""
+    recorded: list[float] = []
+
+    async def fake_sleep(delay: float) -> None:
+        recorded.append(delay)
+
+    monkeypatch.setattr(http_mod, "_sleep", fake_sleep)
+    monkeypatch.setattr(http_mod, "_random", lambda: 1.0)
+    yield recorded
+
+
+def make_client(handler: Handler, **kwargs: object) -> HttpClient:
+    return HttpClient(
+        "http://engine.test",
+        backend_name="fake",
+        transport=httpx.MockTransport(handler),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+class Counter:
+    def __init__(self, responses: list[httpx.Response | Exception]) -> None:
+        self.responses = responses
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        item = self.responses[min(len(self.requests), len(self.responses)) - 1]
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+# -- RetryPolicy ---------------------------------------------------------------------------------
+
+
+def test_retry_policy_backoff_is_exponential_and_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(http_mod, "_random", lambda: 0.0)
+    policy = RetryPolicy(initial_delay=0.5, max_delay=3.0, jitter=0.5)
+    assert [policy.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
+    monkeypatch.setattr(http_mod, "_random", lambda: 1.0)
+    assert [policy.delay(n) for n in range(1, 4)] == [0.25, 0.5, 1.0]
+
+
+def test_retry_policy_jitter_stays_within_bounds() -> None:
+    policy = RetryPolicy(initial_delay=1.0, max_delay=8.0, jitter=0.3)
+    for retry in range(1, 8):
+        base = min(8.0, 2.0 ** (retry - 1))
+        for _ in range(50):
+            assert base * 0.7 - 1e-9 <= policy.delay(retry) <= base + 1e-9
+
+
+@pytest.mark.parametrize("kwargs", [{"max_attempts": 0}, {"jitter": 1.5}, {"jitter": -0.1}, {"initial_delay": -1.0}])
+def test_retry_policy_rejects_bad_values(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+# -- success and retries ---------------------------------------------------------------------
+
+
+async def test_post_sends_body_and_returns_bytes() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=b'{"ok":true}')
+
+    client = make_client(handler, headers={"authorization": "Bearer x"})
+    assert await client.post("/generate", b'{"a":1}') == b'{"ok":true}'
+    assert await client.get("/health") == b'{"ok":true}'
+    assert seen[0].method == "POST" and seen[0].url == "http://engine.test/generate"
+    assert seen[0].content == b'{"a":1}'
+    assert seen[0].headers["content-type"] == "application/json"
+    assert seen[0].headers["authorization"] == "Bearer x"
+    assert seen[1].method == "GET" and seen[1].url.path == "/health"
+    await client.aclose()
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_throttling_is_retried_then_succeeds(sleeps: list[float], status: int) -> None:
+    counter = Counter([httpx.Response(status), httpx.Response(status), httpx.Response(200, content=b"x")])
+    client = make_client(counter, retry=RetryPolicy(initial_delay=0.2, jitter=0.5))
+    assert await client.post("/generate", b"{}") == b"x"
+    assert len(counter.requests) == 3
+    assert sleeps == [pytest.approx(0.1), pytest.approx(0.2)]
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_throttling_after_retries_raises_throttled(sleeps: list[float], status: int) -> None:
+    counter = Counter([httpx.Response(status, text="busy")])
+    client = make_client(counter, retry=RetryPolicy(max_attempts=3, initial_delay=0.1, jitter=0.0))
+    with pytest.raises(BackendThrottledError) as info:
+        await client.post("/generate", b"{}")
+    assert isinstance(info.value, ModelThrottledException)
+    assert info.value.status == status and info.value.body == "busy" and info.value.backend == "fake"
+    assert len(counter.requests) == 3
+    assert sleeps == [pytest.approx(0.1), pytest.approx(0.2)]
+
+
+async def test_retry_after_header_is_respected_within_max_delay(sleeps: list[float]) -> None:
+    counter = Counter(
+        [
+            httpx.Response(429, headers={"retry-after": "2"}),
+            httpx.Response(429, headers={"retry-after": "100"}),
+            httpx.Response(200),
+        ]
+    )
+    client = make_client(counter, retry=RetryPolicy(initial_delay=0.1, max_delay=3.0, jitter=0.0))
+    await client.post("/generate", b"{}")
+    assert sleeps == [2.0, 3.0]
+
+
+async def test_total_retry_time_is_bounded(sleeps: list[float]) -> None:
+    counter = Counter([httpx.Response(503)])
+    policy = RetryPolicy(max_attempts=100, initial_delay=1.0, max_delay=4.0, max_total=10.0, jitter=0.0)
+    client = make_client(counter, retry=policy)
+    with pytest.raises(BackendThrottledError):
+        await client.post("/generate", b"{}")
+    # Fake sleeps take no time, so the bound is the sum of delays: 1 + 2 + 4 = 7, the next 4 would exceed 10.
+    assert sleeps == [1.0, 2.0, 4.0]
+    assert len(counter.requests) == 4
+
+
+async def test_connect_failure_is_retried_then_maps_to_connection_error(sleeps: list[float]) -> None:
+    counter = Counter([httpx.ConnectError("refused")])
+    client = make_client(counter, retry=RetryPolicy(max_attempts=4, jitter=0.0))
+    with pytest.raises(BackendConnectionError):
+        await client.post("/generate", b"{}")
+    assert len(counter.requests) == 4
+    assert len(sleeps) == 3
+
+
+async def test_connect_failure_then_success(sleeps: list[float]) -> None:
+    counter = Counter([httpx.ConnectTimeout("slow"), httpx.Response(200, content=b"ok")])
+    client = make_client(counter)
+    assert await client.post("/generate", b"{}") == b"ok"
+    assert len(counter.requests) == 2
+
+
+async def test_real_refused_connection_maps_to_connection_error(sleeps: list[float]) -> None:
+    # Port 9 on 127.0.0.1 ("discard") is not listening in any test environment we use.
+    client = HttpClient("http://127.0.0.1:9", backend_name="fake", retry=RetryPolicy(max_attempts=2))
+    with pytest.raises(BackendConnectionError):
+        await client.get("/health")
+    await client.aclose()
+
+
+@pytest.mark.parametrize("status", [500, 502, 504])
+async def test_server_errors_are_not_retried(sleeps: list[float], status: int) -> None:
+    counter = Counter([httpx.Response(status, text="boom")])
+    aborted: list[bool] = []
+
+    async def abort() -> None:
+        aborted.append(True)
+
+    client = make_client(counter)
+    with pytest.raises(BackendError) as info:
+        await client.post("/generate", b"{}", abort=abort)
+    assert type(info.value) is BackendError
+    assert info.value.status == status and info.value.body == "boom"
+    assert len(counter.requests) == 1 and sleeps == []
+    assert aborted == []
+
+
+async def test_connection_lost_after_sending_is_not_retried_and_aborts(sleeps: list[float]) -> None:
+    counter = Counter([httpx.RemoteProtocolError("server disconnected")])
+    aborted: list[bool] = []
+
+    async def abort() -> None:
+        aborted.append(True)
+
+    client = make_client(counter)
+    with pytest.raises(BackendConnectionError):
+        await client.post("/generate", b"{}", abort=abort)
+    assert len(counter.requests) == 1 and sleeps == [] and aborted == [True]
+
+
+# -- status mapping ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [400, 413, 422])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"error": "The input (5000 tokens) is longer than the model\'s context length (4096 tokens)."}',
+        "This model's maximum context length is 4096 tokens",
+        "prompt is too long",
+        "Requested token count exceeds the model's maximum",
+    ],
+)
+async def test_context_length_errors(status: int, body: str) -> None:
+    client = make_client(lambda _: httpx.Response(status, text=body))
+    with pytest.raises(ContextLengthError) as info:
+        await client.post("/generate", b"{}")
+    assert isinstance(info.value, ContextWindowOverflowException)
+    assert info.value.status == status and info.value.body == body
+
+
+@pytest.mark.parametrize("status", [400, 404, 422])
+async def test_other_client_errors_are_plain_backend_errors(status: int) -> None:
+    client = make_client(lambda _: httpx.Response(status, text="bad field 'foo'"))
+    with pytest.raises(BackendError) as info:
+        await client.post("/generate", b"{}")
+    assert type(info.value) is BackendError
+    assert info.value.status == status
+
+
+async def test_context_patterns_are_configurable() -> None:
+    client = make_client(lambda _: httpx.Response(400, text="KV budget blown"), context_length_patterns=[r"kv budget"])
+    with pytest.raises(ContextLengthError):
+        await client.post("/generate", b"{}")
+    client = make_client(lambda _: httpx.Response(400, text="too long"), context_length_patterns=[r"kv budget"])
+    with pytest.raises(BackendError) as info:
+        await client.post("/generate", b"{}")
+    assert not isinstance(info.value, ContextLengthError)
+
+
+async def test_error_body_is_truncated() -> None:
+    client = make_client(lambda _: httpx.Response(500, text="x" * 100_000))
+    with pytest.raises(BackendError) as info:
+        await client.post("/generate", b"{}")
+    assert info.value.body is not None
+    assert 4096 <= len(info.value.body) < 5000
+    assert len(str(info.value)) < 500
+
+
+# -- timeouts and cancellation --------------------------------------------------------------
+
+
+class SlowTransport(httpx.AsyncBaseTransport):
+    """Answers after ``delay`` seconds; records when a request starts."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.started = asyncio.Event()
+        self.calls = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        self.started.set()
+        await asyncio.sleep(self.delay)
+        return httpx.Response(200, content=b"late")
+
+
+async def test_timeout_calls_abort_and_raises_timeout_error() -> None:
+    transport = SlowTransport(delay=30)
+    aborted: list[bool] = []
+
+    async def abort() -> None:
+        aborted.append(True)
+
+    client = HttpClient("http://engine.test", backend_name="fake", timeout=0.05, transport=transport)
+    with pytest.raises(BackendTimeoutError):
+        await client.post("/generate", b"{}", abort=abort)
+    assert aborted == [True]
+    assert transport.calls == 1  # never retried
+
+
+async def test_httpx_read_timeout_maps_to_timeout_error(sleeps: list[float]) -> None:
+    counter = Counter([httpx.ReadTimeout("read timed out")])
+    aborted: list[bool] = []
+
+    async def abort() -> None:
+        aborted.append(True)
+
+    client = make_client(counter)
+    with pytest.raises(BackendTimeoutError):
+        await client.post("/generate", b"{}", abort=abort)
+    assert aborted == [True] and len(counter.requests) == 1 and sleeps == []
+
+
+async def test_failing_abort_is_swallowed(caplog: pytest.LogCaptureFixture) -> None:
+    async def abort() -> None:
+        raise RuntimeError("abort endpoint down")
+
+    client = HttpClient("http://engine.test", backend_name="fake", timeout=0.05, transport=SlowTransport(30))
+    with pytest.raises(BackendTimeoutError):
+        await client.post("/generate", b"{}", abort=abort)
+    assert "abort endpoint down" in caplog.text
+
+
+async def test_cancellation_calls_abort_then_propagates() -> None:
+    transport = SlowTransport(delay=30)
+    aborted = asyncio.Event()
+
+    async def abort() -> None:
+        await asyncio.sleep(0.01)  # the abort itself awaits: it must survive the cancellation
+        aborted.set()
+
+    client = HttpClient("http://engine.test", backend_name="fake", transport=transport)
+    task = asyncio.create_task(client.post("/generate", b"{}", abort=abort))
+    await transport.started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert aborted.is_set()
+
+
+async def test_no_timeout_when_none() -> None:
+    client = HttpClient("http://engine.test", backend_name="fake", timeout=None, transport=SlowTransport(0.05))
+    assert await client.post("/generate", b"{}") == b"late"
+
+
+# -- event loops ---------------------------------------------------------------------------------
+
+
+def test_one_client_works_from_several_event_loops() -> None:
+    client = make_client(lambda _: httpx.Response(200, content=b"ok"))
+    assert asyncio.run(client.post("/generate", b"{}")) == b"ok"
+    assert asyncio.run(client.post("/generate", b"{}")) == b"ok"
+    # The first loop is closed: its client was dropped when the second loop made its own.
+    assert len(client._clients) == 1
+
+    results: list[bytes] = []
+    thread = threading.Thread(target=lambda: results.append(asyncio.run(client.get("/health"))))
+    thread.start()
+    thread.join()
+    assert results == [b"ok"]
+    asyncio.run(client.aclose())
+    assert client._clients == {}
+
+
+def test_real_pooled_transport_from_two_loops() -> None:
+    """A real (socket) pool per loop: a closed loop's connections are never reused by another loop."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = HttpClient(f"http://127.0.0.1:{server.server_address[1]}", backend_name="fake")
+        for _ in range(3):
+            assert asyncio.run(client.get("/health")) == b"ok"
+    finally:
+        server.shutdown()
+        server.server_close()

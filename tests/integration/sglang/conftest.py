@@ -1,0 +1,211 @@
+"""A real SGLang server for the integration suite: tiny random Qwen3, CPU engine, loopback only.
+
+One server per test session. SGLang 0.5.23's CPU engine imports two functions from the CPU build of
+``sgl_kernel``, which is not on PyPI; the suite writes a pure-torch stand-in for them into a temporary
+directory that only the server process sees (``PYTHONPATH``). Attention runs on ``torch_native``.
+
+Environment:
+    TITO_SGLANG_PYTHON  interpreter with sglang installed (default: the one running the tests)
+    TITO_SGLANG_URL     use an already running server instead of starting one (nothing is stopped)
+    TITO_SGLANG_START_TIMEOUT  seconds to wait for the server to be healthy (default 300)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tito_sglang import SGLangBackend
+
+pytestmark = pytest.mark.integration
+
+# A stand-in for the two CPU kernels SGLang's CPU engine calls. Anything else raises if ever called
+# (SGLang only probes torch.ops.sgl_kernel for fast paths, which stay off).
+SGL_KERNEL_STANDIN = textwrap.dedent(
+    '''
+    """Pure-torch stand-in for the two sgl_kernel CPU functions SGLang's CPU engine needs (tests only)."""
+    import ctypes
+
+    import torch
+
+
+    def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset,
+                                     out_cache_loc, pool_len):
+        """req_to_token[row, start:end] = the next (end - start) cache slots, request after request."""
+        starts = start_offset.tolist()
+        ends = end_offset.tolist()
+        cursor = 0
+        for row, start, end in zip(req_pool_indices.tolist(), starts, ends):
+            count = max(0, end - start)
+            if count:
+                req_to_token[row, start:end] = out_cache_loc[cursor:cursor + count].to(req_to_token.dtype)
+            cursor += count
+
+
+    def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc):
+        """For every layer buffer, copy the token slots src_loc to tgt_loc (all reads before writes)."""
+        sources = src_loc.tolist()
+        targets = tgt_loc.tolist()
+        if not sources:
+            return
+        for base, stride in zip(data_ptrs.tolist(), strides.tolist()):
+            staging = ctypes.create_string_buffer(stride * len(sources))
+            staging_base = ctypes.addressof(staging)
+            for i, src in enumerate(sources):
+                ctypes.memmove(staging_base + i * stride, base + src * stride, stride)
+            for i, tgt in enumerate(targets):
+                ctypes.memmove(base + tgt * stride, staging_base + i * stride, stride)
+
+
+    def __getattr__(name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        def unavailable(*args, **kwargs):
+            raise NotImplementedError(f"sgl_kernel.{name} is not provided by the test stand-in")
+
+        unavailable.__name__ = name
+        return unavailable
+    '''
+)
+
+SERVER_FLAGS = [
+    "--device", "cpu",
+    "--attention-backend", "torch_native",
+    "--disable-overlap-schedule",
+    "--dtype", "bfloat16",
+    "--context-length", "4096",
+    "--max-running-requests", "8",
+    "--max-total-tokens", "65536",
+    "--served-model-name", "tiny",
+]  # fmt: skip
+
+SERVER_PYTHON = os.environ.get("TITO_SGLANG_PYTHON") or sys.executable
+START_TIMEOUT = float(os.environ.get("TITO_SGLANG_START_TIMEOUT", "300"))
+
+
+def _sglang_missing() -> str | None:
+    probe = subprocess.run([SERVER_PYTHON, "-c", "import sglang, torch"], capture_output=True, text=True, timeout=120)
+    if probe.returncode == 0:
+        return None
+    last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+    return f"sglang is not importable by {SERVER_PYTHON} ({last}); run `nox -s integration_sglang`"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _log_tail(path: Path, lines: int = 60) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop the server's whole process group (the HTTP server, scheduler and detokenizer processes)."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    # Children may outlive the leader briefly; make sure the group is gone.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    with httpx.Client(base_url=url, timeout=10.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"sglang exited with {process.returncode}:\n{_log_tail(log)}")
+            try:
+                if client.get("/health").status_code == 200:
+                    # One warm-up generation: the first requests of a fresh server are slow.
+                    warm = {"input_ids": [151644, 872, 198], "sampling_params": {"max_new_tokens": 4}}
+                    client.post("/generate", json=warm, timeout=120.0).raise_for_status()
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(1.0)
+    raise RuntimeError(f"sglang was not healthy after {START_TIMEOUT:.0f} s:\n{_log_tail(log)}")
+
+
+@pytest.fixture(scope="session")
+def sglang_model_dir() -> Path:
+    """The tiny random Qwen3 model (built once, cached)."""
+    if (reason := _sglang_missing()) is not None:
+        print(f"\nSKIP sglang integration suite: {reason}", file=sys.stderr)
+        pytest.skip(reason)
+    from tito_core.testing.tiny_model import build_tiny_qwen3
+
+    return build_tiny_qwen3()
+
+
+@pytest.fixture(scope="session")
+def sglang_url(sglang_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of a running SGLang server (started here and stopped at the end of the session)."""
+    if external := os.environ.get("TITO_SGLANG_URL"):
+        yield external.rstrip("/")
+        return
+    workdir = tmp_path_factory.mktemp("sglang")
+    (workdir / "shim" / "sgl_kernel").mkdir(parents=True)
+    (workdir / "shim" / "sgl_kernel" / "__init__.py").write_text(SGL_KERNEL_STANDIN)
+    port = _free_port()
+    log = workdir / "server.log"
+    env = dict(os.environ)
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(workdir / "shim"), env.get("PYTHONPATH")])),
+            "SGLANG_USE_CPU_ENGINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "2"),
+        }
+    )
+    command = [
+        SERVER_PYTHON, "-m", "sglang.launch_server",
+        "--model-path", str(sglang_model_dir),
+        "--host", "127.0.0.1", "--port", str(port),
+        *SERVER_FLAGS,
+    ]  # fmt: skip
+    started = time.monotonic()
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, process, log)
+        print(f"\nsglang ready at {url} in {time.monotonic() - started:.1f} s (log: {log})", file=sys.stderr)
+        yield url
+    finally:
+        _stop(process)
+
+
+@pytest.fixture
+async def sglang_backend(sglang_url: str) -> AsyncIterator[SGLangBackend]:
+    backend = SGLangBackend(sglang_url, timeout=120.0)
+    yield backend
+    await backend.aclose()

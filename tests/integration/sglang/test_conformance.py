@@ -1,0 +1,34 @@
+"""The core's backend conformance kit, run against the real SGLang server."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tito_core.testing.conformance import BackendConformanceTests
+from tito_sglang import SGLangBackend
+
+pytestmark = pytest.mark.integration
+
+
+class TestSGLangConformance(BackendConformanceTests):
+    supports_prompt_logprobs = True
+    echoes_prompt_ids = False  # /generate reports prompt_tokens, not the ids (it takes them as given)
+    deterministic_greedy = True
+    # CPU decoding of the tiny model: ~100 tokens/s, so 2000 tokens are still running when cancelled.
+    cancel_max_new_tokens = 2000
+    cancel_after_s = 0.5
+
+    @pytest.fixture
+    def tokenizer(self) -> Any:
+        from tito_core.testing.tokenizers import load_qwen_tokenizer
+
+        return load_qwen_tokenizer()
+
+    @pytest.fixture
+    async def backend(self, sglang_url: str) -> AsyncIterator[SGLangBackend]:
+        backend = SGLangBackend(sglang_url, timeout=180.0)
+        yield backend
+        await backend.aclose()

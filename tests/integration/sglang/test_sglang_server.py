@@ -1,0 +1,366 @@
+"""The SGLang adapter against a real SGLang 0.5.23 server (CPU, tiny random Qwen3).
+
+What this proves, on the real engine:
+* every request's ``input_ids`` are exactly the trajectory so far plus the new prompt;
+* output ids and logprobs land in the trajectory exactly as the server returned them;
+* greedy decoding twice gives the same trajectory;
+* a length-truncated turn gives status ``truncated`` with its tokens kept;
+* prompt logprobs (radix-cache reuse from ``prefix_len - 1``) line up with the prompt tokens;
+* cancelling a long generation aborts it on the server (the scheduler has no running request after);
+* a Strands ``Agent`` with a real ``@tool`` runs several real turns (tool calls forced with ``regex``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from array import array
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tito_core.backend import GenerateRequest, SamplingParams
+from tito_sglang import SGLangBackend
+
+pytestmark = pytest.mark.integration
+
+IM_END = 151645
+TOOL_CALL_RX = r'<tool_call>\n\{"name": "add", "arguments": \{"a": [1-9][0-9]?, "b": [1-9][0-9]?\}\}\n</tool_call>'
+FINAL_RX = r"The sum is [0-9]{1,3}\."
+
+
+class RecordingTransport(httpx.AsyncBaseTransport):
+    """A real TCP transport that keeps every ``/generate`` request body and response body."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.exchanges: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        content = await response.aread()
+        if request.url.path == "/generate" and response.status_code == 200:
+            self.exchanges.append((json.loads(request.content), json.loads(content)))
+        headers = [
+            (k, v) for k, v in response.headers.items() if k.lower() not in {"content-length", "content-encoding"}
+        ]
+        return httpx.Response(response.status_code, headers=headers, content=content)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> Any:
+    from tito_core.testing.tokenizers import load_qwen_tokenizer
+
+    return load_qwen_tokenizer()
+
+
+@pytest.fixture
+async def recorded(sglang_url: str) -> AsyncIterator[tuple[SGLangBackend, RecordingTransport]]:
+    transport = RecordingTransport()
+    backend = SGLangBackend(sglang_url, timeout=180.0, transport=transport)
+    yield backend, transport
+    await backend.aclose()
+
+
+def prompt_ids(tokenizer: Any, text: str = "Say something.") -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def request(ids: list[int], prefix_len: int = 0, **sampling: Any) -> GenerateRequest:
+    return GenerateRequest(
+        rid=f"test-{uuid.uuid4().hex}",
+        input_ids=array("i", ids),
+        prefix_len=prefix_len,
+        sampling=SamplingParams(**{"max_new_tokens": 8, "temperature": 0.0, **sampling}),
+    )
+
+
+async def running_requests(url: str) -> int:
+    """Requests the scheduler is running or has queued (SGLang's ``/v1/loads``)."""
+    async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+        loads = (await client.get("/v1/loads", params={"include": "core"})).json()["loads"]
+    return sum(int(load.get("num_running_reqs", 0)) + int(load.get("num_waiting_reqs", 0)) for load in loads)
+
+
+# -- the backend alone -----------------------------------------------------------------------------
+
+
+async def test_discovery(sglang_backend: SGLangBackend) -> None:
+    assert await sglang_backend.health()
+    assert await sglang_backend.max_context_length() == 4096
+    info = await sglang_backend.model_info()
+    assert info["is_generation"] is True
+
+
+async def test_generate_returns_server_ids_and_logprobs_exactly(
+    recorded: tuple[SGLangBackend, RecordingTransport], tokenizer: Any
+) -> None:
+    backend, transport = recorded
+    ids = prompt_ids(tokenizer)
+    result = await backend.generate(request(ids, max_new_tokens=12, ignore_eos=True))
+    ((sent, answer),) = transport.exchanges
+    assert sent["input_ids"] == ids
+    assert sent["sampling_params"]["no_stop_trim"] is True
+    assert sent["sampling_params"]["skip_special_tokens"] is False
+    assert result.output_ids == answer["output_ids"] and len(result.output_ids) == 12
+    assert result.output_logprobs == [entry[0] for entry in answer["meta_info"]["output_token_logprobs"]]
+    assert result.finish_reason == "length"
+    assert result.prompt_tokens == len(ids)
+
+
+async def test_greedy_is_repeatable_and_reuses_the_cache(sglang_backend: SGLangBackend, tokenizer: Any) -> None:
+    ids = prompt_ids(tokenizer, "Repeat after me.")
+    first = await sglang_backend.generate(request(ids, max_new_tokens=10))
+    second = await sglang_backend.generate(request(ids, max_new_tokens=10))
+    assert first.output_ids == second.output_ids
+    assert first.output_logprobs == pytest.approx(second.output_logprobs, abs=1e-3)
+    assert second.cached_tokens is not None and second.cached_tokens >= len(ids) - 1
+
+
+async def test_prompt_logprobs_line_up_with_prompt_tokens(sglang_backend: SGLangBackend, tokenizer: Any) -> None:
+    first_prompt = prompt_ids(tokenizer, "First question.")
+    first = await sglang_backend.generate(
+        GenerateRequest(
+            rid=f"test-{uuid.uuid4().hex}",
+            input_ids=array("i", first_prompt),
+            prefix_len=0,
+            sampling=SamplingParams(max_new_tokens=6, temperature=0.0),
+            return_prompt_logprobs=True,
+        )
+    )
+    assert first.prompt_logprobs is not None and len(first.prompt_logprobs) == len(first_prompt)
+    assert first.prompt_logprobs[0] is None and all(lp is not None for lp in first.prompt_logprobs[1:])
+
+    history = first_prompt + first.output_ids
+    new_prompt = [IM_END, 198, *prompt_ids(tokenizer, "Second question.")]
+    full = history + new_prompt
+    second = await sglang_backend.generate(
+        GenerateRequest(
+            rid=f"test-{uuid.uuid4().hex}",
+            input_ids=array("i", full),
+            prefix_len=len(history),
+            sampling=SamplingParams(max_new_tokens=1, temperature=0.0),
+            return_prompt_logprobs=True,
+        )
+    )
+    assert second.prompt_logprobs is not None and len(second.prompt_logprobs) == len(new_prompt)
+    assert all(lp is not None for lp in second.prompt_logprobs)
+
+    # Score the whole sequence from position 0, independently: the same positions get the same logprobs.
+    async with httpx.AsyncClient(base_url=sglang_backend.base_url, timeout=120.0) as client:
+        scored = (
+            await client.post(
+                "/generate",
+                json={
+                    "input_ids": full,
+                    "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                    "return_logprob": True,
+                    "logprob_start_len": 0,
+                },
+            )
+        ).json()
+    reference = scored["meta_info"]["input_token_logprobs"]
+    assert [entry[1] for entry in reference] == full
+    assert second.prompt_logprobs == pytest.approx([e[0] for e in reference[len(history) :]], abs=0.05)
+    assert first.prompt_logprobs[1:] == pytest.approx([e[0] for e in reference[1 : len(first_prompt)]], abs=0.05)
+    # The output logprobs of the first call are the prompt logprobs of those tokens in the full sequence.
+    assert first.output_logprobs == pytest.approx([e[0] for e in reference[len(first_prompt) : len(history)]], abs=0.05)
+
+
+async def test_cancel_aborts_the_generation_on_the_server(sglang_backend: SGLangBackend, tokenizer: Any) -> None:
+    ids = prompt_ids(tokenizer, "Write forever.")
+    task = asyncio.create_task(sglang_backend.generate(request(ids, max_new_tokens=3000, ignore_eos=True)))
+    deadline = time.monotonic() + 60
+    while await running_requests(sglang_backend.base_url) == 0:
+        assert time.monotonic() < deadline, "the long request never started"
+        assert not task.done(), "the long request finished before it could be cancelled"
+        await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    deadline = time.monotonic() + 30
+    while (left := await running_requests(sglang_backend.base_url)) != 0:
+        assert time.monotonic() < deadline, f"{left} request(s) still running 30 s after the abort"
+        await asyncio.sleep(0.2)
+
+
+async def test_regex_forces_a_hermes_tool_call(sglang_backend: SGLangBackend, tokenizer: Any) -> None:
+    ids = prompt_ids(tokenizer, "Add 2 and 3.")
+    result = await sglang_backend.generate(request(ids, max_new_tokens=64, extra={"regex": TOOL_CALL_RX}))
+    text = tokenizer.decode(result.output_ids)
+    assert re.fullmatch(TOOL_CALL_RX + "<\\|im_end\\|>", text), text
+    assert result.output_ids[-2:] == [151658, IM_END]  # </tool_call> and <|im_end|> as single tokens
+    assert result.finish_reason == "stop"
+
+
+# -- a Strands agent through TitoModel --------------------------------------------------------------
+
+
+def _tito_model(backend: SGLangBackend, tokenizer: Any, **kwargs: Any) -> Any:
+    tito_core = pytest.importorskip("tito_core")
+    if not hasattr(tito_core, "TitoModel"):
+        pytest.skip("tito_core.TitoModel is not available")
+    return tito_core.TitoModel(backend, tokenizer, **kwargs)
+
+
+def check_requests_extend_the_trajectory(model: Any, transport: RecordingTransport) -> None:
+    """Every request = the trajectory before it + its new prompt; every output = the server's answer."""
+    trajectory = model.trajectory
+    token_ids = trajectory.token_ids
+    logprobs = trajectory.logprobs
+    turns = trajectory.turns
+    assert len(transport.exchanges) == len(turns)
+    previous_end = 0
+    for turn, (sent, answer) in zip(turns, transport.exchanges, strict=True):
+        assert turn.prompt_start == previous_end
+        assert sent["rid"] == turn.rid
+        assert sent["input_ids"] == token_ids[: turn.prompt_start + turn.prompt_len]
+        out = slice(turn.output_start, turn.output_start + turn.output_len)
+        assert token_ids[out] == answer["output_ids"]
+        assert logprobs[out] == [entry[0] for entry in answer["meta_info"]["output_token_logprobs"]]
+        assert trajectory.loss_mask[out] == [1] * turn.output_len
+        previous_end = turn.output_start + turn.output_len
+    assert previous_end == len(token_ids)
+
+
+async def test_agent_runs_real_tool_turns(recorded: tuple[SGLangBackend, RecordingTransport], tokenizer: Any) -> None:
+    from strands import Agent, tool
+
+    backend, transport = recorded
+    tool_sampling = SamplingParams(max_new_tokens=64, temperature=0.0, extra={"regex": TOOL_CALL_RX})
+    final_sampling = SamplingParams(max_new_tokens=32, temperature=0.0, extra={"regex": FINAL_RX})
+    model = _tito_model(backend, tokenizer, sampling=tool_sampling)
+    calls: list[tuple[int, int]] = []
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: First number.
+            b: Second number.
+        """
+        calls.append((a, b))
+        if len(calls) == 2:  # after two real tool turns, let the model answer
+            model.update_config(sampling=final_sampling)
+        return a + b
+
+    agent = Agent(model=model, tools=[add], callback_handler=None)
+    result = await agent.invoke_async("Add 2 and 3, then add the result to 4.")
+    assert len(calls) == 2
+    trajectory = model.trajectory
+    assert [turn.stop_reason for turn in trajectory.turns] == ["tool_use", "tool_use", "end_turn"]
+    assert trajectory.status == "completed"
+    assert re.fullmatch(FINAL_RX, str(result).strip()), str(result)
+    check_requests_extend_the_trajectory(model, transport)
+    # Tool results reached the model as prompt tokens (loss 0) between the outputs.
+    text = tokenizer.decode(trajectory.token_ids)
+    assert text.count("<tool_response>") == 2
+    assert sum(trajectory.loss_mask) == sum(turn.output_len for turn in trajectory.turns)
+
+
+async def test_agent_greedy_twice_gives_the_same_trajectory(sglang_url: str, tokenizer: Any) -> None:
+    from strands import Agent
+    from strands.types.exceptions import MaxTokensReachedException
+
+    trajectories = []
+    for _ in range(2):
+        backend = SGLangBackend(sglang_url, timeout=180.0)
+        model = _tito_model(backend, tokenizer, sampling={"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True})
+        agent = Agent(model=model, callback_handler=None)
+        with pytest.raises(MaxTokensReachedException):  # the tiny model does not stop by itself
+            await agent.invoke_async("Tell me a story.")
+        trajectories.append(model.trajectory)
+        await backend.aclose()
+    first, second = trajectories
+    assert first.token_ids == second.token_ids
+    assert first.loss_mask == second.loss_mask
+    assert first.logprobs == pytest.approx(second.logprobs, abs=1e-3)
+
+
+async def test_length_truncated_turn_keeps_its_tokens(
+    recorded: tuple[SGLangBackend, RecordingTransport], tokenizer: Any
+) -> None:
+    from strands import Agent
+    from strands.types.exceptions import MaxTokensReachedException
+
+    backend, transport = recorded
+    model = _tito_model(backend, tokenizer, sampling={"max_new_tokens": 7, "temperature": 0.0, "ignore_eos": True})
+    agent = Agent(model=model, callback_handler=None)
+    with pytest.raises(MaxTokensReachedException):
+        await agent.invoke_async("Tell me a story.")
+    trajectory = model.trajectory
+    assert trajectory.status == "truncated"
+    (turn,) = trajectory.turns
+    assert turn.finish_reason == "length" and turn.output_len == 7
+    check_requests_extend_the_trajectory(model, transport)
+
+
+async def test_agent_prompt_logprobs_cover_every_prompt_token(
+    recorded: tuple[SGLangBackend, RecordingTransport], tokenizer: Any
+) -> None:
+    from strands import Agent, tool
+
+    backend, transport = recorded
+    tool_sampling = SamplingParams(max_new_tokens=64, temperature=0.0, extra={"regex": TOOL_CALL_RX})
+    final_sampling = SamplingParams(max_new_tokens=32, temperature=0.0, extra={"regex": FINAL_RX})
+    model = _tito_model(backend, tokenizer, sampling=tool_sampling, return_prompt_logprobs=True)
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: First number.
+            b: Second number.
+        """
+        model.update_config(sampling=final_sampling)
+        return a + b
+
+    await Agent(model=model, tools=[add], callback_handler=None).invoke_async("Add 2 and 3.")
+    trajectory = model.trajectory
+    assert len(trajectory.turns) == 2
+    logprobs = trajectory.logprobs
+    assert logprobs[0] is None
+    assert all(lp is not None for lp in logprobs[1:])
+    # The second request asked for logprobs from one token before its new prompt (cache reuse).
+    sent = transport.exchanges[1][0]
+    assert sent["logprob_start_len"] == trajectory.turns[1].prompt_start - 1
+
+
+async def test_server_side_abort_is_reported_as_abort(sglang_backend: SGLangBackend, tokenizer: Any) -> None:
+    """A request aborted by someone else (``/abort_request``) ends with finish reason ``abort``."""
+    ids = prompt_ids(tokenizer, "Write forever.")
+    long_request = request(ids, max_new_tokens=3000, ignore_eos=True)
+    task = asyncio.create_task(sglang_backend.generate(long_request))
+    deadline = time.monotonic() + 60
+    while await running_requests(sglang_backend.base_url) == 0:
+        assert time.monotonic() < deadline and not task.done()
+        await asyncio.sleep(0.2)
+    await sglang_backend.abort(long_request.rid)
+    async with asyncio.timeout(60):
+        result = await task
+    assert result.finish_reason == "abort"
+    assert len(result.output_ids) < 3000
+    assert result.output_logprobs is not None and len(result.output_logprobs) == len(result.output_ids)
+
+
+async def test_prompt_longer_than_the_context_raises_context_length_error(
+    sglang_backend: SGLangBackend,
+) -> None:
+    from tito_core.errors import ContextLengthError
+
+    with pytest.raises(ContextLengthError) as info:
+        await sglang_backend.generate(request([198] * 5000, max_new_tokens=4))
+    assert info.value.status == 400 and info.value.backend == "sglang"
