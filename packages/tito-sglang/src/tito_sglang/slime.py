@@ -24,7 +24,7 @@ _DROPPED = {"skip_special_tokens", "no_stop_trim", "spaces_between_special_token
 
 
 def sampling_from_slime(sampling_params: Mapping[str, Any]) -> SamplingParams:
-    """slime's SGLang-style ``sampling_params`` as :class:`SamplingParams` (unknown keys pass through)."""
+    """Convert slime's SGLang-style ``sampling_params`` to :class:`SamplingParams` (unknown keys pass through)."""
     neutral: dict[str, Any] = {k: v for k, v in sampling_params.items() if k in _NEUTRAL and v is not None}
     for key in ("stop", "stop_token_ids"):
         if key in neutral:
