@@ -482,3 +482,28 @@ def test_backend_selected_by_string_in_config(tmp_path):
     assert str(agent("hi")).strip() == "configured reply"
     assert model.backend.requests[0].sampling.max_new_tokens == 64
     assert model.trajectory.status == "completed"
+
+
+def test_another_eos_is_not_shown_as_content(qwen25_tokenizer):
+    """Pitfall 7: a turn that ends on another EOS (<|endoftext|>) keeps it as a token, not as text."""
+    from tito_core.backend import GenerateResult
+
+    tok = qwen25_tokenizer
+    backend = ScriptedBackend(tok)
+    text_ids = tok.encode("All done.", add_special_tokens=False)
+
+    async def eos_stop(request):
+        backend.requests.append(request)
+        ids = [*text_ids, 151643]
+        return GenerateResult(output_ids=ids, output_logprobs=[-0.1] * len(ids), matched_stop=151643)
+
+    backend.generate = eos_stop  # type: ignore[method-assign]
+    model = TitoModel(backend, tok)
+    agent = Agent(model=model, callback_handler=None, conversation_manager=NullConversationManager())
+    assert str(agent("hi")).strip() == "All done."
+    agent("more")
+    traj = model.trajectory
+    assert traj.branch == 0
+    assert traj.token_ids[traj.turns[0].output_start + len(text_ids)] == 151643
+    boundary = next(s for s in traj.segments if s.kind == "boundary")
+    assert traj.tokens(boundary) == [IM_END, 198]  # the turn is closed as the template would

