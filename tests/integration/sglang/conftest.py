@@ -12,10 +12,7 @@ Environment:
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -27,6 +24,8 @@ import httpx
 import pytest
 
 from tito_sglang import SGLangBackend
+
+from ..servers import free_port, stop_process_group, wait_until_healthy
 
 pytestmark = pytest.mark.integration
 
@@ -103,53 +102,9 @@ def _sglang_missing() -> str | None:
     return f"sglang is not importable by {SERVER_PYTHON} ({last}); run `nox -s integration_sglang`"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _log_tail(path: Path, lines: int = 60) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Stop the server's whole process group (the HTTP server, scheduler and detokenizer processes)."""
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-    # Children may outlive the leader briefly; make sure the group is gone.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    with httpx.Client(base_url=url, timeout=10.0) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"sglang exited with {process.returncode}:\n{_log_tail(log)}")
-            try:
-                if client.get("/health").status_code == 200:
-                    # One warm-up generation: the first requests of a fresh server are slow.
-                    warm = {"input_ids": [151644, 872, 198], "sampling_params": {"max_new_tokens": 4}}
-                    client.post("/generate", json=warm, timeout=120.0).raise_for_status()
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(1.0)
-    raise RuntimeError(f"sglang was not healthy after {START_TIMEOUT:.0f} s:\n{_log_tail(log)}")
+def _warm_up(client: httpx.Client) -> None:
+    warm = {"input_ids": [151644, 872, 198], "sampling_params": {"max_new_tokens": 4}}
+    client.post("/generate", json=warm, timeout=120.0).raise_for_status()
 
 
 @pytest.fixture(scope="session")
@@ -172,7 +127,7 @@ def sglang_url(sglang_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     workdir = tmp_path_factory.mktemp("sglang")
     (workdir / "shim" / "sgl_kernel").mkdir(parents=True)
     (workdir / "shim" / "sgl_kernel" / "__init__.py").write_text(SGL_KERNEL_STANDIN)
-    port = _free_port()
+    port = free_port()
     log = workdir / "server.log"
     env = dict(os.environ)
     env.update(
@@ -197,11 +152,11 @@ def sglang_url(sglang_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, process, log)
+        wait_until_healthy(url, process, log, name="sglang", timeout=START_TIMEOUT, warm_up=_warm_up)
         print(f"\nsglang ready at {url} in {time.monotonic() - started:.1f} s (log: {log})", file=sys.stderr)
         yield url
     finally:
-        _stop(process)
+        stop_process_group(process)
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tito_core.testing.conformance import BackendConformanceTests
+from tito_core.testing.conformance import BackendConformanceTests, ModelConformanceTests
 from tito_sglang import SGLangBackend
 
 pytestmark = pytest.mark.integration
@@ -20,6 +20,25 @@ class TestSGLangConformance(BackendConformanceTests):
     # CPU decoding of the tiny model: ~100 tokens/s, so 2000 tokens are still running when cancelled.
     cancel_max_new_tokens = 2000
     cancel_after_s = 0.5
+
+    @pytest.fixture
+    def tokenizer(self) -> Any:
+        from tito_core.testing.tokenizers import load_qwen_tokenizer
+
+        return load_qwen_tokenizer()
+
+    @pytest.fixture
+    async def backend(self, sglang_url: str) -> AsyncIterator[SGLangBackend]:
+        backend = SGLangBackend(sglang_url, timeout=180.0)
+        yield backend
+        await backend.aclose()
+
+
+class TestSGLangModelConformance(ModelConformanceTests):
+    """The kit's TitoModel-level tests: a Strands agent on the real server, tool calls forced by ``regex``."""
+
+    def constrain(self, regex: str) -> dict[str, Any] | None:
+        return {"regex": regex}
 
     @pytest.fixture
     def tokenizer(self) -> Any:

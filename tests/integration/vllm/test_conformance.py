@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tito_core.testing.conformance import BackendConformanceTests
+from tito_core.testing.conformance import BackendConformanceTests, ModelConformanceTests
 from tito_vllm import VLLMBackend
 
 pytestmark = pytest.mark.integration
@@ -59,3 +59,20 @@ class TestCompletions(_VLLMKit):
 
     endpoint = "completions"
     echoes_prompt_ids = True
+
+
+class TestVLLMModelConformance(ModelConformanceTests):
+    """The kit's TitoModel-level tests: a Strands agent on the real server, tool calls forced by regex."""
+
+    def constrain(self, regex: str) -> dict[str, Any] | None:
+        return {"structured_outputs": {"regex": regex}}
+
+    @pytest.fixture
+    def tokenizer(self, qwen3: Any) -> Any:
+        return qwen3
+
+    @pytest.fixture
+    async def backend(self, vllm_url: str) -> AsyncIterator[VLLMBackend]:
+        backend = VLLMBackend(vllm_url, timeout=180.0)
+        yield backend
+        await backend.aclose()

@@ -409,3 +409,17 @@ class TestModeCosts:
                 f"{statistics.median(cpu) * 1000:5.2f} ms, wall {statistics.median(wall) * 1000:6.1f} ms "
                 f"(median of {self.calls})"
             )
+
+
+async def test_same_greedy_ids_as_sglang(vllm_url: str, tiny_model_dir: Any, qwen3: Any) -> None:
+    """The same tiny model and greedy prompt give the same ids on vLLM and SGLang (when both ran here)."""
+    from ..cross_engine import greedy_ids, record_and_compare
+
+    backend = VLLMBackend(vllm_url)
+    try:
+        prompt, output = await greedy_ids(backend, qwen3)
+    finally:
+        await backend.aclose()
+    reason = record_and_compare("vllm", tiny_model_dir, prompt, output)
+    if reason:
+        pytest.skip(reason)

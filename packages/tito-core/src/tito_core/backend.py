@@ -35,6 +35,25 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     ignore_eos: bool = False
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
 
+    def engine_fields(self, **names: str) -> dict[str, Any]:
+        """The parameters that are set, keyed by the engine's names (``extra`` not included).
+
+        ``names`` renames fields, e.g. ``engine_fields(max_new_tokens="max_tokens")``; tuples become lists
+        and ``ignore_eos`` appears only when true.
+        """
+        out: dict[str, Any] = {}
+        for field in ("max_new_tokens", "temperature", "top_p", "top_k", "seed"):
+            value = getattr(self, field)
+            if value is not None:
+                out[names.get(field, field)] = value
+        if self.stop:
+            out[names.get("stop", "stop")] = list(self.stop)
+        if self.stop_token_ids:
+            out[names.get("stop_token_ids", "stop_token_ids")] = list(self.stop_token_ids)
+        if self.ignore_eos:
+            out[names.get("ignore_eos", "ignore_eos")] = True
+        return out
+
 
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One model call, token in.
@@ -51,6 +70,10 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
         return_routed_experts: Ask for MoE routing decisions (for routing replay).
         messages: Chat-template messages, set only for backends with ``renders_prompt = True``.
         tools: OpenAI-style tool schemas, set only for backends with ``renders_prompt = True``.
+        input_ids_json: ``input_ids`` as a JSON array, byte for byte what ``msgspec.json.encode(list(input_ids))``
+            gives, set only for backends with ``json_input_ids = True``. The model keeps the JSON of its
+            trajectory up to date (O(new tokens) per call), so an adapter can send the whole prompt without
+            converting every id again (``msgspec.Raw(request.input_ids_json)``).
     """
 
     rid: str
@@ -62,6 +85,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     return_routed_experts: bool = False
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
+    input_ids_json: bytes | None = None
 
 
 class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,6 +129,8 @@ class Backend(abc.ABC):
 
     name: ClassVar[str] = "backend"
     renders_prompt: ClassVar[bool] = False
+    json_input_ids: ClassVar[bool] = False
+    """True for backends that send ``input_ids`` as a JSON array and use :attr:`GenerateRequest.input_ids_json`."""
     """True for backends that send chat messages and let the server render the prompt (e.g. an
     OpenAI chat endpoint). The core then checks the echoed ``prompt_ids`` against the trajectory."""
 

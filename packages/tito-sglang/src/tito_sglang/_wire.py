@@ -33,22 +33,7 @@ def sampling_params(params: SamplingParams) -> dict[str, Any]:
     ``regex``, ``json_schema``, ``ebnf``, ``min_p``, penalties).
     """
     out: dict[str, Any] = {"no_stop_trim": True, "skip_special_tokens": False}
-    if params.max_new_tokens is not None:
-        out["max_new_tokens"] = params.max_new_tokens
-    if params.temperature is not None:
-        out["temperature"] = params.temperature
-    if params.top_p is not None:
-        out["top_p"] = params.top_p
-    if params.top_k is not None:
-        out["top_k"] = params.top_k
-    if params.seed is not None:
-        out["sampling_seed"] = params.seed
-    if params.stop:
-        out["stop"] = list(params.stop)
-    if params.stop_token_ids:
-        out["stop_token_ids"] = list(params.stop_token_ids)
-    if params.ignore_eos:
-        out["ignore_eos"] = True
+    out.update(params.engine_fields(seed="sampling_seed"))
     out.update(params.extra)
     return out
 
@@ -84,7 +69,9 @@ def encode_generate(request: GenerateRequest) -> bytes:
     """Encode ``request`` as the JSON body of ``POST /generate``."""
     body: dict[str, Any] = {
         "rid": request.rid,
-        "input_ids": _as_list(request.input_ids),
+        "input_ids": (
+            msgspec.Raw(request.input_ids_json) if request.input_ids_json is not None else _as_list(request.input_ids)
+        ),
         "sampling_params": sampling_params(request.sampling),
         "return_logprob": request.return_logprobs or request.return_prompt_logprobs,
         "stream": False,

@@ -294,22 +294,9 @@ class VLLMBackend(Backend):
                     f"context window ({self._max_model_len} tokens)",
                     backend=self.name,
                 )
-        if max_tokens is not None:
-            out["max_tokens"] = max_tokens
-        if s.temperature is not None:
-            out["temperature"] = s.temperature
-        if s.top_p is not None:
-            out["top_p"] = s.top_p
-        if s.top_k is not None:
-            out["top_k"] = s.top_k
-        if s.seed is not None:
-            out["seed"] = s.seed
-        if s.stop:
-            out["stop"] = list(s.stop)
-        if s.stop_token_ids:
-            out["stop_token_ids"] = list(s.stop_token_ids)
-        if s.ignore_eos:
-            out["ignore_eos"] = True
+        if max_tokens != s.max_new_tokens:
+            s = msgspec.structs.replace(s, max_new_tokens=max_tokens)
+        out.update(s.engine_fields(max_new_tokens="max_tokens"))
         out["skip_special_tokens"] = False
         out["include_stop_str_in_output"] = True
         if request.return_routed_experts:
