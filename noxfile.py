@@ -89,3 +89,29 @@ def integration_sglang(session: nox.Session) -> None:
     session.install("-r", "tests/integration/sglang/requirements-cpu.txt")
     install_core(session, ADAPTERS["sglang"])
     session.run("pytest", "tests/integration/sglang", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Performance: tito vs strands-sglang on a fake SGLang server, the no-op Strands floor, and client time on
+    the real CPU engines (docs/performance.md). Not a test. `nox -s bench -- --repeats 3` passes options to
+    benchmarks/run.py; TITO_BENCH_REAL=0 skips the real engines."""
+    from pathlib import Path
+
+    install_core(session, ADAPTERS["sglang"], ADAPTERS["vllm"])
+    args = list(session.posargs)
+    python312 = (session.run("python", "benchmarks/run.py", "--find-python312", silent=True) or "").strip()
+    if python312:
+        # strands-sglang needs Python >= 3.12: it gets its own virtual environment.
+        peer = Path(".nox") / "bench-strands-sglang"
+        peer_python = peer / "bin" / "python"
+        if not peer_python.exists():
+            session.run(python312, "-m", "venv", str(peer), external=True)
+        session.run(str(peer_python), "-m", "pip", "install", "-q", "strands-sglang==0.6.2", external=True)
+        args = ["--peer-python", str(peer_python), *args]
+    else:
+        session.warn("No Python >= 3.12 interpreter here: strands-sglang (which needs one) is NOT measured.")
+        args = ["--no-peer", *args]
+    session.run("python", "benchmarks/run.py", *args)
+    if os.environ.get("TITO_BENCH_REAL", "1") != "0":
+        session.run("python", "benchmarks/real_engines.py")

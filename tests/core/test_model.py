@@ -507,3 +507,28 @@ def test_another_eos_is_not_shown_as_content(qwen25_tokenizer):
     assert traj.token_ids[traj.turns[0].output_start + len(text_ids)] == 151643
     boundary = next(s for s in traj.segments if s.kind == "boundary")
     assert traj.tokens(boundary) == [IM_END, 198]  # the turn is closed as the template would
+
+
+def test_incremental_json_of_input_ids_is_byte_exact(qwen25_tokenizer):
+    """The cached JSON of the trajectory ids equals a fresh encoding on every call, across forks too."""
+    import msgspec
+
+    tok = qwen25_tokenizer
+
+    class JsonBackend(ScriptedBackend):
+        json_input_ids = True
+
+        async def generate(self, request):
+            assert request.input_ids_json == msgspec.json.encode(list(request.input_ids))
+            return await super().generate(request)
+
+    replies = [hermes_call("add", {"a": i, "b": 1}) for i in range(3)] + ["done", "again", "more"]
+    backend = JsonBackend(tok, replies)
+    model = TitoModel(backend, tok)
+    manager = SlidingWindowConversationManager(window_size=4, should_truncate_results=False)
+    agent = Agent(model=model, tools=[add], callback_handler=None, conversation_manager=manager)
+    agent("add")
+    agent("and again")  # the window trimmed the history: this call forks
+    agent("once more")
+    assert model.trajectory.branch >= 1 and len(backend.requests) == 6
+    assert all(r.input_ids_json is not None for r in backend.requests)

@@ -68,6 +68,39 @@ class _Pending(msgspec.Struct, frozen=True):
     call_ids: list[str]
 
 
+class _IdsJson:
+    """The JSON text of a live trajectory's ids, extended as it grows: O(new tokens) per call, not O(all).
+
+    ``body`` is the ids joined by commas (no brackets), covering the first ``count`` ids of ``traj``. A
+    trajectory only grows, and a fork or reset makes a new one, so the text stays exact.
+    """
+
+    __slots__ = ("body", "count", "traj")
+
+    def __init__(self, traj: Trajectory) -> None:
+        self.traj = traj
+        self.body = bytearray()
+        self.count = 0
+
+    def request_json(self, new_ids: Sequence[int]) -> bytes:
+        """``traj`` ids followed by ``new_ids`` as a JSON array (what msgspec gives for the whole list)."""
+        if self.count < len(self.traj):
+            tail = _JSON.encode(self.traj.ids_array(self.count).tolist())[1:-1]
+            if self.body:
+                self.body += b","
+            self.body += tail
+            self.count = len(self.traj)
+        new = _JSON.encode(list(new_ids))
+        if not self.body:
+            return new
+        if len(new) == 2:
+            return b"[" + self.body + b"]"
+        return b"[" + self.body + b"," + new[1:]
+
+
+_JSON = msgspec.json.Encoder()
+
+
 class _Plan(msgspec.Struct, frozen=True):
     """What to send: the whole conversation (``initial``) or only the messages after ``count``."""
 
@@ -218,6 +251,7 @@ class TitoModel(Model):
         self._call_ids: list[str] = []
         self._system: str | None = None
         self._tools: list[dict[str, Any]] | None = None
+        self._ids_json: _IdsJson | None = None
 
     def reset(self, rollout_id: str | None = None) -> Trajectory:
         """Close the current trajectory, start a new rollout, and return the closed trajectory."""
@@ -421,6 +455,12 @@ class TitoModel(Model):
                 sampling = msgspec.structs.replace(sampling, max_new_tokens=room)
         input_ids = traj.ids_array()
         input_ids.extend(new_ids)
+        ids_json: bytes | None = None
+        if self.backend.json_input_ids:
+            cache = self._ids_json
+            if cache is None or cache.traj is not traj or cache.count > len(traj):
+                cache = self._ids_json = _IdsJson(traj)
+            ids_json = cache.request_json(new_ids)
         request = GenerateRequest(
             rid=f"tito-{uuid.uuid4().hex}",
             input_ids=input_ids,
@@ -431,6 +471,7 @@ class TitoModel(Model):
             return_routed_experts=self._config["return_routed_experts"],
             messages=to_chat_messages(messages, system_prompt=system) if renders else None,
             tools=tools if renders else None,
+            input_ids_json=ids_json,
         )
         started = time.perf_counter()
         try:
@@ -470,6 +511,8 @@ class TitoModel(Model):
         else:
             stop = "end_turn"
             traj.set_status("completed" if result.finish_reason == "stop" else "aborted", None)
+        if stop != "tool_use":
+            self._ids_json = None  # the agent loop ends here: free the text (rebuilt if the rollout goes on)
         bad = [call for call in parsed.calls if call.is_error]
         for call in bad:
             traj.tool_parse_errors[call.name] = traj.tool_parse_errors.get(call.name, 0) + 1

@@ -210,9 +210,9 @@ class Trajectory:
                 return seg.start
         return len(self._ids)
 
-    def ids_array(self) -> array[int]:
-        """The token ids as an ``array('i')`` (a copy: cheap, 4 bytes per token)."""
-        return array("i", self._ids)
+    def ids_array(self, start: int = 0) -> array[int]:
+        """The token ids from ``start`` on as an ``array('i')`` (a copy: cheap, 4 bytes per token)."""
+        return self._ids[start:] if start else array("i", self._ids)
 
     def tokens(self, segment: Segment) -> list[int]:
         """The token ids of one segment."""

@@ -47,6 +47,7 @@ class SGLangBackend(Backend):
     """
 
     name: ClassVar[str] = "sglang"
+    json_input_ids: ClassVar[bool] = True
 
     def __init__(
         self,

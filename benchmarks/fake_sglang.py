@@ -1,0 +1,244 @@
+"""A fast fake SGLang server for the benchmark: native ``/generate`` with canned answers, ids and logprobs.
+
+Run as its own process (``python benchmarks/fake_sglang.py --tokenizer DIR``); it binds a free port on
+127.0.0.1 and prints ``PORT <n>`` on stdout once it accepts connections. A minimal HTTP/1.1 server on
+asyncio (keep-alive, ``Content-Length`` bodies) with msgspec JSON, so the server costs little CPU on the
+cores it shares with the clients.
+
+``/generate`` answers like SGLang 0.5 (``text``, ``output_ids`` with the stop token, ``meta_info`` with
+``finish_reason``, token counts and ``[logprob, id, null]`` triples for output tokens and, from
+``logprob_start_len``, input tokens). The answer for a prompt is chosen by the number of
+``<tool_response>`` tokens in it (the turn index), for the workload last set with ``POST /configure``.
+For every ``/generate`` the server records its handler time (from the whole request being read to the
+response bytes being ready: request decode, answer build, response encode); ``GET /stats`` returns and
+clears those times, so clients can subtract them from their wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from workload import IM_END, TOOL_RESPONSE, Workload, answer_text
+
+CONTEXT_LENGTH = 262144
+_MAX_HEADER = 64 * 1024
+
+
+class _GenerateBody(msgspec.Struct):
+    input_ids: list[int]
+    rid: str | None = None
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+
+
+class _Canned(msgspec.Struct):
+    text: str
+    output_ids: list[int]
+    head: bytes  # the constant start of the response, up to the open meta_info object
+
+
+class FakeSGLang:
+    """State and request handlers (synchronous: every handler is pure CPU work)."""
+
+    def __init__(self, tokenizer_dir: str) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.workload: Workload | None = None
+        self.canned: dict[int, _Canned] = {}
+        self.handler_times: list[float] = []
+        self.requests = 0
+        self._decoder = msgspec.json.Decoder(_GenerateBody)
+        self._encoder = msgspec.json.Encoder()
+        self.routes: dict[tuple[str, str], Callable[[bytes], tuple[int, bytes]]] = {
+            ("POST", "/generate"): self.generate,
+            ("POST", "/configure"): self.configure,
+            ("POST", "/abort_request"): lambda _body: (200, b"{}"),
+            ("GET", "/stats"): self.stats,
+            ("GET", "/health"): lambda _body: (200, b"ok"),
+            ("GET", "/server_info"): lambda _body: (
+                200,
+                self._encoder.encode({"context_length": CONTEXT_LENGTH, "model_path": "fake/qwen3"}),
+            ),
+            ("GET", "/model_info"): lambda _body: (
+                200,
+                self._encoder.encode(
+                    {"model_path": "fake/qwen3", "is_generation": True, "has_image_understanding": False}
+                ),
+            ),
+            ("GET", "/v1/models"): lambda _body: (
+                200,
+                self._encoder.encode({"data": [{"id": "fake/qwen3", "max_model_len": CONTEXT_LENGTH}]}),
+            ),
+        }
+
+    def configure(self, body: bytes) -> tuple[int, bytes]:
+        """Set the workload and pre-build every answer of it."""
+        self.workload = msgspec.json.decode(body, type=Workload)
+        self.canned = {}
+        for turn in range(self.workload.calls):
+            text = answer_text(self.tokenizer, self.workload, turn)
+            ids = [*self.tokenizer.encode(text, add_special_tokens=False), IM_END]
+            logprobs = [[-0.25, token, None] for token in ids]
+            head = self._encoder.encode(
+                {"text": text, "output_ids": ids, "meta_info": {"output_token_logprobs": logprobs}}
+            )
+            # Keep the meta_info object open so per-request fields can follow.
+            self.canned[turn] = _Canned(text=text, output_ids=ids, head=head[:-2] + b",")
+        self.handler_times.clear()
+        return 200, b"{}"
+
+    def stats(self, _body: bytes) -> tuple[int, bytes]:
+        """Handler times (seconds) of the ``/generate`` calls since the last ``/stats``, in arrival order."""
+        times, self.handler_times = self.handler_times, []
+        return 200, self._encoder.encode(times)
+
+    def generate(self, body: bytes) -> tuple[int, bytes]:
+        """One non-streaming ``/generate``."""
+        started = time.perf_counter()
+        request = self._decoder.decode(body)
+        if self.workload is None:
+            return 503, b'{"error": "not configured: POST /configure first"}'
+        ids = request.input_ids
+        turn = min(ids.count(TOOL_RESPONSE), self.workload.calls - 1)
+        canned = self.canned[turn]
+        self.requests += 1
+        meta: dict[str, Any] = {
+            "id": request.rid or f"fake-{self.requests}",
+            "finish_reason": {"type": "stop", "matched": IM_END},
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(canned.output_ids),
+            "cached_tokens": 0,
+            "e2e_latency": 0.0,
+        }
+        start = request.logprob_start_len
+        if request.return_logprob and start is not None and start >= 0:
+            meta["input_token_logprobs"] = [
+                [None if i == 0 else -0.5, token, None] for i, token in enumerate(ids[start:], start)
+            ]
+        payload = canned.head + self._encoder.encode(meta)[1:] + b"}"
+        self.handler_times.append(time.perf_counter() - started)
+        return 200, payload
+
+
+class _HttpProtocol(asyncio.Protocol):
+    """HTTP/1.1 with keep-alive and ``Content-Length`` bodies: what httpx and aiohttp send."""
+
+    def __init__(self, app: FakeSGLang) -> None:
+        self.app = app
+        self.buffer = bytearray()
+        self.head: tuple[str, str, int, bool] | None = None  # method, path, body length, close after
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while self.transport is not None:
+            if self.head is None:
+                end = self.buffer.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(self.buffer) > _MAX_HEADER:
+                        self._reply(431, b"header too large", close=True)
+                    return
+                self.head = self._parse_head(bytes(self.buffer[:end]))
+                del self.buffer[: end + 4]
+            method, path, length, close = self.head
+            if len(self.buffer) < length:
+                return
+            body = bytes(self.buffer[:length])
+            del self.buffer[:length]
+            self.head = None
+            handler = self.app.routes.get((method, path.split("?", 1)[0]))
+            if handler is None:
+                self._reply(404, b'{"error": "not found"}', close=close)
+            else:
+                try:
+                    status, payload = handler(body)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    status, payload = 400, msgspec.json.encode({"error": str(exc)})
+                self._reply(status, payload, close=close)
+
+    @staticmethod
+    def _parse_head(raw: bytes) -> tuple[str, str, int, bool]:
+        lines = raw.decode("latin-1").split("\r\n")
+        method, path, _version = lines[0].split(" ", 2)
+        length, close = 0, False
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            name = name.strip().lower()
+            if name == "content-length":
+                length = int(value.strip())
+            elif name == "connection" and value.strip().lower() == "close":
+                close = True
+        return method, path, length, close
+
+    def _reply(self, status: int, payload: bytes, *, close: bool) -> None:
+        assert self.transport is not None
+        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 431: "Too Large", 503: "Unavailable"}.get(
+            status, "Status"
+        )
+        content_type = b"text/plain" if payload == b"ok" else b"application/json"
+        header = (
+            f"HTTP/1.1 {status} {reason}\r\nContent-Length: {len(payload)}\r\n".encode()
+            + b"Content-Type: "
+            + content_type
+            + (b"\r\nConnection: close\r\n\r\n" if close else b"\r\n\r\n")
+        )
+        self.transport.write(header + payload)
+        if close:
+            self.transport.close()
+            self.transport = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+
+async def serve(app: FakeSGLang, host: str, port: int) -> None:
+    """Serve until SIGTERM / SIGINT."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _HttpProtocol(app), host, port, backlog=2048)
+    stop = loop.create_future()
+
+    def finish() -> None:
+        if not stop.done():
+            stop.set_result(None)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, finish)
+    bound = server.sockets[0].getsockname()[1]
+    print(f"PORT {bound}", flush=True)
+    async with server:
+        await stop
+
+
+def main() -> None:
+    """Entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokenizer", required=True, help="a Qwen3 tokenizer directory")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0: a free port")
+    args = parser.parse_args()
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    app = FakeSGLang(args.tokenizer)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(app, args.host, args.port))
+
+
+if __name__ == "__main__":
+    main()

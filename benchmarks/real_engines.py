@@ -1,0 +1,282 @@
+"""tito's client time as a share of the server's time per model call, on real vLLM and SGLang CPU servers.
+
+Starts each engine the way the integration suites do (tests/integration/{vllm,sglang}/conftest.py: a tiny
+random Qwen3 built on the spot, CPU flags, loopback only, stopped at the end), then runs Strands agent
+rollouts through ``TitoModel``: constrained decoding (``regex``) makes the random model call a ``lookup``
+tool ``--calls - 1`` times and then answer, so every rollout has real multi-turn token traffic.
+
+Per model call: ``round trip`` is the time spent awaiting the HTTP POST (engine time plus loopback and the
+HTTP client's own work, so the client share below is if anything understated by the HTTP client part,
+which the fake-server benchmark measures separately); ``client`` is the rest of ``stream()``: planning,
+templating, tokenizing, request building, response decoding, trajectory bookkeeping, tool parsing and
+Strands' handling of the events.
+
+Interpreters: ``TITO_SGLANG_PYTHON`` / ``TITO_VLLM_PYTHON``, else ``.nox/integration_sglang`` /
+``.nox/integration_vllm`` (made by ``nox -s integration_sglang`` / ``integration_vllm``). An engine with
+no interpreter is reported as not measured.
+
+Usage:
+    python benchmarks/real_engines.py [--engines sglang,vllm] [--rollouts 3] [--calls 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOL_RX = r'<tool_call>\n\{"name": "lookup", "arguments": \{"query": "item-[0-9]"\}\}\n</tool_call>'
+FINAL_RX = r"The answer is [0-9]{1,2}\."
+BLOB = " ".join(f"fact{i} holds value {i * 7 % 101}." for i in range(40))
+warnings.filterwarnings("ignore")
+
+
+def _suite(module: str) -> ModuleType:
+    """A module of the integration suites (server flags, process helpers), imported, not copied."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return importlib.import_module(f"tests.integration.{module}")
+
+
+def _warm_sglang(client: httpx.Client) -> None:
+    warm = {"input_ids": [151644, 872, 198], "sampling_params": {"max_new_tokens": 4}}
+    client.post("/generate", json=warm, timeout=300.0).raise_for_status()
+
+
+def _warm_vllm(client: httpx.Client) -> None:
+    warm = {"model": "tiny", "prompt": [151644, 872, 198], "max_tokens": 4}
+    for _ in range(2):
+        client.post("/v1/completions", json=warm, timeout=300.0).raise_for_status()
+
+
+def server_python(engine: str) -> str | None:
+    """The interpreter that has the engine installed, or None."""
+    configured = os.environ.get(f"TITO_{engine.upper()}_PYTHON")
+    if configured:
+        return configured
+    candidate = ROOT / ".nox" / f"integration_{engine}" / "bin" / "python"
+    return str(candidate) if candidate.exists() else None
+
+
+def tiny_model(python: str) -> Path:
+    """Build (or reuse) the tiny random Qwen3 with the engine's interpreter; return its directory."""
+    done = subprocess.run(
+        [python, "-m", "tito_core.testing.tiny_model"], capture_output=True, text=True, timeout=600, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"building the tiny model failed:\n{done.stderr[-2000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@contextmanager
+def sglang_server(python: str) -> Iterator[str]:
+    """An SGLang CPU server started as tests/integration/sglang/conftest.py starts it."""
+    helpers, servers = _suite("sglang.conftest"), _suite("servers")
+    model = tiny_model(python)
+    workdir = Path(tempfile.mkdtemp(prefix="tito-bench-sglang-"))
+    (workdir / "shim" / "sgl_kernel").mkdir(parents=True)
+    (workdir / "shim" / "sgl_kernel" / "__init__.py").write_text(helpers.SGL_KERNEL_STANDIN)
+    port = servers.free_port()
+    log = workdir / "server.log"
+    env = dict(os.environ)
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(workdir / "shim"), env.get("PYTHONPATH")])),
+            "SGLANG_USE_CPU_ENGINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "2"),
+        }
+    )
+    command = [
+        python, "-m", "sglang.launch_server", "--model-path", str(model),
+        "--host", "127.0.0.1", "--port", str(port), *helpers.SERVER_FLAGS,
+    ]  # fmt: skip
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        servers.wait_until_healthy(url, process, log, name="sglang", timeout=300.0, warm_up=_warm_sglang)
+        yield url
+    finally:
+        servers.stop_process_group(process)
+
+
+@contextmanager
+def vllm_server(python: str) -> Iterator[str]:
+    """A vLLM CPU server started as tests/integration/vllm/conftest.py starts it."""
+    helpers, servers = _suite("vllm.conftest"), _suite("servers")
+    model = tiny_model(python)
+    port = servers.free_port()
+    log = Path(tempfile.mkdtemp(prefix="tito-bench-vllm-")) / "server.log"
+    command = [
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--host", "127.0.0.1", "--port", str(port), *helpers.SERVER_FLAGS,
+    ]  # fmt: skip
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            command,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **helpers.SERVER_ENV},
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        servers.wait_until_healthy(url, process, log, name="vllm", timeout=300.0, warm_up=_warm_vllm)
+        yield url
+    finally:
+        servers.stop_process_group(process)
+
+
+def backend_for(engine: str, url: str) -> Any:
+    """Tito's backend for the engine."""
+    if engine == "sglang":
+        from tito_sglang import SGLangBackend
+
+        return SGLangBackend(url, timeout=300.0)
+    from tito_vllm import VLLMBackend
+
+    return VLLMBackend(url, timeout=300.0)
+
+
+def constrain(engine: str, regex: str) -> dict[str, Any]:
+    """``SamplingParams.extra`` restricting the output to ``regex``."""
+    return {"regex": regex} if engine == "sglang" else {"structured_outputs": {"regex": regex}}
+
+
+async def measure(engine: str, url: str, rollouts: int, calls: int) -> dict[str, Any]:
+    """Run rollouts; return per-call round-trip and client times (seconds)."""
+    from strands import Agent, tool
+    from strands.agent.conversation_manager import NullConversationManager
+    from strands.hooks import BeforeModelCallEvent
+
+    from tito_core import TitoModel
+    from tito_core.testing.tokenizers import load_qwen_tokenizer
+
+    tokenizer = load_qwen_tokenizer("qwen3")
+    backend = backend_for(engine, url)
+    http = backend._http
+    inner_post = http.post
+    round_trips: list[float] = []
+
+    async def timed_post(*args: Any, **kwargs: Any) -> bytes:
+        started = time.perf_counter()
+        try:
+            body: bytes = await inner_post(*args, **kwargs)
+            return body
+        finally:
+            round_trips.append(time.perf_counter() - started)
+
+    http.post = timed_post
+    per_call_client: list[float] = []
+    per_call_server: list[float] = []
+    tokens: list[int] = []
+    try:
+        for index in range(rollouts + 1):  # the first is a warm-up
+            model = TitoModel(backend, tokenizer, tool_parser="hermes")
+            streams: list[float] = []
+            inner_stream = model.stream
+
+            async def stream(*args: Any, _inner: Any = inner_stream, _out: list[float] = streams, **kw: Any) -> Any:
+                started = time.perf_counter()
+                async for event in _inner(*args, **kw):
+                    yield event
+                _out.append(time.perf_counter() - started)
+
+            model.stream = stream  # type: ignore[method-assign]
+
+            @tool
+            def lookup(query: str) -> str:
+                """Look up a query in the knowledge base.
+
+                Args:
+                    query: what to look up.
+                """
+                return f"Result for {query}: {BLOB}"
+
+            agent = Agent(
+                model=model,
+                tools=[lookup],
+                callback_handler=None,
+                conversation_manager=NullConversationManager(),
+                system_prompt="You are a research assistant. Use the lookup tool.",
+            )
+
+            def steer(event: BeforeModelCallEvent, _model: Any = model) -> None:
+                regex = TOOL_RX if len(_model.trajectory.turns) < calls - 1 else FINAL_RX
+                _model.update_config(
+                    sampling={"temperature": 0.0, "max_new_tokens": 64, "extra": constrain(engine, regex)}
+                )
+
+            agent.hooks.add_callback(BeforeModelCallEvent, steer)
+            round_trips.clear()
+            await agent.invoke_async("Find the answer with the lookup tool.")
+            if len(streams) != calls or len(round_trips) != calls:
+                raise RuntimeError(f"{engine}: {len(streams)} model calls, {len(round_trips)} POSTs, expected {calls}")
+            if index == 0:
+                continue
+            per_call_server.extend(round_trips)
+            per_call_client.extend(s - r for s, r in zip(streams, round_trips, strict=True))
+            tokens.append(len(model.trajectory))
+    finally:
+        await backend.aclose()
+    return {"client": per_call_client, "server": per_call_server, "tokens": tokens}
+
+
+def main() -> None:
+    """Entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engines", default="sglang,vllm")
+    parser.add_argument("--rollouts", type=int, default=3, help="timed rollouts per engine (after one warm-up)")
+    parser.add_argument("--calls", type=int, default=6, help="model calls per rollout")
+    args = parser.parse_args()
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    lines = [
+        "| engine | model calls | trajectory tokens | round trip ms/call (median) | tito client ms/call (median) | "
+        "client / round trip |",
+        "|---|---|---|---|---|---|",
+    ]
+    for engine in [e for e in args.engines.split(",") if e]:
+        python = server_python(engine)
+        if python is None:
+            lines.append(f"| {engine} | not measured: no interpreter with {engine} (run nox -s integration_{engine}) |")
+            continue
+        server = sglang_server if engine == "sglang" else vllm_server
+        started = time.monotonic()
+        try:
+            with server(python) as url:
+                print(f"  {engine} ready at {url} after {time.monotonic() - started:.0f} s", file=sys.stderr)
+                figures = asyncio.run(measure(engine, url, args.rollouts, args.calls))
+        except Exception as exc:  # reported in the table: one engine failing does not hide the other
+            lines.append(f"| {engine} | not measured: {type(exc).__name__}: {str(exc)[:200]} |")
+            continue
+        client = statistics.median(figures["client"]) * 1e3
+        server_ms = statistics.median(figures["server"]) * 1e3
+        share = statistics.median([c / s for c, s in zip(figures["client"], figures["server"], strict=True)])
+        lines.append(
+            f"| {engine} | {len(figures['client'])} | {max(figures['tokens'])} | {server_ms:.1f} | {client:.2f} | "
+            f"{100 * share:.2f}% |"
+        )
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

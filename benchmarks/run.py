@@ -1,0 +1,371 @@
+"""tito against strands-sglang, side by side in one run, against one fast fake SGLang server.
+
+What runs (every process on 127.0.0.1, stopped at the end):
+
+* the fake server (``fake_sglang.py``), a separate process;
+* three long-lived client workers (``client.py``), each in the interpreter that has its implementation:
+  ``noop`` (a Strands model answering canned events: Strands' own per-call cost, the floor), ``tito``
+  (``TitoModel`` + ``SGLangBackend``) and ``peer`` (strands-sglang's ``SGLangModel`` + ``SGLangClient``,
+  which needs Python >= 3.12 and runs from its own virtual environment, ``--peer-python``).
+
+For every size, the workers run the same Strands agent (one tool, ``calls`` model calls) with the same
+offline Qwen3 tokenizer, a warm-up rollout, then ``--repeats`` rollouts; then model calls/s with C
+concurrent rollouts from one process. See docs/performance.md for the definitions and a run.
+
+Usage:
+    python benchmarks/run.py --peer-python /path/to/py312-venv/bin/python
+    python benchmarks/run.py --no-peer --sizes 1000,8000 --repeats 3 --concurrency 1,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import select
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from workload import SIZES, Workload  # noqa: E402
+
+IMPLS = ("noop", "tito", "tito-asyncio", "peer")
+NAMES = {"noop": "no-op floor", "tito": "tito", "tito-asyncio": "tito, asyncio transport", "peer": "strands-sglang"}
+READY_TIMEOUT = 180.0
+COMMAND_TIMEOUT = 900.0
+
+
+# ------------------------------------------------------------------------------------------ processes
+class Worker:
+    """A child process spoken to with one JSON line per command (bounded waits, never a hang)."""
+
+    def __init__(self, name: str, argv: list[str], ready: str, timeout: float = READY_TIMEOUT) -> None:
+        self.name = name
+        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self._pending = b""
+        self.first = self.read_line(ready, timeout)
+
+    def read_line(self, prefix: str, timeout: float) -> str:
+        """The next stdout line starting with ``prefix`` (other lines are skipped)."""
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout
+        fd = self.process.stdout.fileno()
+        while True:
+            while b"\n" in self._pending:
+                line, self._pending = self._pending.split(b"\n", 1)
+                text = line.decode(errors="replace")
+                if text.startswith(prefix) or text.startswith("ERROR "):
+                    if text.startswith("ERROR "):
+                        raise RuntimeError(f"{self.name}: {json.loads(text[6:])}")
+                    return text
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.name}: no {prefix!r} line within {timeout:.0f} s")
+            readable, _, _ = select.select([fd], [], [], left)
+            if readable:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise RuntimeError(f"{self.name} exited with {self.process.wait(10)}")
+                self._pending += chunk
+
+    def call(self, command: dict[str, Any], timeout: float = COMMAND_TIMEOUT) -> dict[str, Any]:
+        """Send one command and return its result."""
+        assert self.process.stdin is not None
+        self.process.stdin.write((json.dumps(command) + "\n").encode())
+        self.process.stdin.flush()
+        result: dict[str, Any] = json.loads(self.read_line("RESULT ", timeout)[len("RESULT ") :])
+        return result
+
+    def stop(self) -> None:
+        """Close stdin (the worker exits at EOF); terminate it if it does not."""
+        if self.process.poll() is None:
+            try:
+                if self.process.stdin is not None:
+                    self.process.stdin.close()
+                self.process.wait(timeout=15)
+            except (subprocess.TimeoutExpired, OSError):
+                self.process.terminate()
+                try:
+                    self.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait(timeout=10)
+
+
+def post_json(url: str, payload: Any) -> None:
+    """POST a JSON body, wait for the answer."""
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        answer.read()
+
+
+def find_python312() -> str | None:
+    """A Python >= 3.12 interpreter on this machine (PATH, then pyenv versions), or None."""
+    import shutil
+
+    candidates = [shutil.which(name) for name in ("python3.13", "python3.12")]
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    if pyenv.is_dir():
+        for version in sorted(pyenv.iterdir(), reverse=True):
+            for name in ("python3.13", "python3.12"):
+                candidates.append(str(version / "bin" / name))
+    for candidate in candidates:
+        if not candidate or not Path(candidate).exists():
+            continue
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; print(sys.version_info >= (3, 12))"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == "True":
+            return candidate
+    return None
+
+
+# ------------------------------------------------------------------------------------------ figures
+def median(values: list[float]) -> float:
+    """Median (nan when empty)."""
+    return statistics.median(values) if values else float("nan")
+
+
+def summarize_latency(result: dict[str, Any], calls: int) -> dict[str, float]:
+    """Per-call figures (ms) of one implementation at one size."""
+    rows = result["rows"]
+    per_call = [1e3 * (s - v) for row in rows for s, v in zip(row["stream"], row["server"], strict=True)]
+    last = [1e3 * (row["stream"][-1] - row["server"][-1]) for row in rows]
+    total = [1e3 * (row["wall"] - sum(row["server"]) - row["tool"]) / calls for row in rows]
+    outside = [1e3 * (row["wall"] - sum(row["stream"]) - row["tool"]) / calls for row in rows]
+    server = [1e3 * sum(row["server"]) / calls for row in rows]
+    tokenizer = [1e3 * row["tokenizer"] / calls for row in rows]
+    tokens = rows[-1]["tokens"]
+    return {
+        "client_ms": median(per_call),
+        "client_last_ms": median(last),
+        "total_ms": median(total),
+        "strands_outside_ms": median(outside),
+        "server_ms": median(server),
+        "tokenizer_ms": median(tokenizer),
+        "tokens": float(tokens),
+        "bytes_per_token": rows[-1]["bytes"] / tokens if tokens else float("nan"),
+    }
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    """A number for the table ('-' when absent)."""
+    if value is None or value != value:
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """A / b when both exist."""
+    if a is None or b is None or not b or a != a or b != b:
+        return None
+    return a / b
+
+
+# ------------------------------------------------------------------------------------------ the run
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Start everything, measure, stop everything; return the raw and summarized figures."""
+    from tito_core.testing.tokenizers import qwen_tokenizer_dir
+
+    tokenizer_dir = str(qwen_tokenizer_dir("qwen3"))
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    conc_sizes = [int(s) for s in args.concurrency_sizes.split(",") if s]
+    levels = [int(c) for c in args.concurrency.split(",") if c]
+    impls = [
+        i for i in IMPLS if (i != "peer" or args.peer_python) and (i != "tito-asyncio" or args.experimental_transport)
+    ]
+    report: dict[str, Any] = {"latency": {}, "throughput": {}, "notes": []}
+
+    server = Worker(
+        "fake server", [sys.executable, str(HERE / "fake_sglang.py"), "--tokenizer", tokenizer_dir], "PORT "
+    )
+    workers: dict[str, Worker] = {}
+    try:
+        url = f"http://127.0.0.1:{int(server.first.split()[1])}"
+        for impl in impls:
+            python = args.peer_python if impl == "peer" else sys.executable
+            workers[impl] = Worker(impl, [python, str(HERE / "client.py"), impl, tokenizer_dir], "READY")
+        for size in sizes:
+            workload = Workload.for_size(size, args.calls)
+            post_json(url + "/configure", workload.as_dict())
+            print(f"  latency {SIZES.get(size, size)}: {', '.join(impls)} ...", file=sys.stderr, flush=True)
+            rows: dict[str, list[Any]] = {impl: [] for impl in impls}
+            base = {"op": "latency", "workload": workload.as_dict(), "url": url}
+            for impl in impls:  # warm-up rollouts
+                workers[impl].call({**base, "repeats": 0, "warmup": True})
+            for repeat in range(args.repeats):
+                # One rollout per implementation in turn, the order rotating, so that a slow moment of a
+                # shared machine hits every implementation alike.
+                shift = repeat % len(impls)
+                for impl in impls[shift:] + impls[:shift]:
+                    rows[impl] += workers[impl].call({**base, "repeats": 1, "warmup": False})["rows"]
+            for impl in impls:
+                report["latency"].setdefault(str(size), {})[impl] = summarize_latency(
+                    {"rows": rows[impl]}, workload.calls
+                )
+        for size in conc_sizes:
+            workload = Workload.for_size(size, args.calls)
+            post_json(url + "/configure", workload.as_dict())
+            for level in levels:
+                if level * size > args.max_concurrent_tokens:
+                    report["notes"].append(
+                        f"skipped {level} concurrent rollouts at {SIZES.get(size, size)}: over "
+                        f"--max-concurrent-tokens={args.max_concurrent_tokens:.0f}"
+                    )
+                    continue
+                for impl in impls:
+                    print(f"  calls/s {SIZES.get(size, size)} x{level} {impl} ...", file=sys.stderr, flush=True)
+                    raw = workers[impl].call(
+                        {"op": "throughput", "workload": workload.as_dict(), "concurrency": level, "url": url}
+                    )
+                    report["throughput"].setdefault(str(size), {}).setdefault(str(level), {})[impl] = {
+                        "calls_per_s": raw["calls"] / raw["wall"],
+                        "wall_s": raw["wall"],
+                        "server_s": raw["server"],
+                    }
+    finally:
+        for worker in workers.values():
+            worker.stop()
+        if server.process.poll() is None:
+            server.process.terminate()
+            try:
+                server.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                server.process.kill()
+                server.process.wait(timeout=10)
+    return report
+
+
+def render(report: dict[str, Any], args: argparse.Namespace) -> str:
+    """The tables and the last line."""
+    lines: list[str] = []
+    peer = bool(args.peer_python)
+    lines.append(
+        "| size | tokens | strands-sglang client ms/call | tito client ms/call | peer / tito | "
+        "tokenizer ms/call (peer / tito) | no-op floor ms/call | tito ms/call above floor | "
+        "strands-sglang ms/call above floor | tito bytes/token | strands-sglang bytes/token |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for size, by_impl in report["latency"].items():
+        tito, noop, other = by_impl.get("tito"), by_impl.get("noop"), by_impl.get("peer")
+        floor = noop["total_ms"] if noop else None
+        lines.append(
+            f"| {SIZES.get(int(size), size)} | {int(tito['tokens']) if tito else '-'} | "
+            f"{fmt(other['client_ms']) if other else '-'} | {fmt(tito['client_ms']) if tito else '-'} | "
+            f"{fmt(ratio(other['client_ms'], tito['client_ms']) if other and tito else None, 1)} | "
+            f"{fmt(other['tokenizer_ms']) if other else '-'} / {fmt(tito['tokenizer_ms']) if tito else '-'} | "
+            f"{fmt(floor)} | "
+            f"{fmt(tito['total_ms'] - floor if tito and floor is not None else None)} | "
+            f"{fmt(other['total_ms'] - floor if other and floor is not None else None)} | "
+            f"{fmt(tito['bytes_per_token'], 1) if tito else '-'} | "
+            f"{fmt(other['bytes_per_token'], 1) if other else '-'} |"
+        )
+    lines.append("")
+    lines.append(
+        "| size | implementation | client ms/call | last call | tokenizer ms/call | whole loop ms/call | "
+        "above floor | server handler ms/call | bytes/token |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for size, by_impl in report["latency"].items():
+        floor = by_impl["noop"]["total_ms"] if "noop" in by_impl else None
+        for impl, row in by_impl.items():
+            lines.append(
+                f"| {SIZES.get(int(size), size)} | {NAMES.get(impl, impl)} | {fmt(row['client_ms'])} | "
+                f"{fmt(row['client_last_ms'])} | {fmt(row['tokenizer_ms'])} | {fmt(row['total_ms'])} | "
+                f"{fmt(row['total_ms'] - floor if floor is not None else None)} | {fmt(row['server_ms'])} | "
+                f"{fmt(row['bytes_per_token'], 1)} |"
+            )
+    lines.append("")
+    extra = any("tito-asyncio" in by for lv in report["throughput"].values() for by in lv.values())
+    lines.append(
+        "| size | concurrent rollouts | no-op floor calls/s | tito calls/s | strands-sglang calls/s | tito / peer |"
+        + (" tito, asyncio transport calls/s |" if extra else "")
+    )
+    lines.append("|---|---|---|---|---|---|" + ("---|" if extra else ""))
+    for size, by_level in report["throughput"].items():
+        for level, by_impl in by_level.items():
+            get = {impl: by_impl[impl]["calls_per_s"] for impl in by_impl}
+            lines.append(
+                f"| {SIZES.get(int(size), size)} | {level} | {fmt(get.get('noop'), 0)} | {fmt(get.get('tito'), 0)} | "
+                f"{fmt(get.get('peer'), 0)} | {fmt(ratio(get.get('tito'), get.get('peer')), 1)} |"
+                + (f" {fmt(get.get('tito-asyncio'), 0)} |" if extra else "")
+            )
+    lines.extend(f"note: {note}" for note in report["notes"])
+    if not peer:
+        lines.append("note: strands-sglang was not measured (no Python >= 3.12 interpreter / --no-peer)")
+    lat34 = report["latency"].get("32000", {})
+    thr64: dict[str, Any] = next((by[str(64)] for by in report["throughput"].values() if str(64) in by), {})
+    per_call = ratio(lat34.get("peer", {}).get("client_ms"), lat34.get("tito", {}).get("client_ms"))
+    calls = ratio(thr64.get("tito", {}).get("calls_per_s"), thr64.get("peer", {}).get("calls_per_s"))
+    share = lat34["tito"]["total_ms"] - lat34["noop"]["total_ms"] if "tito" in lat34 and "noop" in lat34 else None
+    lines.append("")
+    lines.append(
+        f"ratio_vs_strands_sglang_per_call_34k={fmt(per_call)} ratio_vs_strands_sglang_calls_per_s_64={fmt(calls)} "
+        f"tito_share_over_floor_34k={fmt(share)}"
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer-python", default="", help="python of a venv with strands-sglang (Python >= 3.12)")
+    parser.add_argument("--no-peer", action="store_true", help="measure tito and the floor only")
+    parser.add_argument("--sizes", default="1000,8000,32000,128000", help="target trajectory sizes (tokens)")
+    parser.add_argument("--calls", type=int, default=8, help="model calls per rollout")
+    parser.add_argument("--repeats", type=int, default=7, help="timed rollouts per size (after one warm-up)")
+    parser.add_argument("--concurrency", default="1,64,512", help="concurrent rollouts for calls/s")
+    parser.add_argument("--concurrency-sizes", default="1000,8000,32000", help="sizes for the calls/s runs")
+    parser.add_argument(
+        "--max-concurrent-tokens", type=float, default=20e6, help="skip calls/s runs holding more tokens at once"
+    )
+    parser.add_argument(
+        "--experimental-transport",
+        action="store_true",
+        help="also run tito with the asyncio HTTP transport of asyncio_transport.py (an experiment)",
+    )
+    parser.add_argument("--json", default="", help="also write the figures as JSON here")
+    parser.add_argument("--find-python312", action="store_true", help="print a Python >= 3.12 interpreter and exit")
+    args = parser.parse_args()
+    if args.find_python312:
+        print(find_python312() or "")
+        return
+    if args.no_peer:
+        args.peer_python = ""
+    elif not args.peer_python:
+        print("note: no --peer-python given: strands-sglang is not measured", file=sys.stderr)
+
+    started = time.monotonic()
+    report = run(args)
+    report["environment"] = {
+        "python": platform.python_version(),
+        "peer_python": args.peer_python,
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "seconds": time.monotonic() - started,
+    }
+    text = render(report, args)
+    header = (
+        f"tito vs strands-sglang, fake SGLang server, Qwen3 tokenizer; python {platform.python_version()}, "
+        f"{os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f} at the end, "
+        f"{report['environment']['seconds']:.0f} s, {args.repeats} repeats, {args.calls} calls per rollout"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    print(header)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
