@@ -158,3 +158,41 @@ def split_reasoning(
         content="".join(visible).strip(),
         calls=calls,
     )
+
+
+class DelimitedToolParser:
+    """Shared base of parsers whose calls sit between tool-call tags: delimiters and the reasoning split.
+
+    Subclasses set ``name``, implement ``_find_call_end`` (where a call whose body starts at an index
+    ends) and turn the raw calls of :meth:`_split` into :class:`~tito_core.tool_parsers.base.ToolCall`.
+    """
+
+    name: str
+
+    def __init__(
+        self,
+        *,
+        think_start: str = "<think>",
+        think_end: str = "</think>",
+        tool_start: str = "<tool_call>",
+        tool_end: str = "</tool_call>",
+    ) -> None:
+        check_delimiters(think_start=think_start, think_end=think_end, tool_start=tool_start, tool_end=tool_end)
+        self.think_start = think_start
+        self.think_end = think_end
+        self.tool_start = tool_start
+        self.tool_end = tool_end
+
+    def _find_call_end(self, text: str, body_start: int) -> int | None:
+        raise NotImplementedError
+
+    def _split(self, text: str) -> ReasoningSplit:
+        """Split ``text`` into reasoning, content and the raw calls outside reasoning."""
+        return split_reasoning(
+            text,
+            think_start=self.think_start,
+            think_end=self.think_end,
+            tool_start=self.tool_start,
+            tool_end=self.tool_end,
+            find_call_end=self._find_call_end,
+        )

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from strands.types.tools import ToolSpec
 
-from tito_core.tool_parsers._reasoning import RawCall, check_delimiters, skip_whitespace, split_reasoning
+from tito_core.tool_parsers._reasoning import DelimitedToolParser, RawCall, skip_whitespace
 from tito_core.tool_parsers.base import (
     UNKNOWN_TOOL_NAME,
     ParsedOutput,
@@ -23,7 +23,7 @@ _NAME_SALVAGE = re.compile(r'"name"\s*:\s*"([^"]+)"')
 _LENIENT_DECODER = json.JSONDecoder()
 
 
-class HermesToolParser:
+class HermesToolParser(DelimitedToolParser):
     """Strict parser for hermes-style JSON tool calls.
 
     The body of each ``<tool_call>...</tool_call>`` (surrounding whitespace allowed) must be one JSON
@@ -54,23 +54,12 @@ class HermesToolParser:
         tool_end: str = "</tool_call>",
         allow_missing_arguments: bool = False,
     ) -> None:
-        check_delimiters(think_start=think_start, think_end=think_end, tool_start=tool_start, tool_end=tool_end)
-        self.think_start = think_start
-        self.think_end = think_end
-        self.tool_start = tool_start
-        self.tool_end = tool_end
+        super().__init__(think_start=think_start, think_end=think_end, tool_start=tool_start, tool_end=tool_end)
         self.allow_missing_arguments = allow_missing_arguments
 
     def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
         """Split ``text`` into reasoning, content and tool calls; ``tools`` is not needed."""
-        split = split_reasoning(
-            text,
-            think_start=self.think_start,
-            think_end=self.think_end,
-            tool_start=self.tool_start,
-            tool_end=self.tool_end,
-            find_call_end=self._find_call_end,
-        )
+        split = self._split(text)
         calls = [self._parse_call(call) for call in split.calls]
         return ParsedOutput(content=split.content, reasoning=split.reasoning, calls=calls)
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from strands.types.tools import ToolSpec
 
-from tito_core.tool_parsers._reasoning import RawCall, check_delimiters, skip_whitespace, split_reasoning
+from tito_core.tool_parsers._reasoning import DelimitedToolParser, RawCall, skip_whitespace
 from tito_core.tool_parsers.base import (
     ParsedOutput,
     ToolCall,
@@ -186,7 +186,7 @@ def _input_schemas(tools: Sequence[ToolSpec] | None) -> dict[str, Mapping[str, A
     return schemas
 
 
-class QwenXMLToolParser:
+class QwenXMLToolParser(DelimitedToolParser):
     """Strict parser for the Qwen3-Coder / Qwen3.5 XML tool-call format.
 
     Values are typed by the tool's JSON schema (from ``tools``): a ``string`` parameter keeps its
@@ -208,30 +208,9 @@ class QwenXMLToolParser:
 
     name = "qwen_xml"
 
-    def __init__(
-        self,
-        *,
-        think_start: str = "<think>",
-        think_end: str = "</think>",
-        tool_start: str = "<tool_call>",
-        tool_end: str = "</tool_call>",
-    ) -> None:
-        check_delimiters(think_start=think_start, think_end=think_end, tool_start=tool_start, tool_end=tool_end)
-        self.think_start = think_start
-        self.think_end = think_end
-        self.tool_start = tool_start
-        self.tool_end = tool_end
-
     def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
         """Split ``text`` into reasoning, content and tool calls typed by the schemas in ``tools``."""
-        split = split_reasoning(
-            text,
-            think_start=self.think_start,
-            think_end=self.think_end,
-            tool_start=self.tool_start,
-            tool_end=self.tool_end,
-            find_call_end=self._find_call_end,
-        )
+        split = self._split(text)
         schemas = _input_schemas(tools) if split.calls else {}
         calls = [self._parse_call(call, schemas) for call in split.calls]
         return ParsedOutput(content=split.content, reasoning=split.reasoning, calls=calls)
