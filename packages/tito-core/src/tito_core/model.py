@@ -263,7 +263,7 @@ class TitoModel(Model):
     # ------------------------------------------------------------------------------ conversation sync
     def _plan(self, messages: Messages, system: str | None, tools: list[dict[str, Any]] | None) -> _Plan:
         """Match the incoming conversation with what the trajectory holds; fork when history was rewritten."""
-        if not self._traj.segments:
+        if self._traj.last_segment is None:
             self._system, self._tools = system, tools
             return _Plan(initial=True, count=0, chat=to_chat_messages(messages, system_prompt=system))
         if system != self._system or tools != self._tools:
@@ -302,10 +302,10 @@ class TitoModel(Model):
         new = messages[n:]
         if any(m.get("role") == "assistant" for m in new):
             return self._fork(messages, system, tools, n, "assistant messages were inserted into the history")
-        if new and self._traj.segments[-1].kind != "output":
+        if new and self._last_kind() != "output":
             # The trajectory ends with a generation prompt that got no output; messages cannot follow it.
             return self._fork(messages, system, tools, n, "messages were added after a prompt that got no output")
-        if not new and self._traj.segments[-1].kind != "output":
+        if not new and self._last_kind() != "output":
             return _Plan(initial=False, count=n, chat=[])  # a retry of a call that failed before output
         return _Plan(initial=False, count=n, chat=to_chat_messages(new, call_order=self._call_ids))
 
@@ -360,14 +360,18 @@ class TitoModel(Model):
             chat=to_chat_messages(messages[keep.count :], call_order=self._call_ids),
         )
 
+    def _last_kind(self) -> str | None:
+        last = self._traj.last_segment
+        return last.kind if last is not None else None
+
     def _new_prompt(self, plan: _Plan) -> tuple[list[int], int]:
         """Token ids of the new prompt, and how many of them (leading) are boundary tokens."""
         if plan.initial:
             return self.renderer.encode(self.renderer.initial_text(plan.chat, self._tools)), 0
-        if not self._traj.segments or self._traj.segments[-1].kind != "output":
+        last_output = self._traj.last_segment
+        if last_output is None or last_output.kind != "output":
             return [], 0
         eot, boundary = self.renderer.turn_tail
-        last_output = self._traj.segments[-1]
         ended = self._traj.tokens(last_output)[-1:]
         if not (ended and ended[0] in self.renderer.end_of_turn_ids):
             boundary = eot + boundary  # the model did not end its turn itself: close it as the template would
@@ -629,7 +633,7 @@ class TitoModel(Model):
         new = prompt[len(have) :]
         _, boundary = self.renderer.turn_tail
         n_boundary = 0
-        if boundary and traj.segments and traj.segments[-1].kind == "output":
+        if boundary and self._last_kind() == "output":
             boundary_ids = self.renderer.encode(boundary)
             if new[: len(boundary_ids)] == boundary_ids:
                 n_boundary = len(boundary_ids)

@@ -193,6 +193,11 @@ class Trajectory:
         return tuple(self._segments)
 
     @property
+    def last_segment(self) -> Segment | None:
+        """The most recent segment (None while empty), without copying the segment list."""
+        return self._segments[-1] if self._segments else None
+
+    @property
     def turns(self) -> tuple[Turn, ...]:
         """One record per model call whose result was kept."""
         return tuple(self._turns)
