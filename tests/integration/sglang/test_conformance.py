@@ -13,6 +13,21 @@ from tito_sglang import SGLangBackend
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture
+def tokenizer() -> Any:
+    from tito_core.testing.tokenizers import load_qwen_tokenizer
+
+    return load_qwen_tokenizer()
+
+
+@pytest.fixture
+async def backend(sglang_url: str) -> AsyncIterator[SGLangBackend]:
+    """The kit's ``backend`` fixture, shared by the backend-level and TitoModel-level classes."""
+    backend = SGLangBackend(sglang_url, timeout=180.0)
+    yield backend
+    await backend.aclose()
+
+
 class TestSGLangConformance(BackendConformanceTests):
     supports_prompt_logprobs = True
     echoes_prompt_ids = False  # /generate reports prompt_tokens, not the ids (it takes them as given)
@@ -21,33 +36,9 @@ class TestSGLangConformance(BackendConformanceTests):
     cancel_max_new_tokens = 2000
     cancel_after_s = 0.5
 
-    @pytest.fixture
-    def tokenizer(self) -> Any:
-        from tito_core.testing.tokenizers import load_qwen_tokenizer
-
-        return load_qwen_tokenizer()
-
-    @pytest.fixture
-    async def backend(self, sglang_url: str) -> AsyncIterator[SGLangBackend]:
-        backend = SGLangBackend(sglang_url, timeout=180.0)
-        yield backend
-        await backend.aclose()
-
 
 class TestSGLangModelConformance(ModelConformanceTests):
     """The kit's TitoModel-level tests: a Strands agent on the real server, tool calls forced by ``regex``."""
 
     def constrain(self, regex: str) -> dict[str, Any] | None:
         return {"regex": regex}
-
-    @pytest.fixture
-    def tokenizer(self) -> Any:
-        from tito_core.testing.tokenizers import load_qwen_tokenizer
-
-        return load_qwen_tokenizer()
-
-    @pytest.fixture
-    async def backend(self, sglang_url: str) -> AsyncIterator[SGLangBackend]:
-        backend = SGLangBackend(sglang_url, timeout=180.0)
-        yield backend
-        await backend.aclose()
