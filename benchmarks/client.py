@@ -1,6 +1,7 @@
 """One benchmark client (``tito``, ``peer`` = strands-sglang, or ``noop``) serving commands from the runner.
 
-``tito-asyncio`` is tito with the experimental HTTP transport of ``asyncio_transport.py``. Runs in the
+``tito-httpx`` is tito sending through ``httpx.AsyncHTTPTransport`` (httpcore) instead of its own
+connection pool, for comparison. Runs in the
 interpreter that has the implementation installed (the peer needs Python >= 3.12), reads one
 JSON command per line on stdin and answers one ``RESULT <json>`` line on stdout. Every command runs on
 the same event loop, so shared HTTP clients stay warm between commands.
@@ -185,16 +186,22 @@ class Client:
         self.impl = impl
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.tokenizer_seconds = 0.0
-        self._time_tokenizer("encode")
-        self._time_tokenizer("decode")
+        if impl.startswith("tito"):  # tito calls the Rust backend itself where that is exact
+            from tito_core.chat import ChatRenderer
+
+            self._time_method(ChatRenderer, "encode")
+            self._time_method(ChatRenderer, "decode")
+        else:
+            self._time_method(self.tokenizer, "encode")
+            self._time_method(self.tokenizer, "decode")
         self.url: str | None = None
         self.shared: Any = None
         self._noop_cache: dict[Workload, list[list[dict[str, Any]]]] = {}
         self._blob_cache: dict[Workload, str] = {}
 
-    def _time_tokenizer(self, name: str) -> None:
-        """Count the time spent in ``tokenizer.<name>`` (tokenizing new text, detokenizing output)."""
-        inner = getattr(self.tokenizer, name)
+    def _time_method(self, owner: Any, name: str) -> None:
+        """Count the time spent in ``owner.<name>`` (tokenizing new text, detokenizing output)."""
+        inner = getattr(owner, name)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
@@ -203,7 +210,7 @@ class Client:
             finally:
                 self.tokenizer_seconds += time.perf_counter() - started
 
-        setattr(self.tokenizer, name, timed)
+        setattr(owner, name, timed)
 
     def blob(self, workload: Workload) -> str:
         """The tool's answer for the workload (cached)."""
@@ -220,10 +227,12 @@ class Client:
             from tito_sglang import SGLangBackend
 
             transport = None
-            if self.impl == "tito-asyncio":  # the HTTP experiment (asyncio_transport.py)
-                from asyncio_transport import AsyncioTransport
+            if self.impl == "tito-httpx":
+                import httpx
 
-                transport = AsyncioTransport()
+                transport = httpx.AsyncHTTPTransport(
+                    limits=httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+                )
             self.shared = SGLangBackend(url, timeout=600.0, transport=transport)
         elif self.impl == "peer":
             from strands_sglang import SGLangClient

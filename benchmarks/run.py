@@ -37,8 +37,8 @@ sys.path.insert(0, str(HERE))
 
 from workload import SIZES, Workload  # noqa: E402
 
-IMPLS = ("noop", "tito", "tito-asyncio", "peer")
-NAMES = {"noop": "no-op floor", "tito": "tito", "tito-asyncio": "tito, asyncio transport", "peer": "strands-sglang"}
+IMPLS = ("noop", "tito", "tito-httpx", "peer")
+NAMES = {"noop": "no-op floor", "tito": "tito", "tito-httpx": "tito through httpx", "peer": "strands-sglang"}
 READY_TIMEOUT = 180.0
 COMMAND_TIMEOUT = 900.0
 
@@ -182,9 +182,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     conc_sizes = [int(s) for s in args.concurrency_sizes.split(",") if s]
     levels = [int(c) for c in args.concurrency.split(",") if c]
-    impls = [
-        i for i in IMPLS if (i != "peer" or args.peer_python) and (i != "tito-asyncio" or args.experimental_transport)
-    ]
+    impls = [i for i in IMPLS if (i != "peer" or args.peer_python) and (i != "tito-httpx" or args.httpx_transport)]
     report: dict[str, Any] = {"latency": {}, "throughput": {}, "notes": []}
 
     server = Worker(
@@ -287,10 +285,10 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
                 f"{fmt(row['bytes_per_token'], 1)} |"
             )
     lines.append("")
-    extra = any("tito-asyncio" in by for lv in report["throughput"].values() for by in lv.values())
+    extra = any("tito-httpx" in by for lv in report["throughput"].values() for by in lv.values())
     lines.append(
         "| size | concurrent rollouts | no-op floor calls/s | tito calls/s | strands-sglang calls/s | tito / peer |"
-        + (" tito, asyncio transport calls/s |" if extra else "")
+        + (" tito through httpx calls/s |" if extra else "")
     )
     lines.append("|---|---|---|---|---|---|" + ("---|" if extra else ""))
     for size, by_level in report["throughput"].items():
@@ -299,7 +297,7 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
             lines.append(
                 f"| {SIZES.get(int(size), size)} | {level} | {fmt(get.get('noop'), 0)} | {fmt(get.get('tito'), 0)} | "
                 f"{fmt(get.get('peer'), 0)} | {fmt(ratio(get.get('tito'), get.get('peer')), 1)} |"
-                + (f" {fmt(get.get('tito-asyncio'), 0)} |" if extra else "")
+                + (f" {fmt(get.get('tito-httpx'), 0)} |" if extra else "")
             )
     lines.extend(f"note: {note}" for note in report["notes"])
     if not peer:
@@ -331,9 +329,9 @@ def main() -> None:
         "--max-concurrent-tokens", type=float, default=20e6, help="skip calls/s runs holding more tokens at once"
     )
     parser.add_argument(
-        "--experimental-transport",
+        "--httpx-transport",
         action="store_true",
-        help="also run tito with the asyncio HTTP transport of asyncio_transport.py (an experiment)",
+        help="also run tito sending through an httpx transport (httpcore) instead of its own connection pool",
     )
     parser.add_argument("--json", default="", help="also write the figures as JSON here")
     parser.add_argument("--find-python312", action="store_true", help="print a Python >= 3.12 interpreter and exit")

@@ -13,8 +13,9 @@ A read timeout, a dropped connection after the request was sent, or any other 5x
 the generation may be running. On a timeout and on cancellation the caller's ``abort`` callback is
 invoked (best effort) so the engine can stop the request, then the error / cancellation propagates.
 
-One :class:`HttpClient` may be used from any event loop: it keeps one pooled ``httpx.AsyncClient`` per
-loop and forgets the clients of loops that have been closed.
+One :class:`HttpClient` may be used from any event loop: it keeps one connection pool per loop and
+forgets the pools of loops that have been closed. The pool is tito's own keep-alive HTTP/1.1 client
+(:mod:`tito_core._http11`); pass an ``httpx`` transport to go through ``httpx`` instead (tests, proxies).
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import re
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Final
+from typing import Final, Protocol
 
 import httpx
 import msgspec
 
+from tito_core._http11 import ConnectionPool, RawResponse, check_base_url
 from tito_core.errors import (
     BackendConnectionError,
     BackendError,
@@ -112,7 +114,7 @@ def _truncate(text: str) -> str:
     return text[:_MAX_BODY_CHARS] + f"... [{len(text) - _MAX_BODY_CHARS} more characters]"
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def _retry_after(response: RawResponse | httpx.Response) -> float | None:
     value = response.headers.get("retry-after")
     if value is None:
         return None
@@ -122,12 +124,35 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
+class _Sender(Protocol):
+    """Sends one request and reads the whole answer (an ``httpx.Response`` or a :class:`RawResponse`)."""
+
+    async def request(self, method: str, path: str, body: bytes | None) -> RawResponse | httpx.Response: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _HttpxSender:
+    """The :class:`_Sender` over an ``httpx.AsyncClient`` with a caller-provided transport."""
+
+    __slots__ = ("client",)
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def request(self, method: str, path: str, body: bytes | None) -> httpx.Response:
+        return await self.client.request(method, path, content=body)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
 class _LoopClient:
-    """An ``httpx.AsyncClient`` bound to one event loop (held weakly, so dead loops are noticed)."""
+    """A sender bound to one event loop (held weakly, so dead loops are noticed)."""
 
     __slots__ = ("client", "loop_ref")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, client: httpx.AsyncClient) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, client: _Sender) -> None:
         self.loop_ref = weakref.ref(loop)
         self.client = client
 
@@ -147,8 +172,8 @@ class HttpClient:
         max_connections: Connection pool size per event loop.
         retry: When and how long to retry (connect failures and 429 / 503 only).
         headers: Extra headers sent with every request (e.g. an API key).
-        transport: An httpx transport to use instead of a pooled TCP one (tests, proxies). It is shared
-            by the clients of every event loop and closed by :meth:`aclose`.
+        transport: An ``httpx`` transport to send through instead of tito's own connection pool (tests,
+            proxies, HTTP/2). It is shared by the clients of every event loop and closed by :meth:`aclose`.
         context_length_patterns: Regexes recognizing a "prompt too long" body on 400 / 413 / 422.
 
     """
@@ -168,6 +193,8 @@ class HttpClient:
     ) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be >= 1")
+        if transport is None:
+            check_base_url(base_url)
         self.base_url = base_url.rstrip("/")
         self.backend_name = backend_name
         self.timeout = timeout
@@ -185,7 +212,7 @@ class HttpClient:
 
     # -- clients per event loop ---------------------------------------------------------------
 
-    def _client(self) -> httpx.AsyncClient:
+    def _client(self) -> _Sender:
         loop = asyncio.get_running_loop()
         key = id(loop)
         entry = self._clients.get(key)
@@ -194,17 +221,24 @@ class HttpClient:
         # Drop the clients of loops that are gone (their connections cannot be used or awaited anymore).
         for stale in [k for k, e in self._clients.items() if not e.alive() or k == key]:
             del self._clients[stale]
-        client = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers={"content-type": "application/json", **self.headers},
-            timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
-            transport=self._transport
-            or httpx.AsyncHTTPTransport(
-                limits=httpx.Limits(
-                    max_connections=self.max_connections, max_keepalive_connections=self.max_connections
-                ),
-            ),
-        )
+        headers = {"content-type": "application/json", **self.headers}
+        client: _Sender
+        if self._transport is None:
+            client = ConnectionPool(
+                self.base_url,
+                headers=headers,
+                max_connections=self.max_connections,
+                connect_timeout=self.connect_timeout,
+            )
+        else:
+            client = _HttpxSender(
+                httpx.AsyncClient(
+                    base_url=self.base_url,
+                    headers=headers,
+                    timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
+                    transport=self._transport,
+                )
+            )
         self._clients[key] = _LoopClient(loop, client)
         return client
 
@@ -301,12 +335,12 @@ class HttpClient:
             slept += delay
             await _sleep(delay)
 
-    async def _send_once(self, method: str, path: str, body: bytes | None) -> httpx.Response:
+    async def _send_once(self, method: str, path: str, body: bytes | None) -> RawResponse | httpx.Response:
         client = self._client()
         if self.timeout is None:
-            return await client.request(method, path, content=body)
+            return await client.request(method, path, body)
         async with asyncio.timeout(self.timeout):
-            return await client.request(method, path, content=body)
+            return await client.request(method, path, body)
 
     def _status_error(self, method: str, path: str, status: int, text: str) -> BackendError:
         if status in _CONTEXT_STATUSES and self._context_re.search(text):
