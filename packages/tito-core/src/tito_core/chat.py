@@ -9,8 +9,12 @@ Assistant turns are never re-rendered: the model's own tokens are the truth.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from strands.types.content import ContentBlock, Message, Messages
@@ -198,6 +202,11 @@ def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
     return n
 
 
+_SHARED_RENDERERS = 16
+_shared: OrderedDict[tuple[int, str | None, str], ChatRenderer] = OrderedDict()
+_shared_lock = threading.Lock()
+
+
 class ChatRenderer:
     """Renders chat messages with a tokenizer's chat template and tokenizes the result.
 
@@ -218,7 +227,39 @@ class ChatRenderer:
             raise TemplateError("the tokenizer has no chat template; pass chat_template=...")
         self.tokenizer = tokenizer
         self.chat_template = chat_template
-        self.template_kwargs = dict(template_kwargs or {})
+        self.template_kwargs: Mapping[str, Any] = MappingProxyType(dict(template_kwargs or {}))
+        self._rust_encode, self._rust_decode = _rust_codec(tokenizer)
+
+    @classmethod
+    def shared(
+        cls,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        chat_template: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> ChatRenderer:
+        """A renderer shared by every model with the same tokenizer object and template settings.
+
+        A renderer learns a few things about its template once (the dummy-prefix text, the end-of-turn
+        tokens, whether the Rust shortcut is exact); sharing it spares every new rollout that work. The
+        cache holds the last :data:`_SHARED_RENDERERS` combinations.
+        """
+        try:
+            kwargs_key = json.dumps(dict(template_kwargs or {}), sort_keys=True)
+        except (TypeError, ValueError):  # unusual template variables: no sharing
+            return cls(tokenizer, chat_template=chat_template, template_kwargs=template_kwargs)
+        key = (id(tokenizer), chat_template, kwargs_key)
+        with _shared_lock:
+            renderer = _shared.get(key)
+            if renderer is not None and renderer.tokenizer is tokenizer:
+                _shared.move_to_end(key)
+                return renderer
+        renderer = cls(tokenizer, chat_template=chat_template, template_kwargs=template_kwargs)
+        with _shared_lock:
+            _shared[key] = renderer  # the renderer holds the tokenizer, so its id stays unique while cached
+            while len(_shared) > _SHARED_RENDERERS:
+                _shared.popitem(last=False)
+        return renderer
 
     def render(
         self,
@@ -245,12 +286,17 @@ class ChatRenderer:
 
     def encode(self, text: str) -> list[int]:
         """Tokenize rendered text (the template already holds any special tokens it wants)."""
+        if self._rust_encode is not None:
+            return self._rust_encode(text)
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenize, keeping special tokens."""
-        text = self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        as_list = ids.tolist() if isinstance(ids, array) else list(ids)
+        if self._rust_decode is not None:
+            return self._rust_decode(as_list)
+        text = self.tokenizer.decode(as_list, skip_special_tokens=False)
         if not isinstance(text, str):
             raise TemplateError(f"the tokenizer decoded to {type(text).__name__}, expected text")
         return text
@@ -317,3 +363,49 @@ class ChatRenderer:
         if isinstance(eos, int):
             ids.add(eos)
         return frozenset(ids)
+
+
+_CODEC_PROBE = 'tito probe: Grüße, 世界 🙂 \t\n  x=[1, 2]<|im_end|>\n<think>\n</think> {"a": null}'
+
+
+def _rust_codec(
+    tokenizer: Any,
+) -> tuple[Callable[[str], list[int]] | None, Callable[[list[int]], str] | None]:
+    """``encode`` / ``decode`` straight on a fast tokenizer's Rust backend, where that is exactly the same.
+
+    ``tokenizer.encode`` / ``decode`` of a Hugging Face fast tokenizer add per-call Python work (input
+    validation, converting every id of the list back to Python ints) that costs more than the Rust call
+    on long texts. The shortcut is taken only when the backend is configured as transformers would use it
+    (no truncation, padding or special-token splitting; no clean-up of spaces on decode) and it agrees with
+    the tokenizer's own methods on a probe text; otherwise tito keeps calling the tokenizer.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not getattr(tokenizer, "is_fast", False):
+        return None, None
+    try:
+        plain = (
+            backend.truncation is None
+            and backend.padding is None
+            and not getattr(tokenizer, "split_special_tokens", False)
+            and not backend.encode_special_tokens
+        )
+        if not plain:
+            return None, None
+
+        def encode(text: str) -> list[int]:
+            ids: list[int] = backend.encode(text, add_special_tokens=False).ids
+            return ids
+
+        def decode(ids: list[int]) -> str:
+            text: str = backend.decode(ids, skip_special_tokens=False)
+            return text
+
+        probe_ids = tokenizer.encode(_CODEC_PROBE, add_special_tokens=False)
+        if encode(_CODEC_PROBE) != probe_ids:
+            return None, None
+        same_decode = not getattr(tokenizer, "clean_up_tokenization_spaces", False) and decode(
+            probe_ids
+        ) == tokenizer.decode(probe_ids, skip_special_tokens=False)
+        return encode, decode if same_decode else None
+    except Exception:  # an unusual tokenizer object: keep to its public methods
+        return None, None

@@ -191,7 +191,9 @@ class TitoModel(Model):
         self.backend: Backend = backend
         self.tokenizer = tokenizer
         self.tool_parser: ToolParser = plugins.get_tool_parser(tool_parser)
-        self.renderer = ChatRenderer(tokenizer, chat_template=chat_template, template_kwargs=chat_template_kwargs)
+        self.renderer = ChatRenderer.shared(
+            tokenizer, chat_template=chat_template, template_kwargs=chat_template_kwargs
+        )
         self.on_prefix_mismatch: PrefixPolicy = on_prefix_mismatch
         self._config: dict[str, Any] = {
             "sampling": self._coerce_sampling(sampling),

@@ -1,0 +1,92 @@
+"""The Rust-backend shortcut for encode / decode gives exactly what the tokenizer's own methods give."""
+
+from __future__ import annotations
+
+import copy
+from array import array
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tito_core.chat import ChatRenderer
+
+SPECIALS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "<|endoftext|>", "\n", " ", "\t"]
+texts = st.lists(st.one_of(st.text(max_size=40), st.sampled_from(SPECIALS)), max_size=12).map("".join)
+
+
+@pytest.fixture(params=["qwen3", "qwen25"])
+def tokenizer(request: pytest.FixtureRequest) -> Any:
+    return request.getfixturevalue(f"{request.param}_tokenizer")
+
+
+def test_qwen_tokenizers_take_the_shortcut(tokenizer: Any) -> None:
+    renderer = ChatRenderer(tokenizer)
+    assert renderer._rust_encode is not None
+    assert renderer._rust_decode is not None
+
+
+@given(text=texts)
+def test_encode_matches_the_tokenizer(qwen3_tokenizer: Any, qwen25_tokenizer: Any, text: str) -> None:
+    for tokenizer in (qwen3_tokenizer, qwen25_tokenizer):
+        assert ChatRenderer(tokenizer).encode(text) == tokenizer.encode(text, add_special_tokens=False)
+
+
+@given(data=st.data())
+def test_decode_matches_the_tokenizer(qwen3_tokenizer: Any, data: st.DataObject) -> None:
+    ids = data.draw(st.lists(st.integers(0, len(qwen3_tokenizer) - 1), max_size=50))
+    renderer = ChatRenderer(qwen3_tokenizer)
+    expected = qwen3_tokenizer.decode(ids, skip_special_tokens=False)
+    assert renderer.decode(ids) == expected
+    assert renderer.decode(array("i", ids)) == expected
+
+
+def test_a_backend_with_truncation_keeps_to_the_tokenizer_methods(qwen3_tokenizer: Any) -> None:
+    tokenizer = copy.deepcopy(qwen3_tokenizer)
+    tokenizer.backend_tokenizer.enable_truncation(max_length=4)
+    renderer = ChatRenderer(tokenizer)
+    assert renderer._rust_encode is None
+    text = "one two three four five six seven"
+    assert renderer.encode(text) == tokenizer.encode(text, add_special_tokens=False)
+    assert len(renderer.encode(text)) > 4  # transformers turns the backend's truncation off
+
+
+def test_a_tokenizer_without_a_rust_backend_keeps_to_its_methods(qwen3_tokenizer: Any) -> None:
+    class Wrapped:
+        """A tokenizer object that only offers the public methods (e.g. a remote-code tokenizer)."""
+
+        chat_template = qwen3_tokenizer.chat_template
+        eos_token_id = qwen3_tokenizer.eos_token_id
+        all_special_ids = qwen3_tokenizer.all_special_ids
+
+        def __init__(self) -> None:
+            self.encoded: list[str] = []
+
+        def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+            self.encoded.append(text)
+            ids: list[int] = qwen3_tokenizer.encode(text, add_special_tokens=add_special_tokens)
+            return ids
+
+        def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+            text: str = qwen3_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+            return text
+
+        def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+            return qwen3_tokenizer.apply_chat_template(*args, **kwargs)
+
+    wrapped = Wrapped()
+    renderer = ChatRenderer(wrapped)  # type: ignore[arg-type]
+    assert (renderer._rust_encode, renderer._rust_decode) == (None, None)
+    assert renderer.encode("hello") == qwen3_tokenizer.encode("hello", add_special_tokens=False)
+    assert wrapped.encoded == ["hello"]
+
+
+def test_models_share_one_renderer_per_tokenizer_and_template(qwen3_tokenizer: Any, qwen25_tokenizer: Any) -> None:
+    first = ChatRenderer.shared(qwen3_tokenizer, template_kwargs={"enable_thinking": False})
+    assert ChatRenderer.shared(qwen3_tokenizer, template_kwargs={"enable_thinking": False}) is first
+    assert ChatRenderer.shared(qwen3_tokenizer) is not first
+    assert ChatRenderer.shared(qwen25_tokenizer, template_kwargs={"enable_thinking": False}) is not first
+    assert ChatRenderer.shared(qwen3_tokenizer, chat_template="{{ 'x' }}") is not ChatRenderer.shared(qwen3_tokenizer)
+    with pytest.raises(TypeError):
+        first.template_kwargs["enable_thinking"] = True  # type: ignore[index]
