@@ -164,14 +164,16 @@ def decode_generate(
         entries = meta.output_token_logprobs
         if entries is None:
             raise _response_error("logprobs were requested but meta_info.output_token_logprobs is missing")
-        if len(entries) != len(output_ids) or any(e[1] != t for e, t in zip(entries, output_ids, strict=True)):
+        entry_ids = [e[1] for e in entries]
+        if entry_ids != output_ids:
             raise _response_error(
-                f"output_token_logprobs ids {[e[1] for e in entries][:8]}... do not match output_ids "
+                f"output_token_logprobs ids {entry_ids[:8]}... do not match output_ids "
                 f"{output_ids[:8]}... ({len(entries)} vs {len(output_ids)} tokens)"
             )
-        if any(e[0] is None for e in entries):
+        logprobs = [e[0] for e in entries]
+        if None in logprobs:
             raise _response_error("output_token_logprobs holds a null logprob")
-        output_logprobs = [e[0] for e in entries]  # type: ignore[misc]
+        output_logprobs = logprobs  # type: ignore[assignment]
 
     prompt_logprobs = _prompt_logprobs(meta, request) if request.return_prompt_logprobs else None
 
