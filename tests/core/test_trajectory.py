@@ -138,3 +138,57 @@ def test_routed_experts_are_stitched_over_turns():
     data, shape = traj.routed_experts()
     assert shape == (1, 2)
     assert struct.unpack("<12i", data) == tuple(range(12))
+
+
+# -- logprob storage: float32 while exact ----------------------------------------------------------
+
+F32 = [-0.5, -0.125, -3.0517578125e-05, 0.0, float("-inf")]  # exactly representable in float32
+
+
+def test_float32_logprobs_take_four_bytes_and_come_back_bit_exact() -> None:
+    traj = Trajectory("r")
+    traj.append("prompt", [1, 2], None, turn=0)
+    traj.append("output", [3, 4, 5, 6, 7], F32, turn=0)
+    assert traj._lps.itemsize == 4
+    assert traj.logprobs[2:] == F32
+    assert traj.logprobs[:2] == [None, None]
+
+
+def test_a_value_float32_cannot_hold_widens_without_losing_earlier_values() -> None:
+    traj = Trajectory("r")
+    traj.append("output", [1, 2], [-0.5, -0.25], turn=0)
+    traj.append("prompt", [3], [None], turn=1)
+    traj.append("output", [4, 5], [-0.1, -0.75], turn=1)  # -0.1 is not a float32
+    assert traj._lps.itemsize == 8
+    assert traj.logprobs == [-0.5, -0.25, None, -0.1, -0.75]
+    assert Trajectory.from_record(traj.to_record()).logprobs == traj.logprobs
+
+
+def test_non_numeric_logprobs_are_rejected_and_the_tokens_not_kept() -> None:
+    traj = Trajectory("r")
+    with pytest.raises(TrajectoryError, match="numbers or None"):
+        traj.append("output", [1, 2], ["a", "b"], turn=0)  # type: ignore[list-item]
+    assert len(traj) == 0
+
+
+@given(
+    chunks=st.lists(
+        st.lists(
+            st.one_of(
+                st.none(),
+                st.floats(max_value=0.0, allow_nan=False),
+                st.floats(max_value=0.0, allow_nan=False, width=32),
+            ),
+            min_size=1,
+            max_size=8,
+        ),
+        max_size=6,
+    )
+)
+def test_logprobs_are_stored_exactly_whatever_their_precision(chunks: list[list[float | None]]) -> None:
+    traj = Trajectory("r")
+    for i, chunk in enumerate(chunks):
+        traj.append("output", list(range(len(chunk))), chunk, turn=i)
+    expected = [x for chunk in chunks for x in chunk]
+    assert traj.logprobs == expected
+    assert Trajectory.from_record(traj.to_record()).logprobs == expected

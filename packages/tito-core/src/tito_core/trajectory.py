@@ -27,6 +27,13 @@ Status = Literal["running", "completed", "truncated", "aborted", "failed"]
 _NO_LOGPROB = math.nan
 
 
+def _same_values(a: list[float], b: list[float], *, nan_equal: bool) -> bool:
+    """Whether two lists hold equal numbers (NaN equal to NaN where ``nan_equal``)."""
+    if a == b:
+        return True
+    return nan_equal and len(a) == len(b) and all(x == y or (x != x and y != y) for x, y in zip(a, b, strict=True))
+
+
 class Segment(msgspec.Struct, frozen=True, kw_only=True):
     """A run of tokens of one kind: ``token_ids[start:end]`` of the trajectory, added by model call ``turn``."""
 
@@ -153,7 +160,7 @@ class Trajectory:
         self.branches: list[Trajectory] = []
         self.metadata: dict[str, Any] = {}
         self._ids = array("i")
-        self._lps = array("d")
+        self._lps = array("f")  # widened to "d" by the first logprob float32 cannot hold exactly
         self._segments: list[Segment] = []
         self._turns: list[Turn] = []
         self._closed = False
@@ -251,6 +258,26 @@ class Trajectory:
         if self._closed:
             raise TrajectoryError(f"trajectory {self.rollout_id}/{self.branch} is closed; it cannot grow")
 
+    def _store_logprobs(self, logprobs: Sequence[float | None]) -> None:
+        """Append logprobs in 4 bytes each while every value is exactly a float32, else in 8.
+
+        Engines compute logprobs in float32 (vLLM and SGLang both do), so float32 storage keeps them
+        bit for bit; the first value that float32 cannot hold exactly widens the whole array to float64.
+        """
+        if isinstance(logprobs, list) and None not in logprobs:
+            values: list[float] = logprobs  # type: ignore[assignment]
+            with_gaps = False
+        else:  # None entries (no logprob) are stored as NaN
+            values = [_NO_LOGPROB if x is None else float(x) for x in logprobs]
+            with_gaps = True
+        if self._lps.typecode == "f":
+            narrow = array("f", values)
+            if _same_values(narrow.tolist(), values, nan_equal=with_gaps):
+                self._lps.extend(narrow)
+                return
+            self._lps = array("d", self._lps)
+        self._lps.fromlist(values)
+
     def append(
         self,
         kind: SegmentKind,
@@ -276,9 +303,10 @@ class Trajectory:
                 del self._ids[start:]
                 raise TrajectoryError(f"{kind} segment has {n} tokens but {len(logprobs)} logprobs")
             try:
-                self._lps.fromlist(logprobs)  # type: ignore[arg-type]  # a list of numbers: C speed, atomic
-            except TypeError:  # not a list, or None entries / values only float() converts: one by one
-                self._lps.extend(_NO_LOGPROB if x is None else float(x) for x in logprobs)
+                self._store_logprobs(logprobs)
+            except (TypeError, ValueError) as exc:
+                del self._ids[start:]
+                raise TrajectoryError(f"{kind} segment logprobs must be numbers or None: {exc}") from exc
         if n == 0:
             return None
         last = self._segments[-1] if self._segments else None
@@ -372,7 +400,7 @@ class Trajectory:
         traj.tool_parse_errors = dict(record.tool_parse_errors)
         traj.metadata = dict(record.metadata)
         traj._ids = array("i", record.token_ids)
-        traj._lps = array("d", (_NO_LOGPROB if x is None else x for x in record.logprobs))
+        traj._store_logprobs(list(record.logprobs))
         traj._segments = list(record.segments)
         traj._turns = list(record.turns)
         traj.branches = [cls.from_record(b) for b in record.branches]
