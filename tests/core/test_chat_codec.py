@@ -90,3 +90,44 @@ def test_models_share_one_renderer_per_tokenizer_and_template(qwen3_tokenizer: A
     assert ChatRenderer.shared(qwen3_tokenizer, chat_template="{{ 'x' }}") is not ChatRenderer.shared(qwen3_tokenizer)
     with pytest.raises(TypeError):
         first.template_kwargs["enable_thinking"] = True  # type: ignore[index]
+
+
+async def test_long_texts_are_tokenized_on_a_worker_thread(qwen3_tokenizer: Any) -> None:
+    import threading
+
+    from tito_core import chat
+
+    renderer = ChatRenderer(qwen3_tokenizer)
+    threads: list[str] = []
+    rust_encode, rust_decode = renderer._rust_encode, renderer._rust_decode
+    assert rust_encode is not None and rust_decode is not None
+
+    def encode(text: str) -> list[int]:
+        threads.append(threading.current_thread().name)
+        return rust_encode(text)
+
+    def decode(ids: list[int]) -> str:
+        threads.append(threading.current_thread().name)
+        return rust_decode(ids)
+
+    renderer._rust_encode, renderer._rust_decode = encode, decode
+    long_text = "word " * chat.OFFLOAD_CHARS
+    ids = await renderer.aencode(long_text)
+    assert ids == qwen3_tokenizer.encode(long_text, add_special_tokens=False)
+    assert await renderer.adecode(array("i", ids)) == long_text
+    assert await renderer.aencode("short") == qwen3_tokenizer.encode("short", add_special_tokens=False)
+    assert threads[0].startswith("tito-tokenize") and threads[1].startswith("tito-tokenize")
+    assert threads[2] == threading.current_thread().name  # short: inline
+
+
+async def test_a_busy_tokenizer_falls_back_to_the_calling_thread(qwen3_tokenizer: Any) -> None:
+    from tito_core import chat
+
+    renderer = ChatRenderer(qwen3_tokenizer)
+
+    def busy(text: str) -> list[int]:
+        raise RuntimeError("Already borrowed")
+
+    renderer._rust_encode = busy
+    text = "word " * chat.OFFLOAD_CHARS
+    assert await renderer.aencode(text) == qwen3_tokenizer.encode(text, add_special_tokens=False)

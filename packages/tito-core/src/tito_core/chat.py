@@ -8,14 +8,17 @@ Assistant turns are never re-rendered: the model's own tokens are the truth.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from strands.types.content import ContentBlock, Message, Messages
 from strands.types.tools import ToolResultContent, ToolSpec
@@ -26,6 +29,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 ChatMessage = dict[str, Any]
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
 
 TEXT_JOINER = "\n"
 """Several text blocks of one message (or items of one tool result) are joined with this."""
@@ -202,7 +207,31 @@ def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
     return n
 
 
+OFFLOAD_CHARS = 16_384
+"""Texts at least this long are tokenized on a worker thread (about 4k tokens, a few ms of Rust)."""
+OFFLOAD_TOKENS = 4_096
+"""Outputs at least this long are detokenized on a worker thread."""
 _SHARED_RENDERERS = 16
+_workers: ThreadPoolExecutor | None = None
+
+
+def _worker_pool() -> ThreadPoolExecutor:
+    global _workers
+    with _shared_lock:
+        if _workers is None:
+            workers = min(8, os.cpu_count() or 1)
+            _workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tito-tokenize")
+        return _workers
+
+
+async def _offload(work: Callable[[_In], _Out], arg: _In, inline: Callable[[_In], _Out]) -> _Out:
+    """``work(arg)`` on the worker pool; ``inline(arg)`` on this thread if the tokenizer is busy being changed."""
+    try:
+        return await asyncio.get_running_loop().run_in_executor(_worker_pool(), work, arg)
+    except RuntimeError:  # the Rust tokenizer was mutably borrowed elsewhere ("Already borrowed")
+        return inline(arg)
+
+
 _shared: OrderedDict[tuple[int, str | None, str], ChatRenderer] = OrderedDict()
 _shared_lock = threading.Lock()
 
@@ -288,15 +317,39 @@ class ChatRenderer:
         """Tokenize rendered text (the template already holds any special tokens it wants)."""
         if self._rust_encode is not None:
             return self._rust_encode(text)
+        return self._tokenizer_encode(text)
+
+    def _tokenizer_encode(self, text: str) -> list[int]:
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
         return ids
+
+    async def aencode(self, text: str) -> list[int]:
+        """:meth:`encode`, on a worker thread when the text is long and the Rust backend is used.
+
+        The Rust tokenizer releases the GIL, so many concurrent rollouts tokenize their tool results on
+        other cores while the event loop goes on; short texts are tokenized inline (a thread hop costs
+        more than they do).
+        """
+        if self._rust_encode is None or len(text) < OFFLOAD_CHARS:
+            return self.encode(text)
+        return await _offload(self._rust_encode, text, self._tokenizer_encode)
+
+    async def adecode(self, ids: Sequence[int]) -> str:
+        """:meth:`decode`, on a worker thread for long outputs (see :meth:`aencode`)."""
+        if self._rust_decode is None or len(ids) < OFFLOAD_TOKENS:
+            return self.decode(ids)
+        as_list = ids.tolist() if isinstance(ids, array) else list(ids)
+        return await _offload(self._rust_decode, as_list, self._tokenizer_decode)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenize, keeping special tokens."""
         as_list = ids.tolist() if isinstance(ids, array) else list(ids)
         if self._rust_decode is not None:
             return self._rust_decode(as_list)
-        text = self.tokenizer.decode(as_list, skip_special_tokens=False)
+        return self._tokenizer_decode(as_list)
+
+    def _tokenizer_decode(self, ids: list[int]) -> str:
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
         if not isinstance(text, str):
             raise TemplateError(f"the tokenizer decoded to {type(text).__name__}, expected text")
         return text

@@ -366,10 +366,10 @@ class TitoModel(Model):
         last = self._traj.last_segment
         return last.kind if last is not None else None
 
-    def _new_prompt(self, plan: _Plan) -> tuple[list[int], int]:
+    async def _new_prompt(self, plan: _Plan) -> tuple[list[int], int]:
         """Token ids of the new prompt, and how many of them (leading) are boundary tokens."""
         if plan.initial:
-            return self.renderer.encode(self.renderer.initial_text(plan.chat, self._tools)), 0
+            return await self.renderer.aencode(self.renderer.initial_text(plan.chat, self._tools)), 0
         last_output = self._traj.last_segment
         if last_output is None or last_output.kind != "output":
             return [], 0
@@ -378,7 +378,7 @@ class TitoModel(Model):
         if not (ended and ended[0] in self.renderer.end_of_turn_ids):
             boundary = eot + boundary  # the model did not end its turn itself: close it as the template would
         text = boundary + self.renderer.continuation_text(plan.chat)
-        ids = self.renderer.encode(text)
+        ids = await self.renderer.aencode(text)
         n_boundary = 0
         if boundary:
             boundary_ids = self.renderer.encode(boundary)
@@ -442,7 +442,7 @@ class TitoModel(Model):
         plan = self._plan(messages, system, tools)
         traj = self._traj
         renders = self.backend.renders_prompt
-        new_ids, n_boundary = ([], 0) if renders else self._new_prompt(plan)
+        new_ids, n_boundary = ([], 0) if renders else await self._new_prompt(plan)
         prefix_len = len(traj)
         sampling = self.sampling
         limit = await self._context_limit()
@@ -507,7 +507,7 @@ class TitoModel(Model):
         self._marks.append(_Mark(len(self._consumed), len(traj), "prompt"))
         traj.append("output", result.output_ids, result.output_logprobs, turn=turn_index)
 
-        parsed = self._parse(result, tool_specs)
+        parsed = await self._parse(result, tool_specs)
         if result.finish_reason == "length":
             stop = "max_tokens"
             traj.set_status("truncated", f"generation hit the token limit after {len(result.output_ids)} tokens")
@@ -641,11 +641,11 @@ class TitoModel(Model):
                 n_boundary = len(boundary_ids)
         return new, n_boundary
 
-    def _parse(self, result: GenerateResult, tool_specs: Sequence[ToolSpec] | None) -> ParsedOutput:
+    async def _parse(self, result: GenerateResult, tool_specs: Sequence[ToolSpec] | None) -> ParsedOutput:
         ids = result.output_ids
         if result.finish_reason == "stop" and ids and self._is_stop_token(ids[-1], result):
             ids = ids[:-1]
-        return self.tool_parser.parse(self.renderer.decode(ids), tool_specs)
+        return self.tool_parser.parse(await self.renderer.adecode(ids), tool_specs)
 
     def _is_stop_token(self, token_id: int, result: GenerateResult) -> bool:
         """Did generation end on this token as a stop token (not as content)?"""

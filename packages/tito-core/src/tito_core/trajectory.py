@@ -265,7 +265,7 @@ class Trajectory:
         bit for bit; the first value that float32 cannot hold exactly widens the whole array to float64.
         """
         if isinstance(logprobs, list) and None not in logprobs:
-            values: list[float] = logprobs  # type: ignore[assignment]
+            values: list[float] = logprobs  # a list without None: numbers
             with_gaps = False
         else:  # None entries (no logprob) are stored as NaN
             values = [_NO_LOGPROB if x is None else float(x) for x in logprobs]
