@@ -186,11 +186,17 @@ class Client:
         self.impl = impl
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.tokenizer_seconds = 0.0
-        if impl.startswith("tito"):  # tito calls the Rust backend itself where that is exact
-            from tito_core.chat import ChatRenderer
+        if impl.startswith("tito"):  # tito calls the Rust backend itself (maybe on worker threads)
+            import tito_core.chat as tito_chat
 
-            self._time_method(ChatRenderer, "encode")
-            self._time_method(ChatRenderer, "decode")
+            self._time_method(tito_chat.ChatRenderer, "_tokenizer_encode")
+            self._time_method(tito_chat.ChatRenderer, "_tokenizer_decode")
+            rust_codec = tito_chat._rust_codec
+
+            def timed_codec(tokenizer: Any) -> tuple[Any, Any]:
+                return tuple(self._timed(f) if f is not None else None for f in rust_codec(tokenizer))  # type: ignore[return-value]
+
+            tito_chat._rust_codec = timed_codec
         else:
             self._time_method(self.tokenizer, "encode")
             self._time_method(self.tokenizer, "decode")
@@ -201,7 +207,10 @@ class Client:
 
     def _time_method(self, owner: Any, name: str) -> None:
         """Count the time spent in ``owner.<name>`` (tokenizing new text, detokenizing output)."""
-        inner = getattr(owner, name)
+        setattr(owner, name, self._timed(getattr(owner, name)))
+
+    def _timed(self, inner: Callable[..., Any]) -> Callable[..., Any]:
+        """``inner``, adding its wall time to ``tokenizer_seconds`` (on whatever thread it runs)."""
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
@@ -210,7 +219,7 @@ class Client:
             finally:
                 self.tokenizer_seconds += time.perf_counter() - started
 
-        setattr(owner, name, timed)
+        return timed
 
     def blob(self, workload: Workload) -> str:
         """The tool's answer for the workload (cached)."""

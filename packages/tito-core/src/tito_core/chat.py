@@ -207,9 +207,9 @@ def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:
     return n
 
 
-OFFLOAD_CHARS = 16_384
-"""Texts at least this long are tokenized on a worker thread (about 4k tokens, a few ms of Rust)."""
-OFFLOAD_TOKENS = 4_096
+OFFLOAD_CHARS = 4_096
+"""Texts at least this long are tokenized on a worker thread (about 1k tokens, ~1 ms of Rust)."""
+OFFLOAD_TOKENS = 1_024
 """Outputs at least this long are detokenized on a worker thread."""
 _SHARED_RENDERERS = 16
 _workers: ThreadPoolExecutor | None = None
