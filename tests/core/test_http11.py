@@ -17,7 +17,7 @@ from tito_core._http11 import ConnectionPool, check_base_url
 from tito_core.errors import BackendConnectionError
 from tito_core.http import HttpClient, RetryPolicy
 
-Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+Script = Callable[["RawServer", asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
 
 class Request:
@@ -44,7 +44,7 @@ def answer(body: bytes, status: str = "200 OK", extra: str = "") -> bytes:
 
 
 class RawServer:
-    """An asyncio TCP server whose every connection runs ``script(reader, writer, index)``."""
+    """An asyncio TCP server whose every connection runs ``script(server, reader, writer, index)``."""
 
     def __init__(self, script: Script) -> None:
         self.script = script
@@ -56,7 +56,7 @@ class RawServer:
         index = self.connections
         self.connections += 1
         try:
-            await self.script(reader, writer, index)
+            await self.script(self, reader, writer, index)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -81,30 +81,29 @@ async def serving(script: Script, *, ssl_context: ssl.SSLContext | None = None) 
         server.close()
 
 
-def keep_alive_echo(raw_holder: list[RawServer]) -> Script:
+async def echo(raw: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
     """Answers every request on the connection with its body, keeping the connection open."""
+    while (request := await raw.recv(reader)) is not None:
+        writer.write(answer(request.body or b"empty"))
+        await writer.drain()
 
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
-        while (request := await raw_holder[0].recv(reader)) is not None:
-            writer.write(answer(request.body or b"empty"))
+
+def replying(reply: bytes) -> Script:
+    """Answers every request on the connection with the same raw bytes, keeping the connection open."""
+
+    async def script(raw: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+        while await raw.recv(reader) is not None:
+            writer.write(reply)
             await writer.drain()
 
     return script
-
-
-@asynccontextmanager
-async def echo_server() -> AsyncIterator[RawServer]:
-    holder: list[RawServer] = []
-    async with serving(keep_alive_echo(holder)) as raw:
-        holder.append(raw)
-        yield raw
 
 
 # -- framing and keep-alive -----------------------------------------------------------------------
 
 
 async def test_requests_reuse_one_connection_and_carry_body_and_headers() -> None:
-    async with echo_server() as raw:
+    async with serving(echo) as raw:
         pool = ConnectionPool(raw.url + "/v1", headers={"content-type": "application/json", "x-key": "k"})
         for i in range(3):
             response = await pool.request("POST", "/generate", b'{"i": %d}' % i)
@@ -122,7 +121,7 @@ async def test_requests_reuse_one_connection_and_carry_body_and_headers() -> Non
 
 async def test_large_bodies_both_ways() -> None:
     payload = bytes(range(256)) * 8192  # 2 MiB
-    async with echo_server() as raw:
+    async with serving(echo) as raw:
         pool = ConnectionPool(raw.url)
         response = await pool.request("POST", "/big", payload)
         await pool.aclose()
@@ -130,15 +129,11 @@ async def test_large_bodies_both_ways() -> None:
 
 
 async def test_chunked_answer_with_extensions_and_trailers() -> None:
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
-        while await raw.recv(reader) is not None:
-            writer.write(
-                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\nX-A: 2\r\n\r\n"
-                b"5;ext=1\r\nhello\r\n1\r\n \r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n"
-            )
-            await writer.drain()
-
-    async with serving(script) as raw:
+    chunked = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\nX-A: 2\r\n\r\n"
+        b"5;ext=1\r\nhello\r\n1\r\n \r\nA\r\n0123456789\r\n0\r\nX-Trailer: t\r\n\r\n"
+    )
+    async with serving(replying(chunked)) as raw:
         pool = ConnectionPool(raw.url)
         first = await pool.request("POST", "/x", b"{}")
         second = await pool.request("POST", "/x", b"{}")
@@ -156,7 +151,7 @@ async def test_chunked_answer_with_extensions_and_trailers() -> None:
     ],
 )
 async def test_answers_delimited_by_close_are_read_whole_and_not_reused(head: bytes) -> None:
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+    async def script(raw: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         await raw.recv(reader)
         writer.write(head + b"until the end")
         await writer.drain()
@@ -170,11 +165,7 @@ async def test_answers_delimited_by_close_are_read_whole_and_not_reused(head: by
 
 
 async def test_interim_1xx_answers_are_skipped() -> None:
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
-        while await raw.recv(reader) is not None:
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" + answer(b"done"))
-
-    async with serving(script) as raw:
+    async with serving(replying(b"HTTP/1.1 100 Continue\r\n\r\n" + answer(b"done"))) as raw:
         pool = ConnectionPool(raw.url)
         assert (await pool.request("POST", "/a", b"x")).content == b"done"
         assert (await pool.request("POST", "/a", b"x")).content == b"done"
@@ -183,11 +174,8 @@ async def test_interim_1xx_answers_are_skipped() -> None:
 
 
 async def test_error_statuses_are_returned_not_raised() -> None:
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
-        while await raw.recv(reader) is not None:
-            writer.write(answer(b'{"error": "busy"}', "503 Service Unavailable", "Retry-After: 2\r\n"))
-
-    async with serving(script) as raw:
+    busy = answer(b'{"error": "busy"}', "503 Service Unavailable", "Retry-After: 2\r\n")
+    async with serving(replying(busy)) as raw:
         pool = ConnectionPool(raw.url)
         response = await pool.request("POST", "/a", b"x")
         await pool.aclose()
@@ -198,7 +186,7 @@ async def test_error_statuses_are_returned_not_raised() -> None:
 
 
 async def test_connection_closed_while_idle_is_not_reused() -> None:
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+    async def script(raw: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         await raw.recv(reader)
         writer.write(answer(b"one"))  # keep-alive announced, then closed (a keep-alive timeout)
         await writer.drain()
@@ -216,7 +204,7 @@ async def test_connection_closed_while_idle_is_not_reused() -> None:
 async def test_reused_connection_closed_as_the_request_arrives_is_retried_once() -> None:
     """The server closes the idle connection at the moment the request is written: sent again, fresh."""
 
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+    async def script(raw: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         await raw.recv(reader)
         writer.write(answer(b"first" if index == 0 else b"fresh"))
         await writer.drain()
@@ -236,7 +224,7 @@ async def test_reused_connection_closed_as_the_request_arrives_is_retried_once()
 
 
 async def test_fresh_connection_closed_without_answer_is_a_protocol_error_not_retried() -> None:
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+    async def script(raw: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         await raw.recv(reader)  # never answers
 
     aborts: list[str] = []
@@ -258,7 +246,7 @@ async def test_fresh_connection_closed_without_answer_is_a_protocol_error_not_re
 
 
 async def test_idle_timeout_zero_never_reuses() -> None:
-    async with echo_server() as raw:
+    async with serving(echo) as raw:
         pool = ConnectionPool(raw.url, idle_timeout=0.0)
         for _ in range(3):
             await pool.request("GET", "/a")
@@ -281,7 +269,7 @@ async def test_idle_timeout_zero_never_reuses() -> None:
     ],
 )
 async def test_broken_answers_raise_protocol_errors(reply: bytes, error: type[Exception], message: str) -> None:
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+    async def script(raw: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         await raw.recv(reader)
         writer.write(reply)
         await writer.drain()
@@ -296,7 +284,7 @@ async def test_broken_answers_raise_protocol_errors(reply: bytes, error: type[Ex
 async def test_cancelled_request_discards_its_connection() -> None:
     gate = asyncio.Event()
 
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+    async def script(raw: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         while await raw.recv(reader) is not None:
             if index == 0:
                 gate.set()
@@ -319,7 +307,7 @@ async def test_max_connections_bounds_requests_in_flight() -> None:
     in_flight = 0
     peak = 0
 
-    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
+    async def script(raw: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         nonlocal in_flight, peak
         while await raw.recv(reader) is not None:
             in_flight += 1
@@ -338,7 +326,7 @@ async def test_max_connections_bounds_requests_in_flight() -> None:
 
 
 async def test_refused_connection_is_a_connect_error() -> None:
-    async with echo_server() as raw:
+    async with serving(echo) as raw:
         url = raw.url
     pool = ConnectionPool(url)  # the server is gone: its port refuses
     with pytest.raises(httpx.ConnectError, match="cannot connect"):
@@ -390,9 +378,7 @@ async def test_https_origin(self_signed: tuple[Path, Path]) -> None:
     cert, key = self_signed
     server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_context.load_cert_chain(cert, key)
-    holder: list[RawServer] = []
-    async with serving(keep_alive_echo(holder), ssl_context=server_context) as raw:
-        holder.append(raw)
+    async with serving(echo, ssl_context=server_context) as raw:
         trusting = ssl.create_default_context(cafile=str(cert))
         pool = ConnectionPool(raw.url, ssl_context=trusting)
         assert (await pool.request("POST", "/a", b"secret")).content == b"secret"

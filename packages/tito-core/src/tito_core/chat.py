@@ -212,12 +212,18 @@ OFFLOAD_CHARS = 4_096
 OFFLOAD_TOKENS = 1_024
 """Outputs at least this long are detokenized on a worker thread."""
 _SHARED_RENDERERS = 16
+_shared: OrderedDict[tuple[int, str | None, str], ChatRenderer] = OrderedDict()
 _workers: ThreadPoolExecutor | None = None
+_lock = threading.Lock()  # guards _shared and _workers
+
+
+def _id_list(ids: Sequence[int]) -> list[int]:
+    return ids.tolist() if isinstance(ids, array) else list(ids)
 
 
 def _worker_pool() -> ThreadPoolExecutor:
     global _workers
-    with _shared_lock:
+    with _lock:
         if _workers is None:
             workers = min(8, os.cpu_count() or 1)
             _workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tito-tokenize")
@@ -230,10 +236,6 @@ async def _offload(work: Callable[[_In], _Out], arg: _In, inline: Callable[[_In]
         return await asyncio.get_running_loop().run_in_executor(_worker_pool(), work, arg)
     except RuntimeError:  # the Rust tokenizer was mutably borrowed elsewhere ("Already borrowed")
         return inline(arg)
-
-
-_shared: OrderedDict[tuple[int, str | None, str], ChatRenderer] = OrderedDict()
-_shared_lock = threading.Lock()
 
 
 class ChatRenderer:
@@ -278,13 +280,13 @@ class ChatRenderer:
         except (TypeError, ValueError):  # unusual template variables: no sharing
             return cls(tokenizer, chat_template=chat_template, template_kwargs=template_kwargs)
         key = (id(tokenizer), chat_template, kwargs_key)
-        with _shared_lock:
+        with _lock:
             renderer = _shared.get(key)
             if renderer is not None and renderer.tokenizer is tokenizer:
                 _shared.move_to_end(key)
                 return renderer
         renderer = cls(tokenizer, chat_template=chat_template, template_kwargs=template_kwargs)
-        with _shared_lock:
+        with _lock:
             _shared[key] = renderer  # the renderer holds the tokenizer, so its id stays unique while cached
             while len(_shared) > _SHARED_RENDERERS:
                 _shared.popitem(last=False)
@@ -338,12 +340,11 @@ class ChatRenderer:
         """:meth:`decode`, on a worker thread for long outputs (see :meth:`aencode`)."""
         if self._rust_decode is None or len(ids) < OFFLOAD_TOKENS:
             return self.decode(ids)
-        as_list = ids.tolist() if isinstance(ids, array) else list(ids)
-        return await _offload(self._rust_decode, as_list, self._tokenizer_decode)
+        return await _offload(self._rust_decode, _id_list(ids), self._tokenizer_decode)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Detokenize, keeping special tokens."""
-        as_list = ids.tolist() if isinstance(ids, array) else list(ids)
+        as_list = _id_list(ids)
         if self._rust_decode is not None:
             return self._rust_decode(as_list)
         return self._tokenizer_decode(as_list)
