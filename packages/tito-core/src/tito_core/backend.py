@@ -212,6 +212,10 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
             gives, set only for backends with ``json_input_ids = True``. The model keeps the JSON of its
             trajectory up to date (O(new tokens) per call), so an adapter can send the whole prompt without
             converting every id again (``msgspec.Raw(request.input_ids_json)``).
+        grammar: A grammar the output must follow (constrained decoding, e.g. a forced tool call from
+            Strands' ``tool_choice``), or None. EBNF in the dialect of xgrammar and llama.cpp's GBNF
+            (``root ::= "<tool_call>\\n" ...``), which vLLM's ``structured_outputs.grammar`` and SGLang's
+            ``ebnf`` sampling parameter both read. Set only for backends with ``supports_grammar = True``.
     """
 
     rid: str
@@ -224,6 +228,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     input_ids_json: bytes | None = None
+    grammar: str | None = None
 
 
 class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -267,10 +272,13 @@ class Backend(abc.ABC):
 
     name: ClassVar[str] = "backend"
     renders_prompt: ClassVar[bool] = False
-    json_input_ids: ClassVar[bool] = False
-    """True for backends that send ``input_ids`` as a JSON array and use :attr:`GenerateRequest.input_ids_json`."""
     """True for backends that send chat messages and let the server render the prompt (e.g. an
     OpenAI chat endpoint). The core then checks the echoed ``prompt_ids`` against the trajectory."""
+    json_input_ids: ClassVar[bool] = False
+    """True for backends that send ``input_ids`` as a JSON array and use :attr:`GenerateRequest.input_ids_json`."""
+    supports_grammar: ClassVar[bool] = False
+    """True for backends that apply :attr:`GenerateRequest.grammar` with the engine's constrained decoding.
+    A call that needs a grammar (a forced tool call) on a backend without it fails with a clear error."""
 
     @abc.abstractmethod
     async def generate(self, request: GenerateRequest) -> GenerateResult:
