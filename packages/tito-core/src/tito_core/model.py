@@ -1,7 +1,7 @@
 """TitoModel: the Strands model that records every call as exact tokens.
 
 The model keeps Strands' agent loop untouched. It is a thin adapter: each call goes to a
-:class:`~tito_core.rollout.Rollout`, which renders the new messages, asks the backend, validates and records
+:class:`~tito_core.recording.Rollout`, which renders the new messages, asks the backend, validates and records
 the answer in the live :class:`~tito_core.trajectory.Trajectory` and sets its status; the model turns the
 result into Strands events, and shows malformed tool calls back to the model instead of running them.
 """
@@ -26,7 +26,7 @@ from strands.types.tools import ToolSpec
 from .backend import Backend, SamplingParams, sampling_params
 from .chat import ChatRenderer
 from .errors import ConfigError, TitoError
-from .rollout import CallOptions, CallResult, PrefixPolicy, RenderMode, Rollout
+from .recording import CallOptions, CallResult, PrefixPolicy, RenderMode, Rollout
 from .tokenizers import aload_tokenizer, is_tokenizer_cached, load_tokenizer
 from .tool_parsers.base import ToolParser
 from .trajectory import Trajectory
@@ -70,7 +70,7 @@ class TitoModel(Model):
         render_mode: How later prompts are rendered: ``"auto"`` (default: only the new messages, falling back
             to a full render for calls the template cannot render incrementally or that move its tools
             block), ``"incremental"`` or ``"full"`` (render the whole conversation, keep the longest common
-            prefix with the trajectory, fork where they differ). See :data:`tito_core.rollout.RenderMode`.
+            prefix with the trajectory, fork where they differ). See :data:`tito_core.recording.RenderMode`.
     """
 
     def __init__(

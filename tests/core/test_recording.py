@@ -22,7 +22,7 @@ from tito_core.errors import (
     TitoError,
     UnsupportedContentError,
 )
-from tito_core.rollout import exit_status
+from tito_core.recording import exit_status
 from tito_core.testing.scripted import ScriptedBackend
 from tito_core.trajectory import Trajectory
 
