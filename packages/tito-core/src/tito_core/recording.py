@@ -46,6 +46,7 @@ from .errors import (
     TemplateError,
     TitoError,
 )
+from .grammar import ToolChoiceError, forced_tools, tool_call_grammar
 from .tool_parsers.base import ParsedOutput, ToolCall, ToolParser
 from .trajectory import Status, Trajectory, Turn, Usage
 
@@ -79,6 +80,8 @@ class CallOptions(msgspec.Struct, frozen=True, kw_only=True):
     return_logprobs: bool = True
     return_prompt_logprobs: bool = False
     return_routed_experts: bool = False
+    tool_choice: dict[str, Any] | None = None
+    """Strands' ``tool_choice`` for calls whose agent passes none (``{"any": {}}`` forces a tool call)."""
 
 
 class CallResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -311,6 +314,7 @@ class Rollout:
         self.vocab_size = renderer.vocab_size
         self._engine_limit: int | None = None
         self._engine_limit_known = False
+        self._grammars: dict[tuple[tuple[bytes, ...], int], str] = {}
         self._start(Trajectory(rollout_id))
 
     @property
@@ -344,14 +348,20 @@ class Rollout:
         options: CallOptions,
         *,
         system_prompt_content: Sequence[SystemContentBlock] | None = None,
+        tool_choice: Any = None,
     ) -> CallResult:
         """Run one model call token-in/token-out and record it.
+
+        ``tool_choice`` (Strands' form; ``options.tool_choice`` when None) that forces a call constrains
+        decoding to one call in the tool parser's syntax (:mod:`tito_core.grammar`); the output is recorded
+        verbatim like any other, its logprobs as the engine reports them under the constraint.
 
         Whatever raises out of the call leaves the trajectory with a status and its reason first
         (:func:`exit_status`); a call is recorded whole or not at all.
         """
+        choice = options.tool_choice if tool_choice is None else tool_choice
         try:
-            return await self._call(messages, tool_specs, system_prompt, system_prompt_content, options)
+            return await self._call(messages, tool_specs, system_prompt, system_prompt_content, options, choice)
         except BaseException as exc:
             if not self._traj.closed:
                 self._traj.set_status(*exit_status(exc))
@@ -364,13 +374,15 @@ class Rollout:
         system_prompt: str | None,
         system_prompt_content: Sequence[SystemContentBlock] | None,
         options: CallOptions,
+        tool_choice: Any,
     ) -> CallResult:
+        grammar = self._grammar(tool_specs, tool_choice)
         system = system_text(system_prompt, system_prompt_content)
         tools = tool_specs_to_chat(tool_specs)
         plan = self._sync(messages, system, tools)
         renders = self.backend.renders_prompt
         new_ids, n_boundary = ([], 0) if renders else await self._prompt(plan, messages, system)
-        request = await self._request(messages, system, tools, new_ids, options)
+        request = await self._request(messages, system, tools, new_ids, options, grammar)
         started = time.perf_counter()
         result = await self.backend.generate(request)
         latency_ms = int((time.perf_counter() - started) * 1000)
@@ -387,6 +399,7 @@ class Rollout:
         tools: list[dict[str, Any]] | None,
         new_ids: list[int],
         options: CallOptions,
+        grammar: str | None,
     ) -> GenerateRequest:
         traj = self._traj
         prefix_len = len(traj)
@@ -421,7 +434,24 @@ class Rollout:
             messages=to_chat_messages(messages, system_prompt=system) if renders else None,
             tools=tools if renders else None,
             input_ids_json=ids_json,
+            grammar=grammar,
         )
+
+    def _grammar(self, tool_specs: Sequence[ToolSpec] | None, tool_choice: Any) -> str | None:
+        """The grammar forcing a tool call, or None when ``tool_choice`` forces none."""
+        forced = forced_tools(tool_specs, tool_choice)
+        if forced is None:
+            return None
+        if not self.backend.supports_grammar:
+            raise ToolChoiceError(
+                f"tool_choice {tool_choice!r} forces a tool call, but the {self.backend.name} backend cannot "
+                "constrain decoding (Backend.supports_grammar is False)"
+            )
+        key = (tuple(msgspec.json.encode(spec) for spec in forced), id(self.tool_parser))
+        cached = self._grammars.get(key)
+        if cached is None:
+            cached = self._grammars[key] = tool_call_grammar(self.tool_parser, forced)
+        return cached
 
     async def _context_limit(self) -> int | None:
         """The engine's context window; a failed lookup is logged and asked again on the next call."""
@@ -481,6 +511,7 @@ class Rollout:
             routed_experts=result.routed_experts,
             routed_experts_start=result.routed_experts_start,
             routed_experts_shape=result.routed_experts_shape,
+            constrained=request.grammar is not None,
         )
         prompt_lps = result.prompt_logprobs
         with traj.atomic():
