@@ -111,7 +111,7 @@ def has_tool_results(messages: Messages) -> bool:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_separator_after_end_of_turn(family: str) -> None:
     spec = FAMILIES[family]
-    assert ChatRenderer(load_family_tokenizer(family)).turn_tail == (spec.end_of_turn, spec.separator)
+    assert ChatRenderer.shared(load_family_tokenizer(family)).turn_tail == (spec.end_of_turn, spec.separator)
 
 
 def run(family: str) -> Any:

@@ -27,6 +27,7 @@ import msgspec
 from tito_core._suggest import did_you_mean
 from tito_core.backend import Backend, SamplingParams, sampling_params
 from tito_core.errors import ConfigError
+from tito_core.recording import RenderMode
 
 if TYPE_CHECKING:
     from tito_core.model import TitoModel
@@ -50,6 +51,10 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         context_window_limit: Context window in tokens; None asks the backend.
         return_prompt_logprobs: Ask the engine for logprobs of prompt tokens.
         return_routed_experts: Ask the engine for MoE routing decisions (routing replay).
+        render_mode: How later prompts are rendered: ``auto``, ``incremental`` or ``full``
+            (:data:`tito_core.recording.RenderMode`).
+        escape_special_text: Encode message content as plain text, so control-token text in a tool result
+            stays text (``TitoModel(escape_special_text=...)``).
 
     """
 
@@ -64,6 +69,8 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     context_window_limit: int | None = None
     return_prompt_logprobs: bool = False
     return_routed_experts: bool = False
+    render_mode: RenderMode = "auto"
+    escape_special_text: bool = False
 
     def __post_init__(self) -> None:
         if not self.backend.strip():
@@ -119,6 +126,8 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             context_window_limit=self.context_window_limit,
             return_prompt_logprobs=self.return_prompt_logprobs,
             return_routed_experts=self.return_routed_experts,
+            render_mode=self.render_mode,
+            escape_special_text=self.escape_special_text,
         )
 
 

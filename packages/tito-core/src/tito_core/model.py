@@ -71,6 +71,10 @@ class TitoModel(Model):
             to a full render for calls the template cannot render incrementally or that move its tools
             block), ``"incremental"`` or ``"full"`` (render the whole conversation, keep the longest common
             prefix with the trajectory, fork where they differ). See :data:`tito_core.recording.RenderMode`.
+        escape_special_text: Encode system, user and tool message content as plain text, so text that spells a
+            control token (``<|im_end|>`` in a tool result) stays text. Off by default: with a chat template
+            such text becomes the control token, as it does in vLLM / SGLang. mistral-common tokenizers always
+            keep it as text, as their engines do.
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class TitoModel(Model):
         rollout_id: str | None = None,
         backend_options: Mapping[str, Any] | None = None,
         render_mode: RenderMode = "auto",
+        escape_special_text: bool = False,
     ) -> None:
         from . import plugins
 
@@ -117,7 +122,10 @@ class TitoModel(Model):
             tool_parser = infer_tool_parser(tokenizer, chat_template)
         self.tool_parser: ToolParser = plugins.get_tool_parser(tool_parser)
         self.renderer = ChatRenderer.shared(
-            tokenizer, chat_template=chat_template, template_kwargs=chat_template_kwargs
+            tokenizer,
+            chat_template=chat_template,
+            template_kwargs=chat_template_kwargs,
+            escape_special_text=escape_special_text,
         )
         self._options = self._checked_options(
             sampling=sampling_params(sampling),
