@@ -416,7 +416,7 @@ class ChatRenderer:
 
     async def initial_ids(self, chat: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None) -> list[int]:
         """Token ids of :meth:`initial_text` (message contents as plain text with ``escape_special_text``)."""
-        return await self._encode_rendered(self.initial_text(chat, tools), chat)
+        return await self._encode_rendered(lambda c: self.initial_text(c, tools), chat)
 
     async def continuation_ids(self, chat: Sequence[ChatMessage], *, close_turn: bool) -> tuple[list[int], int]:
         """Token ids of the boundary after the last output, ``chat`` and the generation prompt.
@@ -427,20 +427,21 @@ class ChatRenderer:
         eot, boundary = self.turn_tail
         if close_turn:
             boundary = eot + boundary
-        ids = await self._encode_rendered(boundary + self.continuation_text(chat), chat)
+        ids = await self._encode_rendered(lambda c: boundary + self.continuation_text(c), chat)
         if not boundary:
             return ids, 0
         boundary_ids = self.encode(boundary)
         return ids, len(boundary_ids) if ids[: len(boundary_ids)] == boundary_ids else 0
 
-    async def _encode_rendered(self, text: str, chat: Sequence[ChatMessage]) -> list[int]:
+    async def _encode_rendered(
+        self, render: Callable[[Sequence[ChatMessage]], str], chat: Sequence[ChatMessage]
+    ) -> list[int]:
+        """Encode ``render(chat)``; with ``escape_special_text``, control-token text in contents stays text."""
+        text = render(chat)
         if self._escaper is not None:
-            contents = [
-                m["content"] for m in chat if m.get("role") != "assistant" and isinstance(m.get("content"), str)
-            ]
-            escaped = self._escaper.encode(text, contents, self.encode)
-            if escaped is not None:
-                return escaped
+            spans = self._escaper.content_spans(text, chat, render)
+            if spans:
+                return self._escaper.encode(text, spans, self.encode)
         return await self.aencode(text)
 
     def continuation_text(self, chat: Sequence[ChatMessage]) -> str:
@@ -613,31 +614,54 @@ class _SpecialTextEscaper:
         )
         self._checked = False
 
-    def encode(self, text: str, contents: Sequence[str], encode: Callable[[str], list[int]]) -> list[int] | None:
-        """The ids of ``text`` with control-token text inside ``contents`` kept as text; None when none has any.
+    def content_spans(
+        self, text: str, chat: Sequence[ChatMessage], render: Callable[[Sequence[ChatMessage]], str]
+    ) -> list[tuple[int, int]]:
+        """Where in ``text`` (``render(chat)``) the non-assistant contents holding control-token text are.
+
+        Found by rendering again with a placeholder for each such content, so the template's own markup is
+        never mistaken for content. Empty when no content holds control-token text.
 
         Raises:
-            TemplateError: a content holding control-token text is not in the rendered text verbatim, or the
-                tokenizer's added tokens do not behave as plain cut points (the escape would not be exact).
+            TemplateError: the template does not render such a content verbatim.
         """
         pattern = self._pattern
         if pattern is None:
-            return None
+            return []
+        contents: dict[str, str] = {}
+        marked: list[ChatMessage] = []
+        for k, message in enumerate(chat):
+            content = message.get("content")
+            if message.get("role") != "assistant" and isinstance(content, str) and pattern.search(content):
+                mark = f"\ue000tito-escape-{k}\ue001"
+                contents[mark] = content
+                message = {**message, "content": mark}
+            marked.append(message)
+        if not contents:
+            return []
         spans: list[tuple[int, int]] = []
-        cursor = 0
-        for content in contents:
-            if not pattern.search(content):
-                continue
-            at = text.find(content, cursor)
-            if at < 0:
-                raise TemplateError(
-                    f"escape_special_text: the chat template does not render the content {content[:60]!r} verbatim, "
-                    "so its control-token text cannot be told from the template's own"
-                )
-            spans.append((at, at + len(content)))
-            cursor = at + len(content)
-        if not spans:
-            return None
+        rebuilt: list[str] = []
+        at = 0
+        for piece in re.split("(" + "|".join(map(re.escape, contents)) + ")", render(marked)):
+            if piece in contents:
+                piece = contents[piece]
+                spans.append((at, at + len(piece)))
+            rebuilt.append(piece)
+            at += len(piece)
+        if "".join(rebuilt) != text:
+            raise TemplateError(
+                "escape_special_text: the chat template does not render message contents verbatim, so their "
+                "control-token text cannot be told from the template's own"
+            )
+        return spans
+
+    def encode(self, text: str, spans: Sequence[tuple[int, int]], encode: Callable[[str], list[int]]) -> list[int]:
+        """The ids of ``text`` with the added tokens inside ``spans`` encoded as plain text.
+
+        Raises:
+            TemplateError: the tokenizer's added tokens do not behave as plain cut points (the escape would
+                not be exact).
+        """
         if not self._checked:  # once: with no content excluded, the escape must reproduce the tokenizer exactly
             if self._cut(text, []) != encode(text):
                 raise TemplateError(
