@@ -11,13 +11,14 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from strands.types.content import Messages
+from strands.types.content import Message, Messages
 from strands.types.tools import ToolSpec
 
 from tito_core.backend import Backend, GenerateRequest, GenerateResult
 from tito_core.chat import ChatRenderer
 from tito_core.plugins import get_tool_parser
 from tito_core.recording import CallOptions, RenderMode, Rollout
+from tito_core.tool_parsers.base import ParsedOutput
 from tito_core.trajectory import Trajectory
 
 
@@ -36,6 +37,28 @@ class IdsBackend(Backend):
         return GenerateResult(output_ids=ids, output_logprobs=[-0.5] * len(ids), finish_reason="stop")
 
 
+def assistant_message(parsed: ParsedOutput) -> Message:
+    """The assistant message Strands builds from tito's events for one parsed output."""
+    content: list[Any] = []
+    if parsed.reasoning:
+        content.append({"reasoningContent": {"reasoningText": {"text": parsed.reasoning}}})
+    if parsed.content or not (parsed.reasoning or parsed.calls):
+        content.append({"text": parsed.content})
+    content.extend({"toolUse": {"toolUseId": c.id, "name": c.name, "input": c.input}} for c in parsed.calls)
+    return {"role": "assistant", "content": content}
+
+
+def _renamed(message: Message, rename: dict[str, str]) -> Message:
+    blocks: list[Any] = []
+    for block in message["content"]:
+        if "toolResult" in block:
+            result = dict(block["toolResult"])
+            result["toolUseId"] = rename.get(result["toolUseId"], result["toolUseId"])
+            block = {"toolResult": result}
+        blocks.append(block)
+    return {"role": message["role"], "content": blocks}
+
+
 def replay(
     tokenizer: Any,
     messages: Messages,
@@ -46,19 +69,29 @@ def replay(
     system: str | None,
     render_mode: RenderMode,
     escape_special_text: bool = False,
-) -> tuple[list[list[int]], Trajectory]:
+) -> tuple[list[list[int]], Trajectory, Messages]:
     """Run one model call per assistant message of ``messages`` (``output_ids(i)``: the ids of message ``i``).
 
-    Returns the input ids of each request and the final trajectory.
+    As in a Strands agent loop, each assistant message of the history is the one built from tito's parsed
+    output (tool results follow the parsed call ids). Returns the input ids of each request, the final
+    trajectory and the history as the agent held it (same length and roles as ``messages``).
     """
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     backend = IdsBackend([output_ids(i) for i in turns])
     renderer = ChatRenderer.shared(tokenizer, escape_special_text=escape_special_text)
     rollout = Rollout(backend, renderer, get_tool_parser(parser), render_mode=render_mode)
+    history: Messages = []
 
     async def run() -> None:
-        for i in turns:
-            await rollout.call(list(messages[:i]), tools, system, CallOptions())
+        rename: dict[str, str] = {}
+        for message in messages:
+            if message["role"] != "assistant":
+                history.append(_renamed(message, rename))
+                continue
+            result = await rollout.call(list(history), tools, system, CallOptions())
+            history.append(assistant_message(result.parsed))
+            asked = [b["toolUse"]["toolUseId"] for b in message["content"] if "toolUse" in b]
+            rename.update(zip(asked, [c.id for c in result.parsed.calls], strict=False))
 
     asyncio.run(run())
-    return backend.requests, rollout.trajectory
+    return backend.requests, rollout.trajectory, history

@@ -188,10 +188,11 @@ def test_incremental_equals_mistral_common_without_moving_parts(family: str) -> 
     def body(messages: Messages) -> None:
         COUNTS[f"{family} incremental, no tools"] += 1
         ref = Reference(family, messages, None, None)
-        sent, traj = replay(
+        sent, traj, history = replay(
             ref.tok, messages, ref.output, parser="mistral", tools=None, system=None, render_mode="incremental"
         )
         assert traj.branch == 0, traj.fork_reason
+        assert history == messages  # the parser reads back every turn as it was written
         for request, i in zip(sent, calls(messages), strict=True):
             assert request == ref.prompt(i), f"call before message {i}"
 
@@ -207,7 +208,7 @@ def test_incremental_diverges_only_by_the_moving_tools_block(family: str) -> Non
     def body(messages: Messages) -> None:
         COUNTS[f"{family} incremental, tools + system"] += 1
         ref = Reference(family, messages, TOOLS, SYSTEM)
-        sent, traj = replay(
+        sent, traj, _ = replay(
             ref.tok, messages, ref.output, parser="mistral", tools=TOOLS, system=SYSTEM, render_mode="incremental"
         )
         assert traj.branch == 0, traj.fork_reason  # one consistent branch: the model's own tokens are kept
@@ -233,7 +234,7 @@ def test_auto_and_full_send_mistral_commons_encoding(family: str, mode: str) -> 
     def body(messages: Messages) -> None:
         COUNTS[f"{family} {mode}"] += 1
         ref = Reference(family, messages, TOOLS, SYSTEM)
-        sent, traj = replay(
+        sent, traj, _ = replay(
             ref.tok, messages, ref.output, parser="mistral", tools=TOOLS, system=SYSTEM, render_mode=mode
         )
         for request, i in zip(sent, calls(messages), strict=True):
@@ -256,7 +257,7 @@ def test_control_token_text_in_a_tool_result_stays_text() -> None:
         {"role": "assistant", "content": [{"text": "Done."}]},
     ]
     ref = Reference("mistral", messages, TOOLS, SYSTEM)
-    sent, traj = replay(tok, messages, ref.output, parser="mistral", tools=TOOLS, system=SYSTEM, render_mode="auto")
+    sent, traj, _ = replay(tok, messages, ref.output, parser="mistral", tools=TOOLS, system=SYSTEM, render_mode="auto")
     assert sent[1] == ref.prompt(3)
     new = sent[1][len(sent[0]) + len(ref.output(1)) :]
     control = {tok.convert_tokens_to_ids(t) for t in ("[INST]", "</s>", "[TOOL_CALLS]")}
