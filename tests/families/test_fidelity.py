@@ -196,7 +196,7 @@ def test_full_render_sends_the_reference_encoding(family: str) -> None:
     differs from what the model saw, and the engine gets the reference encoding.
     """
     thinking = bool(FAMILIES[family].thinking)
-    parser = FAMILIES[family].parser if family != "gemma4" else "hermes"
+    parser = FAMILIES[family].parser
 
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(conversations(thinking, MAX_CALLS.get(family, 2)))

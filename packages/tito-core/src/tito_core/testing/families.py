@@ -110,7 +110,7 @@ FAMILIES: dict[str, Family] = {
         Family("llama3", "llama3_json", "ggml-vocab-llama-bpe.gguf (real Llama 3 vocabulary)",
                "fixture:llama3_1.jinja", "meta-llama/Llama-3.1-8B-Instruct", "<|eot_id|>", "",
                gguf="llama-bpe", bos="<|begin_of_text|>", eos="<|eot_id|>"),
-        Family("gemma4", "gemma4 (no tito parser yet)", "ggml-vocab-gemma-4.gguf (real Gemma 4 vocabulary)",
+        Family("gemma4", "gemma4", "ggml-vocab-gemma-4.gguf (real Gemma 4 vocabulary)",
                "trl:gemma4", "google/gemma-4-E2B-it", "<turn|>", "\n", "<|channel>thought...<channel|>",
                gguf="gemma-4", bos="<bos>", eos="<turn|>"),
         Family("glm", "glm", "surrogate: Qwen3 BPE + GLM control tokens", "fixture:glm4_6.jinja", "zai-org/GLM-4.6",
