@@ -5,8 +5,10 @@ family has it, unicode, empty content). For each, :func:`check_prefix_preservati
 tito does (first prompt, each assistant turn as the template writes it when last, boundary + only the
 new messages after a dummy prefix) and as the template renders the whole conversation. Families marked
 ``equal`` must match text for text and token for token (pieces tokenized separately, as tito does, vs
-the whole text tokenized at once). Other families must diverge only in the documented way. Example counts
-per family are printed at the end of the session (``-s`` or the summary).
+the whole text tokenized at once). Other families must diverge only in the documented way; under
+``render_mode="full"`` every family, divergent ones included, must send the reference encoding on every call.
+Example counts per family are printed at the end of the session (``-s`` or the summary). The Mistral rows
+(mistral-common, no template) are in ``test_mistral.py``.
 """
 
 from __future__ import annotations

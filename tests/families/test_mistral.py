@@ -93,6 +93,8 @@ def conversations(draw: st.DrawFn) -> Messages:
                 }
                 for call_id in ids
             ]
+            if not draw(st.integers(0, 2)):  # the user also writes, after the results: a later user turn
+                results.append({"text": draw(TEXT) or "and?"})
             messages.append({"role": "user", "content": results})
         elif draw(st.integers(0, 2)):  # a later user turn (what moves the tools block) two times in three
             messages.append({"role": "user", "content": [{"text": draw(TEXT) or "more"}]})
