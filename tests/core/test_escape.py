@@ -34,9 +34,9 @@ def leak() -> str:
     return SPELLED
 
 
-def run(tok, *, escape: bool):
+def run(tok, *, escape: bool, render_mode: str = "auto"):
     backend = ScriptedBackend(tok, [hermes_call("leak", {}), "done"])
-    model = TitoModel(backend, tok, escape_special_text=escape)
+    model = TitoModel(backend, tok, escape_special_text=escape, render_mode=render_mode)
     agent = Agent(
         model=model,
         tools=[leak],
@@ -128,3 +128,11 @@ def test_config_carries_escape_and_render_mode(qwen3_tokenizer):
     assert model._rollout.render_mode == "full"
     with pytest.raises(ConfigError, match="render_mode"):
         load_config({"backend": "scripted", "render_mode": "sometimes"})
+
+
+def test_a_full_render_escapes_the_same_way(qwen3_tokenizer):
+    """render_mode='full' re-renders the whole conversation with the escape: it agrees with the trajectory."""
+    incremental, sent = run(qwen3_tokenizer, escape=True)
+    full, sent_full = run(qwen3_tokenizer, escape=True, render_mode="full")
+    assert full.trajectory.branch == 0 and full.trajectory.status == "completed"
+    assert [list(r.input_ids) for r in sent_full.requests] == [list(r.input_ids) for r in sent.requests]

@@ -302,3 +302,21 @@ def test_a_mistral_common_failure_fails_the_rollout(monkeypatch: pytest.MonkeyPa
         asyncio.run(rollout.call(messages, TOOLS, SYSTEM, CallOptions()))
     assert rollout.trajectory.status == "failed"
     assert "exploded" in (rollout.trajectory.status_reason or "")
+
+
+def test_an_output_cut_before_its_end_of_turn_is_closed_with_a_loss_free_eos() -> None:
+    """A turn that stopped without ``</s>`` (a stop string, a length limit) is closed by a boundary ``</s>``."""
+    tok = load_family_tokenizer("mistral")
+    messages: Messages = [
+        {"role": "user", "content": [{"text": "Look it up."}]},
+        {"role": "assistant", "content": [{"toolUse": {"toolUseId": "abcdefgh1", "name": "search", "input": {}}}]},
+        {"role": "user", "content": [{"toolResult": {"toolUseId": "abcdefgh1", "content": [{"text": "r"}]}}]},
+        {"role": "assistant", "content": [{"text": "Done."}]},
+    ]
+    ref = Reference("mistral", messages, TOOLS, SYSTEM)
+    sent, traj, _ = replay(
+        tok, messages, lambda i: ref.output(i)[:-1], parser="mistral", tools=TOOLS, system=SYSTEM, render_mode="auto"
+    )
+    assert sent[1] == ref.prompt(3)
+    boundary = [s for s in traj.segments if s.kind == "boundary" and s.end > s.start]
+    assert [traj.token_ids[s.start : s.end] for s in boundary] == [[tok.eos_token_id]]
