@@ -20,6 +20,7 @@ from strands import Agent, tool
 from strands.agent.conversation_manager import NullConversationManager
 
 from tito_core import TitoModel
+from tito_core.errors import ConfigError
 from tito_core.grammar import (
     GrammarToolParser,
     ToolChoiceError,
@@ -310,3 +311,15 @@ async def test_structured_output_without_grammar_support_asks_unconstrained(qwen
     events = [event async for event in model.structured_output(Pair, [{"role": "user", "content": [{"text": "go"}]}])]
     assert events[-1]["output"] == Pair(a=2, b=7)
     assert backend.requests[0].grammar is None
+
+
+def test_tool_choice_from_a_config_file(tmp_path: Any, qwen3_tokenizer: Any) -> None:
+    from tito_core import load_config
+
+    path = tmp_path / "tito.toml"
+    path.write_text('backend = "scripted"\ntool_choice = "required"\n')
+    model = load_config(path).create_model(GrammarBackend(qwen3_tokenizer, []), tokenizer=qwen3_tokenizer)
+    assert model.get_config()["tool_choice"] == {"any": {}}
+    path.write_text('backend = "scripted"\ntool_choice = "sometimes"\n')
+    with pytest.raises(ConfigError, match="tito.toml: tool_choice must be .* got 'sometimes'"):
+        load_config(path)

@@ -76,6 +76,10 @@ class TitoModel(Model):
             model decides), ``"any"`` (alias ``"required"``; one call to one of the offered tools) or
             ``{"tool": {"name": NAME}}``. A forced call is constrained by the tool parser's grammar
             (:mod:`tito_core.grammar`); change it between calls with ``update_config(tool_choice=...)``.
+        escape_special_text: Encode system, user and tool message content as plain text, so text that spells a
+            control token (``<|im_end|>`` in a tool result) stays text. Off by default: with a chat template
+            such text becomes the control token, as it does in vLLM / SGLang. mistral-common tokenizers always
+            keep it as text, as their engines do.
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class TitoModel(Model):
         backend_options: Mapping[str, Any] | None = None,
         render_mode: RenderMode = "auto",
         tool_choice: Mapping[str, Any] | str | None = None,
+        escape_special_text: bool = False,
     ) -> None:
         from . import plugins
 
@@ -123,7 +128,10 @@ class TitoModel(Model):
             tool_parser = infer_tool_parser(tokenizer, chat_template)
         self.tool_parser: ToolParser = plugins.get_tool_parser(tool_parser)
         self.renderer = ChatRenderer.shared(
-            tokenizer, chat_template=chat_template, template_kwargs=chat_template_kwargs
+            tokenizer,
+            chat_template=chat_template,
+            template_kwargs=chat_template_kwargs,
+            escape_special_text=escape_special_text,
         )
         self._options = self._checked_options(
             sampling=sampling_params(sampling),

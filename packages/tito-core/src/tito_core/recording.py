@@ -658,12 +658,12 @@ class Rollout:
             return await self._full_prompt(messages, system)
         roles = tuple(m.get("role", "") for m in plan.chat)
         moves = self._tools_move.get(roles)
-        if moves is None and self._tools and plan.chat:
+        if moves is None and (self._tools or self._system is not None) and plan.chat:
             moves = self._tools_move[roles] = self.renderer.tools_move(plan.chat, self._tools)
         if moves:
             logger.warning(
-                "rollout %s: the chat template moves the tools block when messages are added; rendering the whole "
-                "conversation for this call (render_mode='full' does that for every call)",
+                "rollout %s: the chat template moves the tools block (or the system prompt) when messages are added; "
+                "rendering the whole conversation for this call (render_mode='full' does that for every call)",
                 self._traj.rollout_id,
             )
             return await self._full_prompt(messages, system)
@@ -685,7 +685,7 @@ class Rollout:
         """
         renderer = self.renderer
         chat = to_chat_messages(messages, system_prompt=system)
-        ids = await renderer.aencode(renderer.initial_text(chat, self._tools))
+        ids = await renderer.initial_ids(chat, self._tools)
         traj = self._traj
         have = traj.ids_array()
         at = first_difference(ids, have)
@@ -708,16 +708,15 @@ class Rollout:
         """Token ids of the new prompt, and how many of them (leading) are boundary tokens."""
         renderer = self.renderer
         if plan.initial:
-            return await renderer.aencode(renderer.initial_text(plan.chat, self._tools)), 0
+            return await renderer.initial_ids(plan.chat, self._tools), 0
         last_output = self._traj.last_segment
         if last_output is None or last_output.kind != "output":
             return [], 0
-        eot, boundary = renderer.turn_tail
         ended = self._traj.tokens(last_output)[-1:]
-        if not (ended and ended[0] in renderer.end_of_turn_ids):
-            boundary = eot + boundary  # the model did not end its turn itself: close it as the template would
-        ids = await renderer.aencode(boundary + renderer.continuation_text(plan.chat))
-        return ids, self._leading_boundary(ids, boundary)
+        # a model that did not end its turn itself gets it closed as the template would
+        return await renderer.continuation_ids(
+            plan.chat, close_turn=not (ended and ended[0] in renderer.end_of_turn_ids)
+        )
 
     def _server_prompt(self, result: GenerateResult) -> tuple[list[int], int]:
         """For prompt-rendering backends: check the server's prompt extends the trajectory; return the new part."""
@@ -744,15 +743,14 @@ class Rollout:
         new = prompt[len(have) :]
         return new, self._leading_boundary(new)
 
-    def _leading_boundary(self, ids: Sequence[int], boundary: str | None = None) -> int:
-        """How many leading ``ids`` are the template's boundary after the last output (``turn_tail``'s, by default).
+    def _leading_boundary(self, ids: Sequence[int]) -> int:
+        """How many leading ``ids`` are the template's boundary after the last output (``turn_tail``'s).
 
         Zero when the trajectory does not end with an output or ``ids`` do not start with the boundary's tokens.
         """
-        if boundary is None:
-            if self._last_kind() != "output":
-                return 0
-            boundary = self.renderer.turn_tail[1]
+        if self._last_kind() != "output":
+            return 0
+        boundary = self.renderer.turn_tail[1]
         if not boundary:
             return 0
         boundary_ids = self.renderer.encode(boundary)
