@@ -321,5 +321,5 @@ def test_tool_choice_from_a_config_file(tmp_path: Any, qwen3_tokenizer: Any) -> 
     model = load_config(path).create_model(GrammarBackend(qwen3_tokenizer, []), tokenizer=qwen3_tokenizer)
     assert model.get_config()["tool_choice"] == {"any": {}}
     path.write_text('backend = "scripted"\ntool_choice = "sometimes"\n')
-    with pytest.raises(ConfigError, match="tito.toml: tool_choice must be .* got 'sometimes'"):
+    with pytest.raises(ConfigError, match=r"tito\.toml: tool_choice must be .* got 'sometimes'"):
         load_config(path)
