@@ -45,7 +45,6 @@ class _Job:
         "cancelled",
         "future",
         "generator",
-        "grammar",
         "greedy",
         "input_ids",
         "logprobs",
@@ -79,9 +78,8 @@ class _Job:
         self.stop_ids: frozenset[int] = frozenset()
         self.stop_strings: tuple[str, ...] = ()
         self.generator: torch.Generator | None = None
-        self.grammar: Any = None  # the compiled grammar (xgrammar), when the request is constrained
-        self.matcher: Any = None  # its matcher and token bitmask, made by the worker when the job starts
-        self.bitmask: torch.Tensor | None = None
+        self.matcher: Any = None  # xgrammar.GrammarMatcher of a constrained request (set before it is queued)
+        self.bitmask: torch.Tensor | None = None  # its next-token mask, one bit per vocabulary id
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self.prompt_logprobs: list[float | None] | None = None
