@@ -3,9 +3,12 @@
 Each rollout is one ``generate`` call: a chat prompt, greedy decoding of ``--tokens`` new tokens (EOS
 ignored, so every rollout produces the same number). Concurrent rollouts are ``asyncio.gather``-ed on one
 backend, which batches them. Reported: wall time, output tokens/s over all rollouts, and per rollout.
-Not a test. Usage::
+``--grammar`` runs every concurrency a second time with each rollout constrained to a hermes tool call whose
+argument is a free JSON string (the grammar's most expensive masks); a rollout that closes the call then ends
+on EOS, so it may produce fewer tokens. Not a test. Usage::
 
     python benchmarks/embedded.py [--model smollm2|tiny|DIR] [--concurrency 1 16] [--tokens 64] [--threads N]
+        [--grammar]
 """
 
 from __future__ import annotations
@@ -28,6 +31,15 @@ QUESTIONS = [
 ]
 
 
+# A JSON string written right-recursively, as xgrammar's own JSON-schema grammars are: the usual
+# `"\"" ( [^"\\] | "\\" ... )* "\""` form makes xgrammar's masks inside the string ~3000x slower (0.07 ms ->
+# 150-350 ms per step on Qwen's 151k vocabulary, measured), see docs/transformers.md.
+GRAMMAR = r"""root ::= "<tool_call>\n{\"name\": \"answer\", \"arguments\": {\"text\": \"" chars "}}\n</tool_call>"
+chars ::= "\"" | [^"\\\x00-\x1F] chars | "\\" escape chars
+escape ::= ["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F]
+"""
+
+
 def model_dir(name: str) -> Path:
     """The model directory for a name (building the model on first use)."""
     if name == "smollm2":
@@ -41,12 +53,15 @@ def model_dir(name: str) -> Path:
     return Path(name)
 
 
-async def run(backend: Any, prompts: list[list[int]], tokens: int) -> tuple[float, int]:
+async def run(backend: Any, prompts: list[list[int]], tokens: int, grammar: str | None = None) -> tuple[float, int]:
     """Run one greedy rollout per prompt concurrently; return the wall time and the tokens produced."""
     from tito_core.backend import GenerateRequest, SamplingParams
 
     sampling = SamplingParams(temperature=0.0, max_new_tokens=tokens, ignore_eos=True)
-    requests = [GenerateRequest(rid=uuid.uuid4().hex, input_ids=p, prefix_len=0, sampling=sampling) for p in prompts]
+    requests = [
+        GenerateRequest(rid=uuid.uuid4().hex, input_ids=p, prefix_len=0, sampling=sampling, grammar=grammar)
+        for p in prompts
+    ]
     started = time.perf_counter()
     results = await asyncio.gather(*(backend.generate(r) for r in requests))
     return time.perf_counter() - started, sum(len(r.output_ids) for r in results)
@@ -60,6 +75,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per rollout")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16")
+    parser.add_argument("--grammar", action="store_true", help="also run each concurrency under a tool-call grammar")
     args = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -83,12 +99,15 @@ def main() -> None:
         f"{args.tokens} new tokens per rollout, prompts of ~{len(prompt(0))} tokens"
     )
     asyncio.run(run(backend, [prompt(0)], 4))  # warm-up
+    if args.grammar:  # warm-up: the tokenizer info and the compiled grammar, built once
+        asyncio.run(run(backend, [prompt(0)], 4, GRAMMAR))
     for n in args.concurrency:
-        seconds, produced = asyncio.run(run(backend, [prompt(i) for i in range(n)], args.tokens))
-        print(
-            f"concurrency {n:3d}: {produced} tokens in {seconds:6.2f} s = {produced / seconds:7.1f} tokens/s "
-            f"({produced / n / seconds:6.1f} per rollout)"
-        )
+        for grammar in (None, GRAMMAR) if args.grammar else (None,):
+            seconds, produced = asyncio.run(run(backend, [prompt(i) for i in range(n)], args.tokens, grammar))
+            print(
+                f"concurrency {n:3d}{' grammar' if grammar else '':8}: {produced} tokens in {seconds:6.2f} s = "
+                f"{produced / seconds:7.1f} tokens/s ({produced / n / seconds:6.1f} per rollout)"
+            )
     backend.close()
 
 

@@ -238,8 +238,8 @@ async def test_context_window(fp32, tokenizer) -> None:
 async def test_config_context_window_and_invalid_requests(tiny_backend, tokenizer) -> None:
     assert await tiny_backend.max_context_length() == 4096  # max_position_embeddings of the tiny model
     ids = prompts(tokenizer)[0]
-    with pytest.raises(ValueError, match="extra"):
-        await tiny_backend.generate(request(ids, extra={"regex": "a+"}))
+    with pytest.raises(ValueError, match="extra"):  # `regex` is the one extra it reads (test_grammar.py)
+        await tiny_backend.generate(request(ids, extra={"min_p": 0.1}))
     with pytest.raises(ValueError, match="vocabulary"):
         await tiny_backend.generate(request([10**7]))
     with pytest.raises(ValueError, match="prefix_len"):

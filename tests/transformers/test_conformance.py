@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tito_core.testing.conformance import BackendConformanceTests, ModelConformanceTests
 
 
@@ -15,4 +17,7 @@ class TestTransformersConformance(BackendConformanceTests):
 
 
 class TestTransformersModelConformance(ModelConformanceTests):
-    """A Strands agent through TitoModel on the embedded backend (no constrained decoding yet: tool turns skip)."""
+    """A Strands agent through TitoModel on the embedded backend; regex-constrained turns force real tool calls."""
+
+    def constrain(self, regex: str) -> dict[str, Any] | None:
+        return {"regex": regex}  # SGLang's name, read by the embedded backend too

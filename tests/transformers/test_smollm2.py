@@ -94,3 +94,64 @@ async def test_smollm2_answers_and_records_exact_rollouts() -> None:
         assert sum(traj.loss_mask) == sum(t.output_len for t in traj.turns)
     finally:
         await backend.aclose()
+
+
+async def test_smollm2_forced_hermes_tool_call_parses() -> None:
+    """A grammar forces a real hermes call from the real model: SmolLM2 fills in the numbers it was asked about."""
+    from transformers import AutoTokenizer
+
+    from tito_core.testing.tokenizers import MissingTestAssetError
+    from tito_core.tool_parsers.hermes import HermesToolParser
+    from tito_transformers import TransformersBackend
+    from tito_transformers.models import build_smollm2
+    from tito_transformers.templates import smollm2_tools
+
+    try:
+        model_dir = build_smollm2()
+    except MissingTestAssetError as exc:
+        pytest.skip(str(exc))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    tools = [
+        {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": schema}}
+    ]
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 17 plus 25? Use the add tool."}],
+        tools=tools,
+        chat_template=smollm2_tools(),
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    ids = tokenizer.encode(text)
+    grammar = (
+        'root ::= "<tool_call>\\n{\\"name\\": \\"add\\", \\"arguments\\": " args "}\\n</tool_call>"\n'
+        'args ::= "{\\"a\\": " int ", \\"b\\": " int "}"\n'
+        'int ::= "-"? [0-9]+\n'
+    )
+    backend = TransformersBackend(model_dir, num_threads=1)
+    try:
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=60)
+        result = await backend.generate(
+            GenerateRequest(rid=uuid.uuid4().hex, input_ids=ids, prefix_len=0, sampling=sampling, grammar=grammar)
+        )
+        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        assert result.finish_reason == "stop" and result.output_ids[-1] == im_end == result.matched_stop
+        parsed = HermesToolParser().parse(tokenizer.decode(result.output_ids[:-1]))
+        assert [(call.name, call.input, call.error) for call in parsed.calls] == [("add", {"a": 17, "b": 25}, None)]
+        # the recorded logprobs are the constrained distribution's: never below a re-scoring without the grammar
+        logprobs = result.output_logprobs
+        assert logprobs is not None and len(logprobs) == len(result.output_ids)
+        rescore = await backend.generate(
+            GenerateRequest(
+                rid=uuid.uuid4().hex,
+                input_ids=[*ids, *result.output_ids],
+                prefix_len=len(ids),
+                sampling=SamplingParams(max_new_tokens=0),
+                return_prompt_logprobs=True,
+            )
+        )
+        raw = rescore.prompt_logprobs
+        assert raw is not None and len(raw) == len(logprobs)
+        assert all(r is not None and c >= r - 1e-3 for c, r in zip(logprobs, raw, strict=True))
+    finally:
+        await backend.aclose()

@@ -80,6 +80,29 @@ class BackendTimeoutError(BackendError):
     """The engine did not answer within the configured time; the request was aborted."""
 
 
+class BackendRequestError(BackendError, ValueError):
+    """The backend refused a request as invalid before generating anything (e.g. a grammar that does not compile).
+
+    Attributes:
+        field: The request field at fault (``"grammar"``, ``"sampling.extra.regex"``, ...), when one is.
+        value: The offending value (or a short excerpt of it), when there is one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        value: object = None,
+        status: int | None = None,
+        body: str | None = None,
+        backend: str | None = None,
+    ) -> None:
+        self.field = field
+        self.value = value
+        super().__init__(message, status=status, body=body, backend=backend)
+
+
 class BackendResponseError(BackendError):
     """The engine answered, but the answer is malformed or inconsistent (e.g. logprobs misaligned).
 

@@ -14,6 +14,7 @@ import collections
 import contextlib
 import math
 import os
+import re
 import secrets
 import threading
 import time
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from tito_core.backend import Backend, FinishReason, GenerateRequest, GenerateResult, SamplingParams
-from tito_core.errors import BackendError, ContextLengthError
+from tito_core.errors import BackendError, BackendRequestError, ContextLengthError
 
 if TYPE_CHECKING:
     import torch
@@ -33,12 +34,14 @@ LogprobsMode = Literal["raw", "processed"]
 
 _DTYPES = ("bfloat16", "float16", "float32")
 _PROMPT_LOGPROB_CHUNK = 256  # positions whose log-softmax is taken at once (bounds the float32 copy)
+_XGRAMMAR_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")  # "[11:05:54] /project/cpp/grammar_parser.cc:820: "
 
 
 class _Job:
     """One request as the worker sees it; fields after ``future`` are written by the worker thread only."""
 
     __slots__ = (
+        "bitmask",
         "cancelled",
         "future",
         "generator",
@@ -46,6 +49,7 @@ class _Job:
         "input_ids",
         "logprobs",
         "loop",
+        "matcher",
         "max_new",
         "output_ids",
         "position",
@@ -74,6 +78,8 @@ class _Job:
         self.stop_ids: frozenset[int] = frozenset()
         self.stop_strings: tuple[str, ...] = ()
         self.generator: torch.Generator | None = None
+        self.matcher: Any = None  # xgrammar.GrammarMatcher of a constrained request (set before it is queued)
+        self.bitmask: torch.Tensor | None = None  # its next-token mask, one bit per vocabulary id
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self.prompt_logprobs: list[float | None] | None = None
@@ -94,11 +100,26 @@ class TransformersBackend(Backend):
 
     Logprobs: by default (``logprobs_mode="raw"``) output logprobs are ``log_softmax`` of the model's logits,
     before temperature, top-k and top-p -- vLLM's default (``raw_logprobs``), and the same numbers as prompt
-    logprobs when the ids are scored again. ``logprobs_mode="processed"`` reports the distribution the
-    token was actually sampled from (after temperature and the top-k/top-p filters, renormalised), like
-    vLLM's ``processed_logprobs``; greedy requests are not temperature-scaled then either. Prompt logprobs
-    (``return_prompt_logprobs``) are always raw: one per ``input_ids[prefix_len:]``, None for position 0.
+    logprobs when the ids are scored again (not under a grammar: both modes are then post-constraint, see
+    below). ``logprobs_mode="processed"`` reports the distribution the token was actually sampled from (after
+    temperature and the top-k/top-p filters, renormalised), like vLLM's ``processed_logprobs``; greedy requests
+    are not temperature-scaled then either. Prompt logprobs (``return_prompt_logprobs``) are always raw and
+    unconstrained: one per ``input_ids[prefix_len:]``, None for position 0.
     Everything is computed in float32 from the model's logits.
+
+    Constrained decoding: a request with :attr:`~tito_core.backend.GenerateRequest.grammar` (EBNF in the
+    xgrammar / GBNF dialect vLLM and SGLang read) or ``sampling.extra["regex"]`` (SGLang's name) decodes under
+    it with `xgrammar <https://github.com/mlc-ai/xgrammar>`_, the engines' default grammar library, each row
+    of a batch under its own constraint (or none). Before sampling, the tokens the grammar forbids get logit
+    -inf; stop tokens are allowed only once the grammar is complete, so generation ends with ``"stop"`` when
+    the grammar is complete and a stop token (EOS, or one of ``stop_token_ids``; the model's EOS even under
+    ``ignore_eos``) is sampled, or with ``"length"`` at ``max_new_tokens``. Under a constraint, output
+    logprobs (both modes) come from the constrained distribution -- the masked logits, renormalised -- as
+    vLLM and SGLang report them; scoring the same ids again without the constraint (as prompt logprobs do)
+    can give very different numbers (up to 12 nats lower measured on the engines). A grammar or regex that does
+    not compile raises :class:`~tito_core.errors.BackendRequestError` before anything is generated. The
+    tokenizer information the masks need is built on the first constrained request (about 0.2 s for a
+    49k vocabulary, 0.8 s for 151k); compiled grammars are cached by text.
 
     Concurrency: requests waiting when the worker is idle are gathered for ``batch_wait_ms`` and decoded
     together; requests arriving later join the running batch at the next step (up to ``max_batch_size``
@@ -120,6 +141,7 @@ class TransformersBackend(Backend):
     """
 
     name: ClassVar[str] = "transformers"
+    supports_grammar: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -175,6 +197,8 @@ class TransformersBackend(Backend):
             self._defaults["temperature"] = 0.0
         self._mergeable = self._plain_dynamic_cache()
         self._tokenizer: Any = None
+        self._compiler: Any = None  # xgrammar.GrammarCompiler, built on the first constrained request
+        self._compiler_lock = threading.Lock()
         self._lock = threading.Condition()
         self._queue: collections.deque[_Job] = collections.deque()
         self._closed = False
@@ -186,7 +210,9 @@ class TransformersBackend(Backend):
         """Queue the request for the worker thread and wait for its result; cancelling stops it."""
         loop = asyncio.get_running_loop()
         job = _Job(request, loop, loop.create_future())
-        self._prepare(job)
+        constraint = self._prepare(job)
+        if constraint is not None:  # compiling may build the tokenizer info (up to a second): off the loop
+            await asyncio.to_thread(self._constrain, job, *constraint)
         with self._lock:
             if self._closed:
                 raise BackendError("the transformers backend is closed", backend=self.name)
@@ -219,7 +245,8 @@ class TransformersBackend(Backend):
 
     # --- request preparation (caller's thread) ------------------------------------------------------
 
-    def _prepare(self, job: _Job) -> None:
+    def _prepare(self, job: _Job) -> tuple[str, str] | None:
+        """Check the request and fill the job's sampling fields; returns its constraint ``(field, text)``, if any."""
         import torch
 
         request, sampling = job.request, job.request.sampling
@@ -230,11 +257,7 @@ class TransformersBackend(Backend):
         bad = [i for i in job.input_ids if not 0 <= i < self._vocab]
         if bad:
             raise ValueError(f"input id {bad[0]} is outside the model's vocabulary (size {self._vocab})")
-        if sampling.extra:
-            raise ValueError(
-                f"the transformers backend does not support sampling extra {sorted(sampling.extra)} "
-                "(constrained decoding and engine-specific options)"
-            )
+        constraint = self._constraint(request)
         room = (self._context - len(job.input_ids)) if self._context else None
         if room is not None and room <= 0:
             raise ContextLengthError(
@@ -266,6 +289,69 @@ class TransformersBackend(Backend):
         if not job.greedy:
             seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
             job.generator = torch.Generator(device=self.device).manual_seed(seed)
+        return constraint
+
+    def _constraint(self, request: GenerateRequest) -> tuple[str, str] | None:
+        """The request's grammar or regex as ``(field, text)``; refuses any other ``sampling.extra``."""
+        extra = request.sampling.extra
+        unknown = sorted(key for key in extra if key != "regex")
+        if unknown:
+            raise ValueError(
+                f"the transformers backend does not support sampling extra {unknown} (it reads only `regex`, "
+                "for regex-constrained decoding; engine-specific options have no meaning here)"
+            )
+        regex = extra.get("regex")
+        if regex is not None and not isinstance(regex, str):
+            raise BackendRequestError(
+                f"`sampling.extra.regex` must be a string, got {type(regex).__name__}",
+                field="sampling.extra.regex",
+                value=regex,
+                backend=self.name,
+            )
+        if regex is not None and request.grammar is not None:
+            raise BackendRequestError(
+                "a request takes a grammar or `sampling.extra.regex`, not both",
+                field="sampling.extra.regex",
+                value=regex,
+                backend=self.name,
+            )
+        if request.grammar is not None:
+            return "grammar", request.grammar
+        return ("sampling.extra.regex", regex) if regex is not None else None
+
+    def _constrain(self, job: _Job, field: str, text: str) -> None:
+        """Compile ``text`` (cached by xgrammar) and give the job a matcher; a bad one raises BackendRequestError."""
+        import xgrammar
+
+        compiler = self._grammar_compiler()
+        try:
+            compiled = (
+                compiler.compile_regex(text) if field == "sampling.extra.regex" else compiler.compile_grammar(text)
+            )
+        except RuntimeError as exc:
+            reason = _XGRAMMAR_PREFIX.sub("", str(exc)).strip()
+            what = "regex" if field == "sampling.extra.regex" else "grammar"
+            raise BackendRequestError(
+                f"invalid {what} (`{field}`): {reason}", field=field, value=text[:200], backend=self.name
+            ) from exc
+        stops = sorted(job.stop_ids) or sorted(self.eos_token_ids)  # under ignore_eos the grammar still ends
+        job.matcher = xgrammar.GrammarMatcher(
+            compiled, override_stop_tokens=stops or None, terminate_without_stop_token=not stops
+        )
+        job.bitmask = xgrammar.allocate_token_bitmask(1, self._vocab)
+
+    def _grammar_compiler(self) -> Any:
+        """The xgrammar compiler for this model's vocabulary, built once (thread-safe)."""
+        with self._compiler_lock:
+            if self._compiler is None:
+                import xgrammar
+
+                self._load_tokenizer()
+                info = xgrammar.TokenizerInfo.from_huggingface(
+                    self._tokenizer, vocab_size=self._vocab, stop_token_ids=sorted(self.eos_token_ids) or None
+                )
+                self._compiler = xgrammar.GrammarCompiler(info)
+            return self._compiler
 
     def _pick(self, sampling: SamplingParams, field: str, default: float) -> float:
         value = getattr(sampling, field)
@@ -280,7 +366,7 @@ class TransformersBackend(Backend):
             try:
                 self._tokenizer = AutoTokenizer.from_pretrained(self.model_path)
             except (OSError, ValueError) as exc:
-                raise ValueError(f"stop strings need the model's tokenizer, which did not load: {exc}") from exc
+                raise ValueError(f"stop strings and grammars need the model's tokenizer, which failed: {exc}") from exc
 
     # --- worker thread ------------------------------------------------------------------------------
 
@@ -476,6 +562,8 @@ class _Batch:
         import torch
 
         logits = logits.float()
+        if job.matcher is not None:  # constrained: forbidden tokens get -inf, in every distribution below
+            logits = _masked(job, logits)
         scaled = logits if job.greedy else logits / job.temperature
         if job.top_k and job.top_k < scaled.numel():
             kth = torch.topk(scaled, job.top_k).values[-1]
@@ -501,8 +589,14 @@ class _Batch:
     def _ended(self, job: _Job) -> bool:
         """Finish ``job`` if its last token ends it (stop id, stop string, token limit); True when finished."""
         token = job.output_ids[-1]
+        if job.matcher is not None and not job.matcher.accept_token(token):
+            # cannot happen while the mask holds; fail this request alone rather than the batch
+            _deliver(job, BackendError(f"token {token} broke the request's grammar", backend=self.backend.name))
+            return True
         if token in job.stop_ids:
             _finish(job, "stop", token)
+        elif job.matcher is not None and job.matcher.is_terminated():  # grammar done: EOS under ignore_eos
+            _finish(job, "stop", token if token in self.backend.eos_token_ids else None)
         elif job.stop_strings and (matched := self._stop_string(job)) is not None:
             _finish(job, "stop", matched)
         elif len(job.output_ids) >= job.max_new:
@@ -545,6 +639,18 @@ def _stack(parts: Sequence[tuple[Any, torch.Tensor]], config: Any) -> tuple[Any,
         values = [pad(cache.layers[index].values, length - m.shape[1], 2) for cache, m in parts]
         layers.append((torch.cat(keys), torch.cat(values)))
     return DynamicCache(layers, config=config), masks
+
+
+def _masked(job: _Job, logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` (float32, one row) with the tokens the job's grammar forbids next set to -inf."""
+    import xgrammar
+
+    assert job.bitmask is not None
+    if not job.matcher.fill_next_token_bitmask(job.bitmask):  # everything allowed
+        return logits
+    rows = logits[None]  # in place: this row of the step's logits (or its float32 copy) is not read again
+    xgrammar.apply_token_bitmask_inplace(rows, job.bitmask.to(logits.device, non_blocking=True))
+    return logits
 
 
 def _token_logprobs(logits: torch.Tensor, targets: Sequence[int]) -> list[float]:
