@@ -54,8 +54,6 @@ def install_core(session: nox.Session, *extra_paths: str) -> None:
 def tests_core(session: nox.Session) -> None:
     """Core unit and property tests, plugin discovery with the example third-party adapter."""
     install_core(session, EXAMPLE)
-    # test-only: an independent matcher of the tool-call grammars (reads the GBNF dialect the engines read)
-    session.install("llguidance==1.9.1")
     session.run("pytest", "tests/core", "tests/plugins", EXAMPLE, *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 

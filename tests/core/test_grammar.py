@@ -1,20 +1,14 @@
-"""Forced tool calls: grammars from tool schemas, tool_choice resolution, and the model wiring.
+"""Forced tool calls: tool_choice resolution and the model wiring (no grammar engine needed).
 
-Grammars are checked with an independent matcher (llguidance, which reads the GBNF dialect; a test-only
-dependency installed by ``nox -s tests_core``) over a byte-level tokenization, so a test fails if a grammar
-admits a wrong call or refuses a right one.
+What the grammars admit is tested against xgrammar, the engines' own grammar library, in
+tests/transformers/test_grammar_syntax.py (it needs torch).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
-import llguidance
-import llguidance.hf
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from pydantic import BaseModel
 from strands import Agent, tool
 from strands.agent.conversation_manager import NullConversationManager
@@ -31,9 +25,7 @@ from tito_core.grammar import (
 from tito_core.testing.scripted import ScriptedBackend
 from tito_core.tool_parsers import (
     HermesToolParser,
-    Llama3JSONToolParser,
     MistralToolParser,
-    QwenXMLToolParser,
 )
 
 from .helpers import hermes_call
@@ -75,23 +67,6 @@ SEARCH: Any = {
 }
 
 
-@pytest.fixture(scope="module")
-def matcher_tokenizer(qwen3_tokenizer: Any) -> Any:
-    return llguidance.hf.from_tokenizer(qwen3_tokenizer)
-
-
-@pytest.fixture
-def accepts(matcher_tokenizer: Any) -> Any:
-    def check(grammar: str, text: str) -> bool:
-        matcher = llguidance.LLMatcher(matcher_tokenizer, llguidance.grammar_from("gbnf", grammar))
-        assert not matcher.is_error(), matcher.get_error()
-        # greedy byte-level pieces: the text itself, not the tokenizer's special tokens for <tool_call>
-        ok = matcher.consume_tokens(matcher_tokenizer.greedy_tokenize(text))
-        return bool(ok) and matcher.is_accepting() and not matcher.is_error()
-
-    return check
-
-
 # -- tool_choice ------------------------------------------------------------------------------------
 
 
@@ -128,106 +103,6 @@ def test_parser_without_grammar_says_so() -> None:
     assert not isinstance(MistralToolParser(), GrammarToolParser)
     with pytest.raises(ToolChoiceError, match="'mistral' tool parser cannot constrain tool calls"):
         tool_call_grammar(MistralToolParser(), [ADD])
-
-
-# -- grammars ---------------------------------------------------------------------------------------
-
-
-def test_hermes_grammar_admits_canonical_calls_only(accepts: Any) -> None:
-    grammar = HermesToolParser().call_grammar([ADD])
-    assert accepts(grammar, hermes_call("add", {"a": 1, "b": -22}))
-    assert accepts(grammar, hermes_call("add", {"a": 1, "b": 2, "note": 'say "hi"\n'}))
-    assert not accepts(grammar, hermes_call("add", {"a": 1}))  # b is required
-    assert not accepts(grammar, hermes_call("add", {"b": 2, "a": 1}))  # schema order
-    assert not accepts(grammar, hermes_call("add", {"a": 1.5, "b": 2}))  # integer
-    assert not accepts(grammar, hermes_call("add", {"a": 1, "b": 2, "c": 3}))  # no extra keys
-    assert not accepts(grammar, hermes_call("add", {"a": 1, "b": 2}, compact=True))  # canonical separators
-    assert not accepts(grammar, hermes_call("sub", {"a": 1, "b": 2}))
-    assert not accepts(grammar, "Sure! " + hermes_call("add", {"a": 1, "b": 2}))
-
-
-def test_grammar_alternatives_and_schema_features(accepts: Any) -> None:
-    grammar = HermesToolParser().call_grammar([ADD, SEARCH])
-    assert accepts(grammar, hermes_call("add", {"a": 0, "b": 0}))
-    full = {"query": "x", "mode": "deep", "limit": None, "tags": ["a", "b"], "filter": {"field": "f", "value": 1e-3}}
-    assert accepts(grammar, hermes_call("search", full))
-    assert accepts(grammar, hermes_call("search", {"query": "x", "limit": 3}))
-    assert accepts(grammar, hermes_call("search", {"query": "x", "tags": []}))
-    assert not accepts(grammar, hermes_call("search", {"query": "x", "mode": "slow"}))  # enum
-    assert not accepts(grammar, hermes_call("search", {"query": "x", "filter": {"field": "f"}}))  # $ref required
-    assert not accepts(grammar, hermes_call("search", {"mode": "fast"}))  # query required
-
-
-def test_optional_only_object(accepts: Any) -> None:
-    spec: Any = {
-        "name": "f",
-        "inputSchema": {"json": {"type": "object", "properties": {"x": {"type": "boolean"}, "y": {}}}},
-    }
-    grammar = HermesToolParser().call_grammar([spec])
-    for args in ({}, {"x": True}, {"y": [1, {"k": None}]}, {"x": False, "y": "s"}):
-        assert accepts(grammar, hermes_call("f", args)), args
-    assert not accepts(grammar, '<tool_call>\n{"name": "f", "arguments": {, "y": 1}}\n</tool_call>')
-
-
-def test_llama3_grammar(accepts: Any) -> None:
-    grammar = Llama3JSONToolParser().call_grammar([ADD])
-    call = json.dumps({"name": "add", "parameters": {"a": 1, "b": 2}})
-    assert accepts(grammar, call)
-    assert not accepts(grammar, json.dumps({"name": "add", "arguments": {"a": 1, "b": 2}}))
-    parsed = Llama3JSONToolParser().parse(call, [ADD])
-    assert [(c.name, c.input) for c in parsed.calls] == [("add", {"a": 1, "b": 2})]
-
-
-def _qwen_xml(name: str, params: dict[str, str]) -> str:
-    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
-    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
-
-
-def test_qwen_xml_grammar(accepts: Any) -> None:
-    grammar = QwenXMLToolParser().call_grammar([ADD, SEARCH])
-    assert accepts(grammar, _qwen_xml("add", {"a": "1", "b": "2", "note": "a < b, multi\nline"}))
-    assert accepts(grammar, _qwen_xml("search", {"query": "x", "mode": '"fast"', "limit": "null"}))
-    assert not accepts(grammar, _qwen_xml("add", {"a": "one", "b": "2"}))
-    assert not accepts(grammar, _qwen_xml("add", {"a": "1"}))
-    assert not accepts(grammar, _qwen_xml("add", {"a": "1", "b": "2", "note": "</b>"}))
-
-
-names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)
-scalars = st.sampled_from(
-    [
-        ({"type": "integer"}, st.integers()),
-        ({"type": "string"}, st.text(max_size=12)),
-        ({"type": "boolean"}, st.booleans()),
-    ]
-)
-
-
-@st.composite
-def schema_and_arguments(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
-    keys = draw(st.lists(names, min_size=0, max_size=4, unique=True))
-    props, args, required = {}, {}, []
-    for key in keys:
-        schema, values = draw(scalars)
-        props[key] = schema
-        if draw(st.booleans()):
-            required.append(key)
-            args[key] = draw(values)
-        elif draw(st.booleans()):
-            args[key] = draw(values)
-    ordered = {k: args[k] for k in keys if k in args}
-    return {"type": "object", "properties": props, "required": required}, ordered
-
-
-@settings(max_examples=60, deadline=None)
-@given(case=schema_and_arguments())
-def test_grammar_admits_every_valid_call_and_the_parser_reads_it_back(case: Any, matcher_tokenizer: Any) -> None:
-    schema, args = case
-    spec: Any = {"name": "tool", "inputSchema": {"json": schema}}
-    parser = HermesToolParser()
-    text = hermes_call("tool", args)
-    matcher = llguidance.LLMatcher(matcher_tokenizer, llguidance.grammar_from("gbnf", parser.call_grammar([spec])))
-    assert matcher.consume_tokens(matcher_tokenizer.greedy_tokenize(text)) and matcher.is_accepting(), text
-    assert [(c.name, c.input, c.error) for c in parser.parse(text, [spec]).calls] == [("tool", args, None)]
 
 
 # -- the model --------------------------------------------------------------------------------------

@@ -76,8 +76,10 @@ _JSON_RULES = {
     "json_value": "json_object | json_array | json_string | json_number | json_bool | json_null",
     "json_object": '"{" ( json_string ": " json_value ( ", " json_string ": " json_value )* )? "}"',
     "json_array": '"[" ( json_value ( ", " json_value )* )? "]"',
-    "json_string": '"\\"" json_char* "\\""',
-    "json_char": '[^"\\\\\\x00-\\x1f] | "\\\\" ( ["\\\\/bfnrt] | "u" json_hex json_hex json_hex json_hex )',
+    # right-recursive: xgrammar computes masks inside a string ~2000x faster than for `"\"" char* "\""`
+    "json_string": '"\\"" json_chars',
+    "json_chars": '"\\"" | [^"\\\\\\x00-\\x1f] json_chars | "\\\\" json_escape json_chars',
+    "json_escape": '["\\\\/bfnrt] | "u" json_hex json_hex json_hex json_hex',
     "json_hex": "[0-9a-fA-F]",
     "json_integer": '"-"? ( "0" | [1-9] [0-9]* )',
     "json_number": 'json_integer ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?',
@@ -88,8 +90,9 @@ _USES = {
     "json_value": ("json_object", "json_array", "json_string", "json_number", "json_bool", "json_null"),
     "json_object": ("json_string", "json_value"),
     "json_array": ("json_value",),
-    "json_string": ("json_char",),
-    "json_char": ("json_hex",),
+    "json_string": ("json_chars",),
+    "json_chars": ("json_escape",),
+    "json_escape": ("json_hex",),
     "json_number": ("json_integer",),
 }
 _SCALARS = {

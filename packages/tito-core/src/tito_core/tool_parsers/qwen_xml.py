@@ -13,6 +13,7 @@ Format (one newline around each value, added by the chat template)::
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -127,12 +128,25 @@ def _convert(value: str, json_type: str) -> Any:
     raise ValueError("")
 
 
-def _is_text(schema: Any) -> bool:
-    """Whether the parser keeps a value of this schema as text (a string, or no usable type)."""
-    if not isinstance(schema, Mapping) or "type" not in schema:
-        return not (isinstance(schema, Mapping) and ({"enum", "const", "anyOf", "oneOf", "$ref"} & schema.keys()))
-    kind = schema["type"]
-    return kind == "string" or (isinstance(kind, list) and "string" in kind)
+def _xml_value(ebnf: Ebnf, schema: Any, hint: str, document: Mapping[str, Any]) -> str:
+    """EBNF for a parameter value as this parser reads it.
+
+    Strings (and enum / const strings) are raw text; other values are the canonical JSON of their schema.
+    """
+    if isinstance(schema, Mapping):
+        choices = (
+            schema["enum"] if isinstance(schema.get("enum"), list) else [schema["const"]] if "const" in schema else None
+        )
+        if choices:
+            return "( " + " | ".join(literal(v if isinstance(v, str) else json.dumps(v)) for v in choices) + " )"
+        options = schema.get("anyOf") or schema.get("oneOf")
+        kind = schema.get("type")
+        texty = kind == "string" or (isinstance(kind, list) and "string" in kind)
+        if isinstance(options, list):
+            texty = texty or any(isinstance(o, Mapping) and o.get("type") == "string" for o in options)
+        if not texty and (kind is not None or options or "$ref" in schema):
+            return schema_rule(ebnf, schema, hint, document=document)
+    return ebnf.shared("xml_text", '( [^<] | "<" [^/] )*')
 
 
 class QwenXMLToolParser(DelimitedToolParser):
@@ -170,10 +184,7 @@ class QwenXMLToolParser(DelimitedToolParser):
             required = set(schema.get("required") or ())
             parts = [literal(f"{self.tool_start}\n{_FUNCTION_OPEN}{spec['name']}>\n")]
             for key, sub in props.items() if isinstance(props, Mapping) else ():
-                if _is_text(sub):
-                    value = ebnf.shared("xml_text", '( [^<] | "<" [^/] )*')
-                else:
-                    value = schema_rule(ebnf, sub, f"{spec['name']}_{key}", document=schema)
+                value = _xml_value(ebnf, sub, f"{spec['name']}_{key}", schema)
                 open_tag, close_tag = literal(f"{_PARAM_OPEN}{key}>\n"), literal(f"\n{_PARAM_CLOSE}\n")
                 param = f"{open_tag} {value} {close_tag}"
                 parts.append(param if key in required else f"( {param} )?")
