@@ -1,0 +1,44 @@
+"""The rollout runner: a dataset of tasks -> groups of rollouts -> rewards -> a resumable rollout file.
+
+:func:`rollout` (blocking) and :func:`arollout` (async) are the entry points; ``tito rollout`` is a thin
+command line over them. Modules, one job each: :mod:`.dataset` (tasks), :mod:`.worker` (one rollout),
+:mod:`.limits` (the loop limiter), :mod:`.rewards`, :mod:`.servers` (routing between inference servers),
+:mod:`.executor` (the seam between the run and where rollouts execute), :mod:`.records` (the file format),
+:mod:`.summary` and :mod:`.progress` (reporting).
+"""
+
+from __future__ import annotations
+
+from .dataset import Task, load_tasks
+from .executor import Executor, LocalExecutor, WorkItem
+from .progress import JsonReporter, QuietReporter, Reporter, RichReporter
+from .records import RolloutRecord, Timings, TokenCounts, open_writer, read_records
+from .rewards import Sample, group_normalized
+from .run import arollout, rollout
+from .servers import ServerPool
+from .summary import RunSummary
+from .worker import RolloutWorker
+
+__all__ = [
+    "Executor",
+    "JsonReporter",
+    "LocalExecutor",
+    "QuietReporter",
+    "Reporter",
+    "RichReporter",
+    "RolloutRecord",
+    "RolloutWorker",
+    "RunSummary",
+    "Sample",
+    "ServerPool",
+    "Task",
+    "Timings",
+    "TokenCounts",
+    "WorkItem",
+    "arollout",
+    "group_normalized",
+    "load_tasks",
+    "open_writer",
+    "read_records",
+    "rollout",
+]
