@@ -50,9 +50,19 @@ def install_core(session: nox.Session, *extra_paths: str) -> None:
 
 @nox.session(python=PYTHON, tags=["tests"])
 def tests_core(session: nox.Session) -> None:
-    """Core unit and property tests, plugin discovery with the example third-party adapter."""
-    install_core(session, EXAMPLE)
-    session.run("pytest", "tests/core", "tests/plugins", EXAMPLE, *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+    """Core unit and property tests, the rollout runner (with Parquet, and the SGLang adapter against local fake
+    servers), plugin discovery with the example third-party adapter."""
+    install_core(session, EXAMPLE, ADAPTERS["sglang"])
+    session.install("-e", f"{CORE}[parquet]")
+    session.run(
+        "pytest",
+        "tests/core",
+        "tests/runner",
+        "tests/plugins",
+        EXAMPLE,
+        *session.posargs,
+        env={"HYPOTHESIS_PROFILE": "ci"},
+    )
 
 
 @nox.session(python=PYTHON, tags=["tests"])

@@ -123,4 +123,3 @@ def _parquet_rows(source: Path) -> Iterator[Any]:
     except Exception as exc:  # pyarrow raises several unrelated types for unreadable files
         raise DatasetError(f"{source}: cannot read the Parquet dataset: {exc}") from exc
     yield from table.to_pylist()
-

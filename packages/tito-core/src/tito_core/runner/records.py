@@ -18,6 +18,7 @@ import abc
 import logging
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -203,7 +204,7 @@ class ParquetWriter(RecordWriter):
         self._done = self._scan()
         self._buffer: list[RolloutRecord] = []
         self._parts = 0
-        self._run = time.strftime("%Y%m%dT%H%M%S") + f"-{os.getpid()}"
+        self._run = time.strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8]  # unique: runs never overwrite parts
 
     def _scan(self) -> set[Key]:
         keys: set[Key] = set()
