@@ -113,7 +113,7 @@ def test_a_raising_reward_marks_only_its_rollout(tmp_path: Path) -> None:
     rollout(cfg, tasks(3), tmp_path / "out.jsonl")
     records = {r.task_id: r for r in read_records(tmp_path / "out.jsonl")}
     assert records["t1"].status == "failed" and records["t1"].reward is None
-    assert "reward function raised ZeroDivisionError: boom" == records["t1"].status_reason
+    assert records["t1"].status_reason == "reward function raised ZeroDivisionError: boom"
     assert records["t1"].trajectory.status == "completed"  # the rollout itself was fine
     assert [records[t].reward for t in ("t0", "t2")] == [1.0, 1.0]
 
@@ -251,9 +251,9 @@ def test_config_errors_come_before_any_work(tmp_path: Path) -> None:
     toml.write_text('backend = "scripted"\n[rollout]\ngroup_sise = 4\n')
     with pytest.raises(ConfigError, match="group_sise"):
         rollout(toml, tasks(1), tmp_path / "out.jsonl")
-    with pytest.raises(ConfigError, match="`rollout.group_size` must be at least 1"):
+    with pytest.raises(ConfigError, match=r"`rollout\.group_size` must be at least 1"):
         rollout(config(answer_with("4")), tasks(1), tmp_path / "out.jsonl", group_size=0)
-    with pytest.raises(ConfigError, match="cannot import 'no_such_module'"):
+    with pytest.raises(ConfigError, match=r"cannot import 'no_such_module'"):
         rollout(config(answer_with("4"), reward="no_such_module:f"), tasks(1), tmp_path / "out.jsonl")
     missing = config(answer_with("4"))
     missing["tokenizer"] = str(tmp_path / "no-tokenizer")
