@@ -291,6 +291,7 @@ def test_create_model_passes_every_setting(fake_model_module: list[Any], tiny_to
         "context_window_limit": 4096,
         "return_prompt_logprobs": True,
         "return_routed_experts": False,
+        "rollout_id": None,
     }
 
 

@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="show a rollout file's records")
     inspect.add_argument("rollouts", help="the rollout file")
     inspect.add_argument("--id", dest="task_id", help="show the rollouts of this task in full")
+    inspect.add_argument("--tokenizer", help="decode the tokens as text with this tokenizer (else token ids)")
 
     commands.add_parser("demo", help="run the demo rollout (python -m tito_core.demo)", add_help=False)
     return parser
@@ -172,22 +173,31 @@ def _inspect(args: argparse.Namespace) -> int:
         )
     console.print(table)
     if args.task_id is not None:
+        tokenizer = None
+        if args.tokenizer:
+            from .tokenizers import load_tokenizer
+
+            tokenizer = load_tokenizer(args.tokenizer)
         for r in records:
-            _show_segments(console, r)
+            _show_segments(console, r, tokenizer)
     return 0
 
 
-def _show_segments(console: Any, record: Any) -> None:
-    """Token ids per segment, generated ones (loss 1) highlighted."""
+def _show_segments(console: Any, record: Any, tokenizer: Any) -> None:
+    """Each segment as text (or token ids): generated tokens (loss 1) in bold green, the rest dim."""
     from rich.text import Text
 
     traj = record.trajectory
     console.rule(f"{record.task_id} sample {record.sample}: {record.status}")
     for seg in traj.segments:
         ids = traj.token_ids[seg.start : seg.end]
-        shown = " ".join(map(str, ids[:24])) + (" ..." if len(ids) > 24 else "")
+        if tokenizer is not None:
+            shown = tokenizer.decode(ids, skip_special_tokens=False)
+        else:
+            shown = " ".join(map(str, ids[:24])) + (" ..." if len(ids) > 24 else "")
         style = "bold green" if seg.kind == "output" else "dim"
-        console.print(Text(f"turn {seg.turn} {seg.kind:<8} {seg.end - seg.start:>5} tokens  {shown}", style=style))
+        console.print(Text(f"[turn {seg.turn} {seg.kind}, {seg.end - seg.start} tokens]", style="italic"))
+        console.print(Text(shown, style=style))
 
 
 if __name__ == "__main__":

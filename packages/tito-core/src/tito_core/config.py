@@ -273,6 +273,13 @@ def _build(data: dict[str, Any], origin: str, prefix: str) -> TitoConfig:
     for key in data:
         if key not in fields:
             raise ConfigError(f"{origin}: unknown key `{prefix}{key}`{did_you_mean(str(key), fields)}")
+    rollout = data.get("rollout")
+    if isinstance(rollout, Mapping):
+        known = RolloutSettings.__struct_fields__
+        for key in rollout:
+            if key not in known:
+                hint = did_you_mean(str(key), known)
+                raise ConfigError(f"{origin}: unknown key `{prefix}rollout.{key}`{hint}")
     if "backend" not in data:
         raise ConfigError(f"{origin}: missing required key `{prefix}backend` (or set TITO_BACKEND)")
     try:
