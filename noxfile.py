@@ -261,5 +261,6 @@ def bench(session: nox.Session) -> None:
         session.warn("No Python >= 3.12 interpreter here: strands-sglang (which needs one) is NOT measured.")
         args = ["--no-peer", *args]
     session.run("python", "benchmarks/run.py", *args)
+    session.run("python", "benchmarks/rollouts.py")  # the rollout runner at 64 and 512 concurrent rollouts
     if os.environ.get("TITO_BENCH_REAL", "1") != "0":
         session.run("python", "benchmarks/real_engines.py")

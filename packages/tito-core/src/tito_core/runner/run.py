@@ -128,7 +128,7 @@ async def prepare_config(source: ConfigSource, overrides: Mapping[str, Any]) -> 
         if not isinstance(source, Mapping):
             base_dir = Path(source).resolve().parent
         config = load_config(source)
-    config = with_overrides(config, overrides)
+    config = with_overrides(config, overrides)  # first: an override may name the prepare hook itself
     if config.rollout.prepare:
         hook = import_object(config.rollout.prepare, search=base_dir)
         if inspect.iscoroutinefunction(hook):
@@ -139,6 +139,7 @@ async def prepare_config(source: ConfigSource, overrides: Mapping[str, Any]) -> 
             if not isinstance(changes, Mapping):
                 raise ConfigError(f"`rollout.prepare` must return a mapping of config keys or None, not {changes!r}")
             config = with_overrides(config, changes, origin=f"the result of {config.rollout.prepare}")
+            config = with_overrides(config, overrides)  # explicit overrides win over the hook's values
     return config, base_dir
 
 
