@@ -125,3 +125,19 @@ def test_demo_delegates_to_the_demo_module(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr("tito_core.demo.main", fake_main)
     assert main(["demo", "--json", "x.json"]) == 7
     assert seen == [["--json", "x.json"]]
+
+
+def test_ctrl_c_stops_with_130_and_keeps_what_was_written(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(40))
+    out = tmp_path / "out.jsonl"
+    command = [sys.executable, "-m", "tito_core.cli", *_run(tmp_path, "--output", str(out), "--quiet", delay=0.05)]
+    proc = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while (not out.exists() or out.read_bytes().count(b"\n") < 4) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "rerun to resume" in err
+    written = out.read_bytes()
+    assert written.endswith(b"\n")  # a graceful stop leaves no torn line
+    assert 4 <= len(lines(out)) < 80
