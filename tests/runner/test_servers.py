@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from strands import tool
 
 from tito_core import arollout
 from tito_core.backend import Backend, GenerateRequest, GenerateResult
@@ -108,3 +109,36 @@ async def test_leases_wait_while_no_server_is_healthy() -> None:
     only.up = True
     assert await asyncio.wait_for(waiting, 2) == "only"
     await pool.aclose()
+
+
+_STOP: dict[str, Any] = {}
+
+
+async def stop_b_on_the_sixth_call(a: int, b: int) -> int:
+    """The ``add`` tool; its sixth call stops server B (resetting its connections)."""
+    _STOP["calls"] = _STOP.get("calls", 0) + 1
+    if _STOP["calls"] == 6:
+        await _STOP["server"].stop(reset=True)
+    return a + b
+
+
+add_and_stop = tool(name="add")(stop_b_on_the_sixth_call)
+
+
+async def test_a_server_that_dies_mid_run_is_drained(tmp_path: Path) -> None:
+    a, b = [await FaultServer(load_tokenizer(tokenizer_dir())).start() for _ in range(2)]
+    _STOP.clear()
+    _STOP["server"] = b
+    try:
+        cfg = _config([a.url, b.url], concurrency=4, health_interval_s=0.05)
+        cfg["rollout"]["tools"] = ["tests.runner.test_servers:add_and_stop"]
+        summary = await arollout(cfg, tasks(24), tmp_path / "out.jsonl")
+        records = list(read_records(tmp_path / "out.jsonl"))
+        failed = [r for r in records if r.status == "failed"]
+        assert len(records) == 24 and summary.statuses.get("completed", 0) == 24 - len(failed)
+        assert len(failed) <= 4  # only rollouts in flight on B; later ones are routed to A
+        assert all(r.server == b.url and "BackendConnectionError" in (r.status_reason or "") for r in failed)
+        assert summary.servers[a.url] >= 24 - 6  # after the stop, every new rollout went to A
+    finally:
+        await a.aclose()
+        await b.aclose()
