@@ -283,3 +283,11 @@ def test_cli_overrides_replace_config_keys(tmp_path: Path) -> None:
     )
     summary = rollout(toml, tasks(2), tmp_path / "out.jsonl", group_size=3)
     assert summary.written == 6
+
+
+def test_an_output_line_that_is_not_a_record_is_an_error_naming_it(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    rollout(config(answer_with("4")), tasks(2), out)
+    out.write_bytes(out.read_bytes() + b'{"not": "a record"}\n')
+    with pytest.raises(ConfigError, match=r"out.jsonl: line 3 is not a rollout record"):
+        rollout(config(answer_with("4")), tasks(3), out)

@@ -145,26 +145,31 @@ class JsonlWriter(RecordWriter):
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def _scan(self) -> set[Key]:
+        """Keys of the whole lines, read line by line (files can be large); a torn last line is cut off."""
+        keys: set[Key] = set()
         if not self.path.exists():
-            return set()
-        data = self.path.read_bytes()
-        whole = data.rfind(b"\n") + 1
-        if whole < len(data):
+            return keys
+        whole = 0
+        with self.path.open("rb") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.endswith(b"\n"):
+                    break  # only the last line can lack its newline
+                whole += len(line)
+                if not line.strip():
+                    continue
+                try:
+                    view = _KEY.decode(line)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise ConfigError(f"{self.path}: line {number} is not a rollout record: {exc}") from exc
+                keys.add((view.task_id, view.sample))
+        size = self.path.stat().st_size
+        if whole < size:
             logger.warning(
                 "%s: cutting off a torn last line (%d bytes, from an interrupted run); that rollout runs again",
                 self.path,
-                len(data) - whole,
+                size - whole,
             )
             os.truncate(self.path, whole)
-        keys: set[Key] = set()
-        for number, line in enumerate(data[:whole].splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                view = _KEY.decode(line)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise ConfigError(f"{self.path}: line {number} is not a rollout record: {exc}") from exc
-            keys.add((view.task_id, view.sample))
         return keys
 
     def finished(self) -> set[Key]:
