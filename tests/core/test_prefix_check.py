@@ -62,4 +62,4 @@ def test_report_on_mistral_common_backend() -> None:
     path = Path(mistral_common.__file__).parent / "data" / "tekken_240911.json"
     tokenizer = transformers.MistralCommonBackend(tokenizer_path=str(path))
     report = check_prefix_preservation(tokenizer, _SAMPLE, tools=[_SAMPLE_TOOL])
-    assert not report.ok and report.reason
+    assert not report.ok and "mistral-common" in report.reason and "tools block" in report.reason

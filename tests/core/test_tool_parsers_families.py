@@ -21,6 +21,7 @@ from tito_core.plugins import get_tool_parser
 from tito_core.tool_parsers import (
     UNKNOWN_TOOL_NAME,
     DeepSeekV3ToolParser,
+    Gemma4ToolParser,
     GLMToolParser,
     GptOssToolParser,
     KimiK2ToolParser,
@@ -463,7 +464,10 @@ def test_gpt_oss_plain_text_is_content() -> None:
 
 # -- every parser: never raises, never runs a call drafted in reasoning ----------------------------------------
 
-ALL = [Llama3JSONToolParser, MistralToolParser, GLMToolParser, KimiK2ToolParser, DeepSeekV3ToolParser, GptOssToolParser]
+ALL = [
+    Llama3JSONToolParser, MistralToolParser, GLMToolParser, KimiK2ToolParser, DeepSeekV3ToolParser, GptOssToolParser,
+    Gemma4ToolParser,
+]  # fmt: skip
 MARKUP = [
     "<think>", "</think>", "[THINK]", "[/THINK]", "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]",
     "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
@@ -471,6 +475,7 @@ MARKUP = [
     "<|tool_call_argument_begin|>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
     "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "<｜DSML｜function_calls>", "<|channel|>", "<|message|>",
     "<|end|>", "<|call|>", "<|start|>", " to=functions.f", "commentary", "analysis", "{", "}", '"', "f", ":0", "\n",
+    "<|tool_call>", "<tool_call|>", "call:f", '<|"|>', "<|channel>", "<channel|>", "<|tool_response>", "[", "]", ",",
 ]  # fmt: skip
 
 
@@ -489,6 +494,7 @@ DRAFTS = {
     GLMToolParser: ("<think>", "</think>", glm("f", {})),
     KimiK2ToolParser: ("<think>", "</think>", kimi([("f", {})])),
     DeepSeekV3ToolParser: ("<think>", "</think>", deepseek_v31([("f", {})])),
+    Gemma4ToolParser: ("<|channel>", "<channel|>", "<|tool_call>call:f{}<tool_call|>"),
 }
 
 

@@ -5,8 +5,10 @@ family has it, unicode, empty content). For each, :func:`check_prefix_preservati
 tito does (first prompt, each assistant turn as the template writes it when last, boundary + only the
 new messages after a dummy prefix) and as the template renders the whole conversation. Families marked
 ``equal`` must match text for text and token for token (pieces tokenized separately, as tito does, vs
-the whole text tokenized at once). Other families must diverge only in the documented way. Example counts
-per family are printed at the end of the session (``-s`` or the summary).
+the whole text tokenized at once). Other families must diverge only in the documented way; under
+``render_mode="full"`` every family, divergent ones included, must send the reference encoding on every call.
+Example counts per family are printed at the end of the session (``-s`` or the summary). The Mistral rows
+(mistral-common, no template) are in ``test_mistral.py``.
 """
 
 from __future__ import annotations
@@ -22,10 +24,13 @@ from hypothesis import strategies as st
 from strands.types.content import Messages
 from strands.types.tools import ToolSpec
 
-from tito_core.chat import ChatRenderer
+from tito_core.chat import ChatRenderer, first_difference, to_chat_messages, tool_specs_to_chat
+from tito_core.errors import TemplateError
 from tito_core.prefix_check import PrefixReport, check_prefix_preservation
 from tito_core.testing.families import FAMILIES, load_family_tokenizer
 from tito_core.testing.tokenizers import chat_template
+
+from .replay import replay
 
 EXAMPLES = int(os.environ.get("TITO_FIDELITY_EXAMPLES", "30"))
 COUNTS: Counter[str] = Counter()
@@ -43,6 +48,8 @@ EQUAL = {"qwen2.5", "llama3", "deepseek_v3", "kimi_k2"}
 DROPS_REASONING = {"qwen3", "glm"}  # earlier reasoning (or Qwen3's empty think block) is dropped
 NOT_INCREMENTAL = {"gemma4", "gpt_oss"}  # tool results cannot be rendered after tito's dummy prefix
 MAX_CALLS = {"llama3": 1, "gpt_oss": 1}  # their templates refuse parallel calls
+HF_FAMILIES = sorted(EQUAL | DROPS_REASONING | NOT_INCREMENTAL)
+SYSTEM = "Be brief."
 
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=12)
 
@@ -94,7 +101,7 @@ def conversations(draw: st.DrawFn, thinking: bool, max_calls: int = 2) -> Messag
 
 def check(family: str, messages: Messages, **kwargs: Any) -> PrefixReport:
     tokenizer = load_family_tokenizer(family)
-    report = check_prefix_preservation(tokenizer, messages, tools=TOOLS, system_prompt="Be brief.", **kwargs)
+    report = check_prefix_preservation(tokenizer, messages, tools=TOOLS, system_prompt=SYSTEM, **kwargs)
     if report.ok:
         renderer = ChatRenderer(tokenizer, chat_template=kwargs.get("chat_template"))
         pieces = [token for piece in report.incremental_pieces for token in renderer.encode(piece)]
@@ -111,7 +118,7 @@ def has_tool_results(messages: Messages) -> bool:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_separator_after_end_of_turn(family: str) -> None:
     spec = FAMILIES[family]
-    assert ChatRenderer(load_family_tokenizer(family)).turn_tail == (spec.end_of_turn, spec.separator)
+    assert ChatRenderer.shared(load_family_tokenizer(family)).turn_tail == (spec.end_of_turn, spec.separator)
 
 
 def run(family: str) -> Any:
@@ -134,7 +141,7 @@ def run(family: str) -> Any:
     return body
 
 
-@pytest.mark.parametrize("family", sorted(EQUAL | DROPS_REASONING | NOT_INCREMENTAL))
+@pytest.mark.parametrize("family", HF_FAMILIES)
 def test_incremental_matches_reference(family: str) -> None:
     run(family)()
 
@@ -149,5 +156,66 @@ def test_qwen3_divergence_is_covered_by_the_training_template() -> None:
         COUNTS["qwen3 (qwen3_training.jinja)"] += 1
         report = check("qwen3", messages, chat_template=training)
         assert report.ok, report
+
+    body()
+
+
+# ------------------------------------------------------------------------------------- render_mode="full"
+class HFReference:
+    """The family's template on the whole conversation, tokenized at once (what an engine's chat endpoint computes)."""
+
+    def __init__(self, family: str, messages: Messages) -> None:
+        self.tok = load_family_tokenizer(family)
+        self.renderer = ChatRenderer(self.tok)
+        self.messages = messages
+        self.tools = tool_specs_to_chat(TOOLS)
+
+    def chat(self, upto: int) -> list[dict[str, Any]]:
+        return to_chat_messages(self.messages[:upto], system_prompt=SYSTEM)
+
+    def prompt(self, upto: int) -> list[int]:
+        ids = self.tok.apply_chat_template(
+            self.chat(upto), tools=self.tools, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        return list(ids)
+
+    def output(self, i: int) -> list[int]:
+        """Assistant message ``i`` as the model writes it: what the template adds for it when it is last."""
+        before = self.renderer.render(self.chat(i), tools=self.tools, add_generation_prompt=True)
+        after = self.renderer.render(self.chat(i + 1), tools=self.tools, add_generation_prompt=False)
+        text = after[first_difference(before, after) :] if not after.startswith(before) else after[len(before) :]
+        boundary = self.renderer.turn_tail[1]
+        if boundary and text.endswith(boundary):
+            text = text[: -len(boundary)]
+        return self.renderer.encode(text)
+
+
+@pytest.mark.parametrize("family", HF_FAMILIES)
+def test_full_render_sends_the_reference_encoding(family: str) -> None:
+    """render_mode='full': every request is the template's render of the conversation so far, tokenized at once.
+
+    This covers the divergent families (Qwen3, GLM, Gemma 4, gpt-oss): the rollout forks where the re-render
+    differs from what the model saw, and the engine gets the reference encoding.
+    """
+    thinking = bool(FAMILIES[family].thinking)
+    parser = FAMILIES[family].parser
+
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(conversations(thinking, MAX_CALLS.get(family, 2)))
+    def body(messages: Messages) -> None:
+        ref = HFReference(family, messages)
+        try:
+            outputs = {i: ref.output(i) for i, m in enumerate(messages) if m["role"] == "assistant"}
+        except TemplateError:  # a turn the template refuses to render (gpt-oss: reasoning + text + calls)
+            COUNTS[f"{family} (render_mode='full') refused by the template"] += 1
+            return
+        COUNTS[f"{family} (render_mode='full')"] += 1
+        sent, traj, history = replay(
+            ref.tok, messages, outputs.__getitem__, parser=parser, tools=TOOLS, system=SYSTEM, render_mode="full"
+        )
+        held = HFReference(family, history)  # the conversation as the agent held it (parsed turns)
+        for request, i in zip(sent, outputs, strict=True):
+            assert request == held.prompt(i), f"{family}: call before message {i}"
+        COUNTS[f"{family} (render_mode='full') forks"] += traj.branch
 
     body()

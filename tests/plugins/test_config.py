@@ -276,6 +276,9 @@ def test_create_model_passes_every_setting(fake_model_module: list[Any], tiny_to
             "chat_template_kwargs": {"enable_thinking": True},
             "context_window_limit": 4096,
             "return_prompt_logprobs": True,
+            "render_mode": "full",
+            "escape_special_text": True,
+            "tool_choice": "any",
         }
     )
     with temporary_plugin(_ParserPlugin(), name="cfgtest"):
@@ -291,6 +294,9 @@ def test_create_model_passes_every_setting(fake_model_module: list[Any], tiny_to
         "context_window_limit": 4096,
         "return_prompt_logprobs": True,
         "return_routed_experts": False,
+        "render_mode": "full",
+        "escape_special_text": True,
+        "tool_choice": "any",
         "rollout_id": None,
     }
 

@@ -90,7 +90,7 @@ def test_builtins_are_registered_when_autoload_is_off() -> None:
     with isolated_plugin_manager(autoload=False):
         assert list(list_backends()) == ["scripted"]
         assert list(list_tool_parsers()) == sorted(
-            ["hermes", "qwen_xml", "llama3_json", "mistral", "glm", "kimi_k2", "deepseek_v3", "gpt_oss"]
+            ["hermes", "qwen_xml", "llama3_json", "mistral", "glm", "kimi_k2", "deepseek_v3", "gpt_oss", "gemma4"]
         )
 
 

@@ -548,3 +548,11 @@ async def test_answer_larger_than_the_limit_is_refused() -> None:
     derived = make_backend(FakeServer())
     limit = derived._answer_limit(request())
     assert limit >= 1024 * 1024
+
+
+async def test_grammar_goes_to_ebnf() -> None:
+    server = FakeServer()
+    backend = make_backend(server)
+    assert backend.supports_grammar
+    await backend.generate(request(grammar='root ::= "a"'))
+    assert server.bodies("/generate")[0]["sampling_params"]["ebnf"] == 'root ::= "a"'

@@ -281,6 +281,18 @@ async def test_generate_passes_extra_into_sampling_params_and_request_fields_bes
     assert "priority" not in params
 
 
+@pytest.mark.parametrize("endpoint", ["generate", "completions"])
+async def test_grammar_goes_to_structured_outputs(endpoint: str) -> None:
+    path = {"generate": "/inference/v1/generate", "completions": "/v1/completions"}[endpoint]
+    fake = FakeVLLM({path: response_of(f"{endpoint}_tokens")})
+    backend = make(fake, endpoint=endpoint)
+    assert backend.supports_grammar
+    await backend.generate(request(grammar='root ::= "a"'))
+    (body,) = fake.bodies(path)
+    where = body["sampling_params"] if endpoint == "generate" else body  # SamplingParams field vs request field
+    assert where["structured_outputs"] == {"grammar": 'root ::= "a"'}
+
+
 async def test_generate_logprob_for_another_token_is_misaligned() -> None:
     recorded = response_of("generate_tokens")
     recorded["choices"][0]["logprobs"]["content"][2]["token_id"] += 1

@@ -27,6 +27,8 @@ import pytest
 from tito_core.backend import GenerateRequest, SamplingParams
 from tito_sglang import SGLangBackend
 
+from ..forced_calls import forced_first_call, forced_structured_output
+
 pytestmark = pytest.mark.integration
 
 IM_END = 151645
@@ -374,3 +376,14 @@ async def test_same_greedy_ids_as_vllm(sglang_backend: SGLangBackend, sglang_mod
     reason = record_and_compare("sglang", sglang_model_dir, prompt, output)
     if reason:
         pytest.skip(reason)
+
+
+@pytest.mark.parametrize("parser", ["hermes", "qwen_xml"])
+async def test_tool_choice_forces_a_call_with_the_parsers_grammar(
+    sglang_backend: SGLangBackend, tokenizer: Any, parser: str
+) -> None:
+    await forced_first_call(sglang_backend, tokenizer, parser=parser, answer_extra={"regex": FINAL_RX})
+
+
+async def test_structured_output_is_forced(sglang_backend: SGLangBackend, tokenizer: Any) -> None:
+    await forced_structured_output(sglang_backend, tokenizer)

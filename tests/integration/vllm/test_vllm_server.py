@@ -20,6 +20,7 @@ from tito_core.backend import Backend, GenerateRequest, GenerateResult, Sampling
 from tito_core.errors import ContextLengthError
 from tito_vllm import VLLMBackend, VLLMChatBackend, vllm_backend
 
+from ..forced_calls import forced_first_call, forced_structured_output
 from .conftest import REPORT
 
 pytestmark = pytest.mark.integration
@@ -146,6 +147,22 @@ async def test_agent_tokens_mode_is_exact(vllm_url: str, qwen3: Any, endpoint: s
     # The engine's stop token is part of each output (never re-added by a template).
     assert all(result.output_ids[-1] in (151645, 151643) for _, result in recorder.calls)
     await recorder.aclose()
+
+
+@pytest.mark.parametrize("parser", ["hermes", "qwen_xml"])
+@pytest.mark.parametrize("endpoint", ["generate", "completions"])
+async def test_tool_choice_forces_a_call_with_the_parsers_grammar(
+    vllm_url: str, qwen3: Any, parser: str, endpoint: str
+) -> None:
+    async with VLLMBackend(vllm_url, endpoint=endpoint) as backend:  # type: ignore[arg-type]
+        await forced_first_call(
+            backend, qwen3, parser=parser, answer_extra={"structured_outputs": {"regex": ANSWER_RX}}
+        )
+
+
+async def test_structured_output_is_forced(vllm_url: str, qwen3: Any) -> None:
+    async with VLLMBackend(vllm_url) as backend:
+        await forced_structured_output(backend, qwen3)
 
 
 async def test_agent_tokens_mode_reproducible(vllm_url: str, qwen3: Any) -> None:

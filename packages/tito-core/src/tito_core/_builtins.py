@@ -63,6 +63,11 @@ def tito_tool_parsers() -> Iterator[ToolParserSpec]:
         "<｜tool▁calls▁begin｜>...<｜tool▁sep｜>{json}... (DeepSeek V3 / V3.1) or DSML invokes (V3.2)",
     )
     yield ToolParserSpec(
+        "gemma4",
+        "tito_core.tool_parsers.gemma4:Gemma4ToolParser",
+        '<|tool_call>call:name{key:<|"|>text<|"|>,n:1}<tool_call|> (Gemma 4)',
+    )
+    yield ToolParserSpec(
         "gpt_oss",
         "tito_core.tool_parsers.gpt_oss:GptOssToolParser",
         "harmony channels: analysis = reasoning, commentary to=functions.name = calls, final = content (gpt-oss)",

@@ -214,7 +214,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
             converting every id again (``msgspec.Raw(request.input_ids_json)``).
         grammar: A grammar the output must follow (constrained decoding, e.g. a forced tool call from
             Strands' ``tool_choice``), or None. EBNF in the dialect of xgrammar and llama.cpp's GBNF
-            (``root ::= "<tool_call>\\n" ...``), which vLLM's ``structured_outputs.grammar`` and SGLang's
+            (``root ::= call ...``), which vLLM's ``structured_outputs.grammar`` and SGLang's
             ``ebnf`` sampling parameter both read. Set only for backends with ``supports_grammar = True``.
     """
 

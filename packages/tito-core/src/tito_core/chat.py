@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import threading
 from array import array
 from collections import OrderedDict
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from strands.types.content import ContentBlock, Message, Messages
 from strands.types.tools import ToolResultContent, ToolSpec
 
-from .errors import TemplateError, UnsupportedContentError
+from .errors import ConfigError, TemplateError, UnsupportedContentError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -212,7 +213,7 @@ OFFLOAD_CHARS = 4_096
 OFFLOAD_TOKENS = 1_024
 """Outputs at least this long are detokenized on a worker thread."""
 _SHARED_RENDERERS = 16
-_shared: OrderedDict[tuple[int, str | None, str], ChatRenderer] = OrderedDict()
+_shared: OrderedDict[tuple[int, str | None, str, bool], ChatRenderer] = OrderedDict()
 _workers: ThreadPoolExecutor | None = None
 _lock = threading.Lock()  # guards _shared and _workers
 
@@ -245,6 +246,9 @@ class ChatRenderer:
         tokenizer: A Hugging Face tokenizer with a chat template.
         chat_template: A template string overriding the tokenizer's own.
         template_kwargs: Extra variables for the template (e.g. ``{"enable_thinking": False}``).
+        escape_special_text: Encode the content of system, user and tool messages as plain text, so that text
+            spelling a control token (``<|im_end|>`` inside a tool result) stays text. By default it becomes the
+            control token, as it does when vLLM / SGLang apply the same template. Needs a fast tokenizer.
     """
 
     def __init__(
@@ -253,13 +257,16 @@ class ChatRenderer:
         *,
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        escape_special_text: bool = False,
     ) -> None:
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise TemplateError("the tokenizer has no chat template; pass chat_template=...")
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.template_kwargs: Mapping[str, Any] = MappingProxyType(dict(template_kwargs or {}))
+        self.escape_special_text = escape_special_text
         self._rust_encode, self._rust_decode = _rust_codec(tokenizer)
+        self._escaper = _SpecialTextEscaper(tokenizer) if escape_special_text else None
 
     @classmethod
     def shared(
@@ -268,24 +275,50 @@ class ChatRenderer:
         *,
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        escape_special_text: bool = False,
     ) -> ChatRenderer:
-        """A renderer shared by every model with the same tokenizer object and template settings.
+        """The renderer for ``tokenizer``, shared by every model with the same tokenizer object and settings.
 
         A renderer learns a few things about its template once (the dummy-prefix text, the end-of-turn
         tokens, whether the Rust shortcut is exact); sharing it spares every new rollout that work. The
-        cache holds the last :data:`_SHARED_RENDERERS` combinations.
+        cache holds the last :data:`_SHARED_RENDERERS` combinations. A mistral-common tokenizer (transformers'
+        ``MistralCommonBackend``) gets a :class:`~tito_core.mistral.MistralCommonRenderer`, which encodes
+        with mistral-common as vLLM and SGLang do for Mistral models.
+
+        Raises:
+            ConfigError: ``chat_template`` given with a mistral-common tokenizer (it has no template).
         """
+        from .mistral import MistralCommonRenderer, is_mistral_common
+
+        make: Callable[[], ChatRenderer]
+        if is_mistral_common(tokenizer):
+            if chat_template is not None:
+                raise ConfigError(
+                    "chat_template= cannot be used with a mistral-common tokenizer (MistralCommonBackend): it "
+                    "encodes conversations with mistral-common, which has no chat template, as vLLM and SGLang "
+                    "do in their mistral tokenizer mode. Drop chat_template= (tito then encodes with "
+                    "mistral-common too), or load the model's Hugging Face tokenizer (tokenizer.json) to render "
+                    "with a template"
+                )
+            make = lambda: MistralCommonRenderer(tokenizer, template_kwargs=template_kwargs)  # noqa: E731
+        else:
+            make = lambda: cls(  # noqa: E731
+                tokenizer,
+                chat_template=chat_template,
+                template_kwargs=template_kwargs,
+                escape_special_text=escape_special_text,
+            )
         try:
             kwargs_key = json.dumps(dict(template_kwargs or {}), sort_keys=True)
         except (TypeError, ValueError):  # unusual template variables: no sharing
-            return cls(tokenizer, chat_template=chat_template, template_kwargs=template_kwargs)
-        key = (id(tokenizer), chat_template, kwargs_key)
+            return make()
+        key = (id(tokenizer), chat_template, kwargs_key, escape_special_text)
         with _lock:
             renderer = _shared.get(key)
             if renderer is not None and renderer.tokenizer is tokenizer:
                 _shared.move_to_end(key)
                 return renderer
-        renderer = cls(tokenizer, chat_template=chat_template, template_kwargs=template_kwargs)
+        renderer = make()
         with _lock:
             _shared[key] = renderer  # the renderer holds the tokenizer, so its id stays unique while cached
             while len(_shared) > _SHARED_RENDERERS:
@@ -381,6 +414,36 @@ class ChatRenderer:
         """The first prompt: the whole conversation plus the generation prompt."""
         return self.render(chat, tools=tools, add_generation_prompt=True)
 
+    async def initial_ids(self, chat: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None) -> list[int]:
+        """Token ids of :meth:`initial_text` (message contents as plain text with ``escape_special_text``)."""
+        return await self._encode_rendered(lambda c: self.initial_text(c, tools), chat)
+
+    async def continuation_ids(self, chat: Sequence[ChatMessage], *, close_turn: bool) -> tuple[list[int], int]:
+        """Token ids of the boundary after the last output, ``chat`` and the generation prompt.
+
+        Returns the ids and how many leading ones are the boundary. ``close_turn``: the output did not end
+        with the end-of-turn token, so the boundary starts with it (the template's way of closing a turn).
+        """
+        eot, boundary = self.turn_tail
+        if close_turn:
+            boundary = eot + boundary
+        ids = await self._encode_rendered(lambda c: boundary + self.continuation_text(c), chat)
+        if not boundary:
+            return ids, 0
+        boundary_ids = self.encode(boundary)
+        return ids, len(boundary_ids) if ids[: len(boundary_ids)] == boundary_ids else 0
+
+    async def _encode_rendered(
+        self, render: Callable[[Sequence[ChatMessage]], str], chat: Sequence[ChatMessage]
+    ) -> list[int]:
+        """Encode ``render(chat)``; with ``escape_special_text``, control-token text in contents stays text."""
+        text = render(chat)
+        if self._escaper is not None:
+            spans = self._escaper.content_spans(text, chat, render)
+            if spans:
+                return self._escaper.encode(text, spans, self.encode)
+        return await self.aencode(text)
+
     def continuation_text(self, chat: Sequence[ChatMessage]) -> str:
         """Text the template adds for ``chat`` (new non-assistant messages) plus the generation prompt.
 
@@ -398,7 +461,7 @@ class ChatRenderer:
             )
         return full[len(prefix) :]
 
-    def tools_move(self, chat: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]]) -> bool:
+    def tools_move(self, chat: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None) -> bool:
         """Whether adding messages like ``chat`` changes the text before them once tools are rendered too.
 
         Some templates place the tools block relative to the *last* user message (Mistral's before it), so
@@ -406,7 +469,7 @@ class ChatRenderer:
         incremental render does, would then silently differ from what the template gives. The answer
         depends on the tools and on the roles of the new messages; it is cached on those.
         """
-        key = (json.dumps(list(tools), sort_keys=True, default=str), tuple(m.get("role", "") for m in chat))
+        key = (json.dumps(list(tools or ()), sort_keys=True, default=str), tuple(m.get("role", "") for m in chat))
         known = self._tools_move.get(key)
         if known is not None:
             return known
@@ -521,3 +584,104 @@ def _rust_codec(
         return encode, decode if same_decode else None
     except Exception:  # an unusual tokenizer object: keep to its public methods
         return None, None
+
+
+class _SpecialTextEscaper:
+    """Encodes rendered text so that control-token text inside message contents stays plain text.
+
+    A fast tokenizer cuts its added tokens (control tokens) out of the text first and encodes the pieces
+    between them on their own. Escaping keeps that, but cuts only at the added tokens the *template*
+    wrote: the pieces, message contents included, are encoded by a copy of the tokenizer that has no added
+    tokens. Ids outside the contents are therefore the same as a plain encode.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None or not getattr(tokenizer, "is_fast", False):
+            raise ConfigError(
+                f"escape_special_text needs a fast (Rust) Hugging Face tokenizer, got {type(tokenizer).__name__}"
+            )
+        from tokenizers import Tokenizer
+
+        spec = json.loads(backend.to_str())
+        added = {str(t["content"]): int(t["id"]) for t in spec.get("added_tokens", [])}
+        spec["added_tokens"] = []
+        self._plain = Tokenizer.from_str(json.dumps(spec))
+        self._ids = added
+        # leftmost, then longest, as the tokenizer matches its added tokens
+        self._pattern = (
+            re.compile("|".join(re.escape(t) for t in sorted(added, key=len, reverse=True))) if added else None
+        )
+        self._checked = False
+
+    def content_spans(
+        self, text: str, chat: Sequence[ChatMessage], render: Callable[[Sequence[ChatMessage]], str]
+    ) -> list[tuple[int, int]]:
+        """Where in ``text`` (``render(chat)``) the non-assistant contents holding control-token text are.
+
+        Found by rendering again with a placeholder for each such content, so the template's own markup is
+        never mistaken for content. Empty when no content holds control-token text.
+
+        Raises:
+            TemplateError: the template does not render such a content verbatim.
+        """
+        pattern = self._pattern
+        if pattern is None:
+            return []
+        contents: dict[str, str] = {}
+        marked: list[ChatMessage] = []
+        for k, message in enumerate(chat):
+            content = message.get("content")
+            if message.get("role") != "assistant" and isinstance(content, str) and pattern.search(content):
+                mark = f"\ue000tito-escape-{k}\ue001"
+                contents[mark] = content
+                message = {**message, "content": mark}
+            marked.append(message)
+        if not contents:
+            return []
+        spans: list[tuple[int, int]] = []
+        rebuilt: list[str] = []
+        at = 0
+        for piece in re.split("(" + "|".join(map(re.escape, contents)) + ")", render(marked)):
+            if piece in contents:
+                piece = contents[piece]
+                spans.append((at, at + len(piece)))
+            rebuilt.append(piece)
+            at += len(piece)
+        if "".join(rebuilt) != text:
+            raise TemplateError(
+                "escape_special_text: the chat template does not render message contents verbatim, so their "
+                "control-token text cannot be told from the template's own"
+            )
+        return spans
+
+    def encode(self, text: str, spans: Sequence[tuple[int, int]], encode: Callable[[str], list[int]]) -> list[int]:
+        """The ids of ``text`` with the added tokens inside ``spans`` encoded as plain text.
+
+        Raises:
+            TemplateError: the tokenizer's added tokens do not behave as plain cut points (the escape would
+                not be exact).
+        """
+        if not self._checked:  # once: with no content excluded, the escape must reproduce the tokenizer exactly
+            if self._cut(text, []) != encode(text):
+                raise TemplateError(
+                    "escape_special_text: this tokenizer's added tokens are not plain cut points (normalized or "
+                    "whitespace-stripping added tokens), so the escape would not be exact"
+                )
+            self._checked = True
+        return self._cut(text, spans)
+
+    def _cut(self, text: str, spans: Sequence[tuple[int, int]]) -> list[int]:
+        assert self._pattern is not None
+        ids: list[int] = []
+        start = 0
+        for match in self._pattern.finditer(text):
+            if any(lo <= match.start() < hi for lo, hi in spans):
+                continue
+            if match.start() > start:
+                ids.extend(self._plain.encode(text[start : match.start()], add_special_tokens=False).ids)
+            ids.append(self._ids[match.group()])
+            start = match.end()
+        if start < len(text):
+            ids.extend(self._plain.encode(text[start:], add_special_tokens=False).ids)
+        return ids

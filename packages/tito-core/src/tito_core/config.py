@@ -31,6 +31,8 @@ import msgspec
 from tito_core._suggest import did_you_mean
 from tito_core.backend import Backend, SamplingParams, sampling_params
 from tito_core.errors import ConfigError
+from tito_core.grammar import tool_choice_option
+from tito_core.recording import RenderMode
 
 if TYPE_CHECKING:
     from tito_core.model import TitoModel
@@ -107,6 +109,12 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         context_window_limit: Context window in tokens; None asks the backend.
         return_prompt_logprobs: Ask the engine for logprobs of prompt tokens.
         return_routed_experts: Ask the engine for MoE routing decisions (routing replay).
+        render_mode: How later prompts are rendered: ``auto``, ``incremental`` or ``full``
+            (:data:`tito_core.recording.RenderMode`).
+        escape_special_text: Encode message content as plain text, so control-token text in a tool result
+            stays text (``TitoModel(escape_special_text=...)``).
+        tool_choice: Strands' ``tool_choice`` for calls whose agent passes none: ``"auto"`` (default),
+            ``"any"`` / ``"required"``, or ``{ tool = { name = "NAME" } }`` (docs/tool-choice.md).
         rollout: Settings of the rollout runner (:class:`RolloutSettings`).
 
     """
@@ -122,6 +130,9 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     context_window_limit: int | None = None
     return_prompt_logprobs: bool = False
     return_routed_experts: bool = False
+    render_mode: RenderMode = "auto"
+    escape_special_text: bool = False
+    tool_choice: str | dict[str, Any] | None = None
     rollout: RolloutSettings = msgspec.field(default_factory=RolloutSettings)
 
     def __post_init__(self) -> None:
@@ -132,6 +143,7 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         if self.context_window_limit is not None and self.context_window_limit <= 0:
             raise ConfigError(f"`context_window_limit` must be positive, got {self.context_window_limit}")
         self.sampling_params()  # check keys, types and ranges now rather than at the first model call
+        tool_choice_option(self.tool_choice)
 
     def sampling_params(self) -> SamplingParams:
         """Return :attr:`sampling` as :class:`~tito_core.backend.SamplingParams`.
@@ -186,6 +198,9 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             context_window_limit=self.context_window_limit,
             return_prompt_logprobs=self.return_prompt_logprobs,
             return_routed_experts=self.return_routed_experts,
+            render_mode=self.render_mode,
+            escape_special_text=self.escape_special_text,
+            tool_choice=self.tool_choice,
             rollout_id=rollout_id,
         )
 

@@ -26,6 +26,7 @@ from strands.types.tools import ToolSpec
 from .backend import Backend, SamplingParams, sampling_params
 from .chat import ChatRenderer
 from .errors import ConfigError, TitoError
+from .grammar import GrammarToolParser, tool_choice_option
 from .recording import CallOptions, CallResult, PrefixPolicy, RenderMode, Rollout
 from .tokenizers import aload_tokenizer, is_tokenizer_cached, load_tokenizer
 from .tool_parsers.base import ToolParser
@@ -71,6 +72,14 @@ class TitoModel(Model):
             to a full render for calls the template cannot render incrementally or that move its tools
             block), ``"incremental"`` or ``"full"`` (render the whole conversation, keep the longest common
             prefix with the trajectory, fork where they differ). See :data:`tito_core.recording.RenderMode`.
+        tool_choice: Strands' ``tool_choice`` for calls whose agent passes none: ``"auto"`` / None (the
+            model decides), ``"any"`` (alias ``"required"``; one call to one of the offered tools) or
+            ``{"tool": {"name": NAME}}``. A forced call is constrained by the tool parser's grammar
+            (:mod:`tito_core.grammar`); change it between calls with ``update_config(tool_choice=...)``.
+        escape_special_text: Encode system, user and tool message content as plain text, so text that spells a
+            control token (``<|im_end|>`` in a tool result) stays text. Off by default: with a chat template
+            such text becomes the control token, as it does in vLLM / SGLang. mistral-common tokenizers always
+            keep it as text, as their engines do.
     """
 
     def __init__(
@@ -90,6 +99,8 @@ class TitoModel(Model):
         rollout_id: str | None = None,
         backend_options: Mapping[str, Any] | None = None,
         render_mode: RenderMode = "auto",
+        tool_choice: Mapping[str, Any] | str | None = None,
+        escape_special_text: bool = False,
     ) -> None:
         from . import plugins
 
@@ -117,7 +128,10 @@ class TitoModel(Model):
             tool_parser = infer_tool_parser(tokenizer, chat_template)
         self.tool_parser: ToolParser = plugins.get_tool_parser(tool_parser)
         self.renderer = ChatRenderer.shared(
-            tokenizer, chat_template=chat_template, template_kwargs=chat_template_kwargs
+            tokenizer,
+            chat_template=chat_template,
+            template_kwargs=chat_template_kwargs,
+            escape_special_text=escape_special_text,
         )
         self._options = self._checked_options(
             sampling=sampling_params(sampling),
@@ -125,6 +139,7 @@ class TitoModel(Model):
             return_logprobs=return_logprobs,
             return_prompt_logprobs=return_prompt_logprobs,
             return_routed_experts=return_routed_experts,
+            tool_choice=tool_choice,
         )
         self._rollout = Rollout(
             backend,
@@ -153,6 +168,8 @@ class TitoModel(Model):
     # ------------------------------------------------------------------------------ configuration
     @staticmethod
     def _checked_options(**values: Any) -> CallOptions:
+        if "tool_choice" in values:
+            values["tool_choice"] = tool_choice_option(values["tool_choice"])
         limit = values.get("context_window_limit")
         if limit is not None and (type(limit) is not int or limit <= 0):
             raise ConfigError(f"context_window_limit must be a positive integer or None, got {limit!r}")
@@ -218,14 +235,24 @@ class TitoModel(Model):
         invocation_state: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> AsyncIterable[StreamEvent]:
-        """Run one model call token-in/token-out and stream its result as Strands events."""
+        """Run one model call token-in/token-out and stream its result as Strands events.
+
+        A ``tool_choice`` that forces a call (``{"any": {}}``, ``{"tool": {"name": ...}}``; the model's
+        ``tool_choice`` option when Strands passes none) constrains decoding to one call in the tool
+        parser's syntax, on backends that support grammars.
+        """
         if self._busy:
             raise TitoError("this TitoModel is already generating: use one TitoModel per agent / rollout")
         self._busy = True
         try:
             self._attach_guard(invocation_state)
             result = await self._rollout.call(
-                messages, tool_specs, system_prompt, self._options, system_prompt_content=system_prompt_content
+                messages,
+                tool_specs,
+                system_prompt,
+                self._options,
+                system_prompt_content=system_prompt_content,
+                tool_choice=tool_choice,
             )
         finally:
             self._busy = False
@@ -241,10 +268,16 @@ class TitoModel(Model):
     async def structured_output(
         self, output_model: type[T], prompt: Messages, system_prompt: str | None = None, **kwargs: Any
     ) -> AsyncGenerator[dict[str, T | Any], None]:
-        """Ask for ``output_model`` as a tool call; the call is recorded in the trajectory like any other."""
+        """Ask for ``output_model`` as a tool call; the call is recorded in the trajectory like any other.
+
+        The call is forced (``tool_choice``) when the backend supports grammars and the tool parser gives
+        one; otherwise the model is asked and a :class:`TitoError` says so when it does not call the tool.
+        """
         from strands.tools.structured_output.structured_output_utils import convert_pydantic_to_tool_spec
 
         spec = convert_pydantic_to_tool_spec(output_model)
+        if self.backend.supports_grammar and isinstance(self.tool_parser, GrammarToolParser):
+            kwargs.setdefault("tool_choice", {"tool": {"name": spec["name"]}})
         found: dict[str, Any] | None = None
         async for event in self.stream(prompt, [spec], system_prompt, **kwargs):
             delta = event.get("contentBlockDelta", {}).get("delta", {})

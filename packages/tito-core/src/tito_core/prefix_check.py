@@ -94,6 +94,18 @@ def check_prefix_preservation(
     """
     if not any(m.get("role") == "assistant" for m in messages):
         raise ValueError("the conversation needs at least one assistant message to check")
+    from .mistral import is_mistral_common
+
+    if is_mistral_common(tokenizer):
+        return PrefixReport(
+            ok=False,
+            reason=(
+                "not a chat template: this is a mistral-common tokenizer, which tito encodes with mistral-common as "
+                "vLLM and SGLang do. Its encoding of a whole conversation is not prefix-preserving when a later user "
+                "message arrives (tokenizer v3 moves the tools block and the system prompt to the last user message, "
+                "v7 the tools block); render_mode='auto' re-encodes those calls (docs/models.md)"
+            ),
+        )
     try:
         return _check(tokenizer, messages, tools, system_prompt, chat_template, chat_template_kwargs)
     except Exception as exc:  # any tokenizer or template: a report, never a traceback

@@ -46,6 +46,7 @@ from .errors import (
     TemplateError,
     TitoError,
 )
+from .grammar import ToolChoiceError, forced_tools, tool_call_grammar
 from .tool_parsers.base import ParsedOutput, ToolCall, ToolParser
 from .trajectory import Status, Trajectory, Turn, Usage
 
@@ -79,6 +80,8 @@ class CallOptions(msgspec.Struct, frozen=True, kw_only=True):
     return_logprobs: bool = True
     return_prompt_logprobs: bool = False
     return_routed_experts: bool = False
+    tool_choice: dict[str, Any] | None = None
+    """Strands' ``tool_choice`` for calls whose agent passes none (``{"any": {}}`` forces a tool call)."""
 
 
 class CallResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -311,6 +314,7 @@ class Rollout:
         self.vocab_size = renderer.vocab_size
         self._engine_limit: int | None = None
         self._engine_limit_known = False
+        self._grammars: dict[tuple[tuple[bytes, ...], int], str] = {}
         self._start(Trajectory(rollout_id))
 
     @property
@@ -344,14 +348,20 @@ class Rollout:
         options: CallOptions,
         *,
         system_prompt_content: Sequence[SystemContentBlock] | None = None,
+        tool_choice: Any = None,
     ) -> CallResult:
         """Run one model call token-in/token-out and record it.
+
+        ``tool_choice`` (Strands' form; ``options.tool_choice`` when None) that forces a call constrains
+        decoding to one call in the tool parser's syntax (:mod:`tito_core.grammar`); the output is recorded
+        verbatim like any other, its logprobs as the engine reports them under the constraint.
 
         Whatever raises out of the call leaves the trajectory with a status and its reason first
         (:func:`exit_status`); a call is recorded whole or not at all.
         """
+        choice = options.tool_choice if tool_choice is None else tool_choice
         try:
-            return await self._call(messages, tool_specs, system_prompt, system_prompt_content, options)
+            return await self._call(messages, tool_specs, system_prompt, system_prompt_content, options, choice)
         except BaseException as exc:
             if not self._traj.closed:
                 self._traj.set_status(*exit_status(exc))
@@ -364,13 +374,15 @@ class Rollout:
         system_prompt: str | None,
         system_prompt_content: Sequence[SystemContentBlock] | None,
         options: CallOptions,
+        tool_choice: Any,
     ) -> CallResult:
+        grammar = self._grammar(tool_specs, tool_choice)
         system = system_text(system_prompt, system_prompt_content)
         tools = tool_specs_to_chat(tool_specs)
         plan = self._sync(messages, system, tools)
         renders = self.backend.renders_prompt
         new_ids, n_boundary = ([], 0) if renders else await self._prompt(plan, messages, system)
-        request = await self._request(messages, system, tools, new_ids, options)
+        request = await self._request(messages, system, tools, new_ids, options, grammar)
         started = time.perf_counter()
         result = await self.backend.generate(request)
         latency_ms = int((time.perf_counter() - started) * 1000)
@@ -387,6 +399,7 @@ class Rollout:
         tools: list[dict[str, Any]] | None,
         new_ids: list[int],
         options: CallOptions,
+        grammar: str | None,
     ) -> GenerateRequest:
         traj = self._traj
         prefix_len = len(traj)
@@ -421,7 +434,24 @@ class Rollout:
             messages=to_chat_messages(messages, system_prompt=system) if renders else None,
             tools=tools if renders else None,
             input_ids_json=ids_json,
+            grammar=grammar,
         )
+
+    def _grammar(self, tool_specs: Sequence[ToolSpec] | None, tool_choice: Any) -> str | None:
+        """The grammar forcing a tool call, or None when ``tool_choice`` forces none."""
+        forced = forced_tools(tool_specs, tool_choice)
+        if forced is None:
+            return None
+        if not self.backend.supports_grammar:
+            raise ToolChoiceError(
+                f"tool_choice {tool_choice!r} forces a tool call, but the {self.backend.name} backend cannot "
+                "constrain decoding (Backend.supports_grammar is False)"
+            )
+        key = (tuple(msgspec.json.encode(spec) for spec in forced), id(self.tool_parser))
+        cached = self._grammars.get(key)
+        if cached is None:
+            cached = self._grammars[key] = tool_call_grammar(self.tool_parser, forced)
+        return cached
 
     async def _context_limit(self) -> int | None:
         """The engine's context window; a failed lookup is logged and asked again on the next call."""
@@ -481,6 +511,7 @@ class Rollout:
             routed_experts=result.routed_experts,
             routed_experts_start=result.routed_experts_start,
             routed_experts_shape=result.routed_experts_shape,
+            constrained=request.grammar is not None,
         )
         prompt_lps = result.prompt_logprobs
         with traj.atomic():
@@ -627,12 +658,12 @@ class Rollout:
             return await self._full_prompt(messages, system)
         roles = tuple(m.get("role", "") for m in plan.chat)
         moves = self._tools_move.get(roles)
-        if moves is None and self._tools and plan.chat:
+        if moves is None and (self._tools or self._system is not None) and plan.chat:
             moves = self._tools_move[roles] = self.renderer.tools_move(plan.chat, self._tools)
         if moves:
             logger.warning(
-                "rollout %s: the chat template moves the tools block when messages are added; rendering the whole "
-                "conversation for this call (render_mode='full' does that for every call)",
+                "rollout %s: the chat template moves the tools block (or the system prompt) when messages are added; "
+                "rendering the whole conversation for this call (render_mode='full' does that for every call)",
                 self._traj.rollout_id,
             )
             return await self._full_prompt(messages, system)
@@ -654,7 +685,7 @@ class Rollout:
         """
         renderer = self.renderer
         chat = to_chat_messages(messages, system_prompt=system)
-        ids = await renderer.aencode(renderer.initial_text(chat, self._tools))
+        ids = await renderer.initial_ids(chat, self._tools)
         traj = self._traj
         have = traj.ids_array()
         at = first_difference(ids, have)
@@ -677,16 +708,15 @@ class Rollout:
         """Token ids of the new prompt, and how many of them (leading) are boundary tokens."""
         renderer = self.renderer
         if plan.initial:
-            return await renderer.aencode(renderer.initial_text(plan.chat, self._tools)), 0
+            return await renderer.initial_ids(plan.chat, self._tools), 0
         last_output = self._traj.last_segment
         if last_output is None or last_output.kind != "output":
             return [], 0
-        eot, boundary = renderer.turn_tail
         ended = self._traj.tokens(last_output)[-1:]
-        if not (ended and ended[0] in renderer.end_of_turn_ids):
-            boundary = eot + boundary  # the model did not end its turn itself: close it as the template would
-        ids = await renderer.aencode(boundary + renderer.continuation_text(plan.chat))
-        return ids, self._leading_boundary(ids, boundary)
+        # a model that did not end its turn itself gets it closed as the template would
+        return await renderer.continuation_ids(
+            plan.chat, close_turn=not (ended and ended[0] in renderer.end_of_turn_ids)
+        )
 
     def _server_prompt(self, result: GenerateResult) -> tuple[list[int], int]:
         """For prompt-rendering backends: check the server's prompt extends the trajectory; return the new part."""
@@ -713,15 +743,14 @@ class Rollout:
         new = prompt[len(have) :]
         return new, self._leading_boundary(new)
 
-    def _leading_boundary(self, ids: Sequence[int], boundary: str | None = None) -> int:
-        """How many leading ``ids`` are the template's boundary after the last output (``turn_tail``'s, by default).
+    def _leading_boundary(self, ids: Sequence[int]) -> int:
+        """How many leading ``ids`` are the template's boundary after the last output (``turn_tail``'s).
 
         Zero when the trajectory does not end with an output or ``ids`` do not start with the boundary's tokens.
         """
-        if boundary is None:
-            if self._last_kind() != "output":
-                return 0
-            boundary = self.renderer.turn_tail[1]
+        if self._last_kind() != "output":
+            return 0
+        boundary = self.renderer.turn_tail[1]
         if not boundary:
             return 0
         boundary_ids = self.renderer.encode(boundary)

@@ -80,6 +80,8 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         routed_experts: Raw little-endian int32 MoE routing rows for this call, when requested.
         routed_experts_start: Token position of the first routing row.
         routed_experts_shape: ``(layers, top_k)`` of each routing row.
+        constrained: The output was generated under a grammar (a forced tool call): its logprobs are the
+            engine's post-constraint values, not the policy's (see docs/tool-choice.md).
     """
 
     index: int
@@ -96,6 +98,7 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     routed_experts: bytes | None = None
     routed_experts_start: int = 0
     routed_experts_shape: tuple[int, int] | None = None
+    constrained: bool = False
 
     @property
     def output_start(self) -> int:

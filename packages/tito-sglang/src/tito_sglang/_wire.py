@@ -25,15 +25,18 @@ _encoder = msgspec.json.Encoder()
 # -- request ---------------------------------------------------------------------------------------
 
 
-def sampling_params(params: SamplingParams) -> dict[str, Any]:
+def sampling_params(params: SamplingParams, grammar: str | None = None) -> dict[str, Any]:
     """Map engine-neutral sampling parameters onto SGLang's ``sampling_params`` object.
 
     Stop tokens are never trimmed (``no_stop_trim``) and special tokens are never skipped, so the output
-    ids are exactly the generated ids. ``extra`` is merged last and may override anything (e.g.
-    ``regex``, ``json_schema``, ``ebnf``, ``min_p``, penalties).
+    ids are exactly the generated ids. A ``grammar`` goes to ``ebnf`` (SGLang's grammar backend, xgrammar
+    by default). ``extra`` is merged last and may override anything (e.g. ``regex``, ``json_schema``,
+    ``ebnf``, ``min_p``, penalties).
     """
     out: dict[str, Any] = {"no_stop_trim": True, "skip_special_tokens": False}
     out.update(params.engine_fields(seed="sampling_seed"))
+    if grammar is not None:
+        out["ebnf"] = grammar
     out.update(params.extra)
     return out
 
@@ -72,7 +75,7 @@ def encode_generate(request: GenerateRequest) -> bytes:
         "input_ids": (
             msgspec.Raw(request.input_ids_json) if request.input_ids_json is not None else _as_list(request.input_ids)
         ),
-        "sampling_params": sampling_params(request.sampling),
+        "sampling_params": sampling_params(request.sampling, request.grammar),
         "return_logprob": request.return_logprobs or request.return_prompt_logprobs,
         "stream": False,
     }

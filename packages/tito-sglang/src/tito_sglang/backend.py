@@ -45,6 +45,7 @@ class SGLangBackend(HttpBackend):
 
     name: ClassVar[str] = "sglang"
     json_input_ids: ClassVar[bool] = True
+    supports_grammar: ClassVar[bool] = True
     default_base_url: ClassVar[str] = "http://127.0.0.1:30000"
 
     def __init__(

@@ -78,6 +78,7 @@ class _VLLMServer(HttpBackend):
 
     name: ClassVar[str] = "vllm"
     mode: ClassVar[Mode]
+    supports_grammar: ClassVar[bool] = True
     default_base_url: ClassVar[str] = "http://127.0.0.1:8000"
 
     def __init__(
@@ -152,7 +153,11 @@ class _VLLMServer(HttpBackend):
     # -- request building --------------------------------------------------------------------------
 
     def _sampling_fields(self, request: GenerateRequest, *, for_generate: bool) -> dict[str, Any]:
-        """Map the sampling parameters to vLLM's names (the same in every endpoint), ``extra`` last."""
+        """Map the sampling parameters to vLLM's names (the same in every endpoint), ``extra`` last.
+
+        A grammar goes to ``structured_outputs.grammar`` (vLLM's structured-output backend, xgrammar by
+        default): top level on the OpenAI endpoints, inside ``sampling_params`` on ``/inference/v1/generate``.
+        """
         s: SamplingParams = request.sampling
         out: dict[str, Any] = {}
         max_tokens = s.max_new_tokens
@@ -173,6 +178,8 @@ class _VLLMServer(HttpBackend):
         if request.return_routed_experts:
             # Routing rows of the trajectory so far were returned by the previous calls.
             out["routed_experts_prompt_start"] = request.prefix_len
+        if request.grammar is not None:
+            out["structured_outputs"] = {"grammar": request.grammar}
         out.update(s.extra)
         return out
 

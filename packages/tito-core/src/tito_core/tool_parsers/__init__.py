@@ -3,6 +3,7 @@
 from tito_core.tool_parsers._reasoning import ReasoningSplit, split_reasoning
 from tito_core.tool_parsers.base import UNKNOWN_TOOL_NAME, ParsedOutput, ToolCall, ToolParser, new_call_id
 from tito_core.tool_parsers.deepseek_v3 import DeepSeekV3ToolParser
+from tito_core.tool_parsers.gemma4 import Gemma4ToolParser
 from tito_core.tool_parsers.glm import GLMToolParser
 from tito_core.tool_parsers.gpt_oss import GptOssToolParser
 from tito_core.tool_parsers.hermes import HermesToolParser
@@ -16,6 +17,7 @@ __all__ = [
     "UNKNOWN_TOOL_NAME",
     "DeepSeekV3ToolParser",
     "GLMToolParser",
+    "Gemma4ToolParser",
     "GptOssToolParser",
     "HermesToolParser",
     "KimiK2ToolParser",

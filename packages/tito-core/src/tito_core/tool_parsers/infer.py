@@ -18,6 +18,7 @@ INFERENCE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("deepseek_v3", ("<｜tool▁calls▁begin｜>",)),
     ("deepseek_v3", ("｜DSML｜",)),
     ("glm", ("<arg_key>",)),
+    ("gemma4", ("<|tool_call>",)),
     ("qwen_xml", ("<tool_call>", "<function=")),
     ("hermes", ("<tool_call>",)),
     ("mistral", ("[TOOL_CALLS]",)),
@@ -68,7 +69,8 @@ def infer_tool_parser(tokenizer: Any, chat_template: str | None = None) -> str:
     The chat template (``chat_template`` when given, else the tokenizer's) is searched first (the markup it
     renders calls with), then the tokenizer's special tokens: ``<|channel|>`` -> ``gpt_oss``,
     ``<|tool_calls_section_begin|>`` -> ``kimi_k2``,
-    ``<｜tool▁calls▁begin｜>`` or DSML -> ``deepseek_v3``, ``<arg_key>`` -> ``glm``, ``<tool_call>`` with
+    ``<｜tool▁calls▁begin｜>`` or DSML -> ``deepseek_v3``, ``<arg_key>`` -> ``glm``, ``<|tool_call>`` -> ``gemma4``,
+    ``<tool_call>`` with
     ``<function=`` -> ``qwen_xml``, ``<tool_call>`` -> ``hermes``, ``[TOOL_CALLS]`` -> ``mistral``,
     ``<|python_tag|>`` (or an ``ipython`` header with ``"parameters"`` calls) -> ``llama3_json``.
 

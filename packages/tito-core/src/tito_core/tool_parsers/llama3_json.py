@@ -7,10 +7,12 @@ Several calls are accepted one after another, separated by whitespace or ``;``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from strands.types.tools import ToolSpec
 
+from tito_core.grammar import Ebnf, input_schema, literal, one_call_of, schema_rule
 from tito_core.tool_parsers._common import call_from_json_object, decode_call_object, json_end, valid_name
 from tito_core.tool_parsers._reasoning import ThinkAwareParser, skip_whitespace
 from tito_core.tool_parsers.base import (
@@ -45,6 +47,16 @@ class Llama3JSONToolParser(ThinkAwareParser):
     def __init__(self, *, think_start: str = "<think>", think_end: str = "</think>", bare_json: bool = True) -> None:
         super().__init__(think_start=think_start, think_end=think_end, python_tag=PYTHON_TAG)
         self.bare_json = bare_json
+
+    def call_grammar(self, tools: Sequence[ToolSpec]) -> str:
+        """EBNF for one call as the official template writes it: bare ``{"name": ..., "parameters": ...}``."""
+
+        def call(ebnf: Ebnf, spec: ToolSpec) -> str:
+            head = f'{{"name": {json.dumps(spec["name"], ensure_ascii=False)}, "parameters": '
+            args = schema_rule(ebnf, input_schema(spec), f"{spec['name']}_args")
+            return f'{literal(head)} {args} "}}"'
+
+        return one_call_of(tools, call)
 
     def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
         """Split ``text`` into reasoning, content and tool calls."""

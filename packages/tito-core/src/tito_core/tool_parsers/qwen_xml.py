@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 
 from strands.types.tools import ToolSpec
 
+from tito_core.grammar import Ebnf, literal, one_call_of, schema_rule
+from tito_core.grammar import input_schema as spec_input_schema
 from tito_core.tool_parsers._common import input_schemas, schema_typed_arguments, snippet
 from tito_core.tool_parsers._reasoning import DelimitedToolParser, RawCall, index_past, skip_whitespace
 from tito_core.tool_parsers.base import (
@@ -125,6 +127,14 @@ def _convert(value: str, json_type: str) -> Any:
     raise ValueError("")
 
 
+def _is_text(schema: Any) -> bool:
+    """Whether the parser keeps a value of this schema as text (a string, or no usable type)."""
+    if not isinstance(schema, Mapping) or "type" not in schema:
+        return not (isinstance(schema, Mapping) and ({"enum", "const", "anyOf", "oneOf", "$ref"} & schema.keys()))
+    kind = schema["type"]
+    return kind == "string" or (isinstance(kind, list) and "string" in kind)
+
+
 class QwenXMLToolParser(DelimitedToolParser):
     """Strict parser for the Qwen3-Coder / Qwen3.5 XML tool-call format.
 
@@ -146,6 +156,31 @@ class QwenXMLToolParser(DelimitedToolParser):
     """
 
     name = "qwen_xml"
+
+    def call_grammar(self, tools: Sequence[ToolSpec]) -> str:
+        """EBNF for one call in the template's layout (one newline around each value).
+
+        Parameters come in schema order, required ones always written. A string value is any text without
+        ``</``; other values are the canonical JSON of their schema.
+        """
+
+        def call(ebnf: Ebnf, spec: ToolSpec) -> str:
+            schema = spec_input_schema(spec)
+            props = schema.get("properties")
+            required = set(schema.get("required") or ())
+            parts = [literal(f"{self.tool_start}\n{_FUNCTION_OPEN}{spec['name']}>\n")]
+            for key, sub in props.items() if isinstance(props, Mapping) else ():
+                if _is_text(sub):
+                    value = ebnf.shared("xml_text", '( [^<] | "<" [^/] )*')
+                else:
+                    value = schema_rule(ebnf, sub, f"{spec['name']}_{key}", document=schema)
+                open_tag, close_tag = literal(f"{_PARAM_OPEN}{key}>\n"), literal(f"\n{_PARAM_CLOSE}\n")
+                param = f"{open_tag} {value} {close_tag}"
+                parts.append(param if key in required else f"( {param} )?")
+            parts.append(literal(f"{_FUNCTION_CLOSE}\n{self.tool_end}"))
+            return " ".join(parts)
+
+        return one_call_of(tools, call)
 
     def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
         """Split ``text`` into reasoning, content and tool calls typed by the schemas in ``tools``."""
