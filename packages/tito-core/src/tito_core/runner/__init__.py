@@ -1,10 +1,16 @@
 """The rollout runner: a dataset of tasks -> groups of rollouts -> rewards -> a resumable rollout file.
 
 :func:`rollout` (blocking) and :func:`arollout` (async) are the entry points; ``tito rollout`` is a thin
-command line over them. Modules, one job each: :mod:`.dataset` (tasks), :mod:`.worker` (one rollout),
-:mod:`.limits` (the loop limiter), :mod:`.rewards`, :mod:`.servers` (routing between inference servers),
-:mod:`.executor` (the seam between the run and where rollouts execute), :mod:`.records` (the file format),
-:mod:`.summary` and :mod:`.progress` (reporting).
+command line over them. Modules, one job each:
+
+* :mod:`~tito_core.runner.dataset`: tasks;
+* :mod:`~tito_core.runner.worker`: one rollout;
+* :mod:`~tito_core.runner.limits`: the loop limiter;
+* :mod:`~tito_core.runner.rewards`: reward functions;
+* :mod:`~tito_core.runner.servers`: routing between inference servers;
+* :mod:`~tito_core.runner.executor`: the seam between the run and where rollouts execute;
+* :mod:`~tito_core.runner.records`: the file format;
+* :mod:`~tito_core.runner.summary` and :mod:`~tito_core.runner.progress`: reporting.
 """
 
 from __future__ import annotations
