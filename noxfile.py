@@ -52,9 +52,19 @@ def install_core(session: nox.Session, *extra_paths: str) -> None:
 
 @nox.session(python=PYTHON, tags=["tests"])
 def tests_core(session: nox.Session) -> None:
-    """Core unit and property tests, plugin discovery with the example third-party adapter."""
-    install_core(session, EXAMPLE)
-    session.run("pytest", "tests/core", "tests/plugins", EXAMPLE, *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+    """Core unit and property tests, the rollout runner (with Parquet, and the SGLang adapter against local fake
+    servers), plugin discovery with the example third-party adapter."""
+    install_core(session, EXAMPLE, ADAPTERS["sglang"])
+    session.install("-e", f"{CORE}[parquet]")
+    session.run(
+        "pytest",
+        "tests/core",
+        "tests/runner",
+        "tests/plugins",
+        EXAMPLE,
+        *session.posargs,
+        env={"HYPOTHESIS_PROFILE": "ci"},
+    )
 
 
 @nox.session(python=PYTHON, tags=["tests"])
@@ -274,5 +284,6 @@ def bench(session: nox.Session) -> None:
         session.warn("No Python >= 3.12 interpreter here: strands-sglang (which needs one) is NOT measured.")
         args = ["--no-peer", *args]
     session.run("python", "benchmarks/run.py", *args)
+    session.run("python", "benchmarks/rollouts.py")  # the rollout runner at 64 and 512 concurrent rollouts
     if os.environ.get("TITO_BENCH_REAL", "1") != "0":
         session.run("python", "benchmarks/real_engines.py")

@@ -297,6 +297,7 @@ def test_create_model_passes_every_setting(fake_model_module: list[Any], tiny_to
         "render_mode": "full",
         "escape_special_text": True,
         "tool_choice": "any",
+        "rollout_id": None,
     }
 
 

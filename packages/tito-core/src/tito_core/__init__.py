@@ -40,6 +40,9 @@ _EXPORTS = {
     "sampling_params": "tito_core.backend",
     "load_tokenizer": "tito_core.tokenizers",
     "aload_tokenizer": "tito_core.tokenizers",
+    "rollout": "tito_core.runner",
+    "arollout": "tito_core.runner",
+    "RolloutRecord": "tito_core.runner",
 }
 
 __all__ = [
@@ -49,6 +52,7 @@ __all__ = [
     "GenerateResult",
     "ParsedOutput",
     "PrefixReport",
+    "RolloutRecord",
     "SamplingParams",
     "Segment",
     "TitoConfig",
@@ -62,6 +66,7 @@ __all__ = [
     "Turn",
     "Usage",
     "aload_tokenizer",
+    "arollout",
     "check_prefix_preservation",
     "get_backend",
     "get_tool_parser",
@@ -70,6 +75,7 @@ __all__ = [
     "list_tool_parsers",
     "load_config",
     "load_tokenizer",
+    "rollout",
     "sampling_params",
 ]
 
@@ -88,6 +94,7 @@ if TYPE_CHECKING:
         list_tool_parsers,
     )
     from .prefix_check import PrefixReport, check_prefix_preservation
+    from .runner import RolloutRecord, arollout, rollout
     from .tokenizers import aload_tokenizer, load_tokenizer
     from .tool_parsers.base import ParsedOutput, ToolCall, ToolParser
     from .trajectory import Segment, Trajectory, TrajectoryRecord, Turn, Usage

@@ -10,6 +10,10 @@ A config file holds the keys of :class:`TitoConfig` at the top level or in a ``[
     tool_parser = "hermes"
     sampling = { temperature = 1.0, max_new_tokens = 2048 }
 
+The ``[rollout]`` table (or ``[tito.rollout]``) configures the rollout runner (``tito rollout``,
+:func:`tito_core.rollout`): see :class:`RolloutSettings`. ``backend_options.base_url`` may list several
+servers there; the runner routes rollouts between them.
+
 Environment: ``TITO_CONFIG`` is the file :func:`load_config` reads when given no source, and
 ``TITO_BACKEND`` overrides ``backend`` whatever the source.
 """
@@ -33,7 +37,60 @@ from tito_core.recording import RenderMode
 if TYPE_CHECKING:
     from tito_core.model import TitoModel
 
-__all__ = ["TitoConfig", "load_config"]
+__all__ = ["RolloutSettings", "TitoConfig", "load_config", "with_overrides"]
+
+
+class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the rollout runner turns a dataset of tasks into rollouts (the ``[rollout]`` table).
+
+    Callables are given by import path, ``"module:attribute"`` (the config file's directory is importable).
+
+    Attributes:
+        group_size: Rollouts per task (a GRPO group).
+        concurrency: Most rollouts running at once.
+        system_prompt: The agent's system prompt.
+        tools: Import paths of Strands tools (``@tool`` functions), or of modules of them.
+        reward: Import path of ``reward(sample) -> float`` (sync or async), given a
+            :class:`tito_core.runner.Sample`; None leaves rewards empty.
+        group_reward: Import path of ``group_reward(rewards) -> advantages`` (sync or async), called once per
+            finished group with its rewards (None where a rollout has none); e.g.
+            ``"tito_core.runner.rewards:group_normalized"``.
+        prepare: Import path of a callable run once before any work; it returns a mapping of config keys
+            to override (e.g. the path of a model it builds), or None.
+        timeout_s: Wall-clock limit of one rollout; past it the rollout ends ``aborted``.
+        max_model_calls: Model calls allowed per rollout; one more ends it ``truncated``.
+        max_tool_calls: Tool calls allowed per rollout; one more ends it ``truncated``.
+        max_messages: Messages allowed in the conversation before a model call; more end it ``truncated``.
+        health_interval_s: Seconds between health checks of each server.
+        row_group_size: Records per Parquet row group (flushed to disk as each fills).
+    """
+
+    group_size: int = 1
+    concurrency: int = 32
+    system_prompt: str | None = None
+    tools: list[str] = msgspec.field(default_factory=list)
+    reward: str | None = None
+    group_reward: str | None = None
+    prepare: str | None = None
+    timeout_s: float | None = None
+    max_model_calls: int | None = None
+    max_tool_calls: int | None = None
+    max_messages: int | None = None
+    health_interval_s: float = 10.0
+    row_group_size: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "concurrency", "row_group_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"`rollout.{name}` must be at least 1, got {getattr(self, name)}")
+        for name in ("timeout_s", "health_interval_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"`rollout.{name}` must be positive, got {value}")
+        for name in ("max_model_calls", "max_tool_calls", "max_messages"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"`rollout.{name}` must be >= 0, got {value}")
 
 
 class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -58,6 +115,7 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             stays text (``TitoModel(escape_special_text=...)``).
         tool_choice: Strands' ``tool_choice`` for calls whose agent passes none: ``"auto"`` (default),
             ``"any"`` / ``"required"``, or ``{ tool = { name = "NAME" } }`` (docs/tool-choice.md).
+        rollout: Settings of the rollout runner (:class:`RolloutSettings`).
 
     """
 
@@ -75,6 +133,7 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     render_mode: RenderMode = "auto"
     escape_special_text: bool = False
     tool_choice: str | dict[str, Any] | None = None
+    rollout: RolloutSettings = msgspec.field(default_factory=RolloutSettings)
 
     def __post_init__(self) -> None:
         if not self.backend.strip():
@@ -97,9 +156,16 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         """Create the configured backend through the plugin registry."""
         from tito_core.plugins import get_backend
 
+        if isinstance(self.backend_options.get("base_url"), list):
+            raise ConfigError(
+                "`backend_options.base_url` lists several servers: only the rollout runner routes between them;"
+                " give one URL to build a single backend"
+            )
         return get_backend(self.backend, **self.backend_options)
 
-    def create_model(self, backend: Backend | None = None, *, tokenizer: Any = None) -> TitoModel:
+    def create_model(
+        self, backend: Backend | None = None, *, tokenizer: Any = None, rollout_id: str | None = None
+    ) -> TitoModel:
         """Create a :class:`~tito_core.model.TitoModel` from this configuration.
 
         Args:
@@ -107,6 +173,7 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             tokenizer: An already-loaded tokenizer; None loads :attr:`tokenizer` with
                 :func:`~tito_core.tokenizers.load_tokenizer`, so every model built from one config (or
                 from configs naming the same tokenizer) shares one tokenizer object.
+            rollout_id: Id of the model's first rollout (random when None).
 
         Raises:
             ConfigError: No tokenizer is set, or it cannot be loaded (see
@@ -134,6 +201,7 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             render_mode=self.render_mode,
             escape_special_text=self.escape_special_text,
             tool_choice=self.tool_choice,
+            rollout_id=rollout_id,
         )
 
 
@@ -169,6 +237,31 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | None = None
     return _build(data, origin, prefix)
 
 
+def with_overrides(config: TitoConfig, overrides: Mapping[str, Any], *, origin: str = "overrides") -> TitoConfig:
+    """A copy of ``config`` with some keys replaced.
+
+    Keys of :class:`TitoConfig`, or of :class:`RolloutSettings` (which go into the ``rollout`` table). None
+    values are ignored, so unset command-line flags change nothing; ``backend_options`` are merged into the
+    config's own.
+
+    Raises:
+        ConfigError: An unknown key or a bad value, named.
+    """
+    data = msgspec.structs.asdict(config)  # not to_builtins: backend options may hold Python objects
+    data["rollout"] = msgspec.structs.asdict(config.rollout)
+    rollout_keys = RolloutSettings.__struct_fields__
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in rollout_keys and key not in TitoConfig.__struct_fields__:
+            data["rollout"][key] = value
+        elif key == "backend_options" and isinstance(value, Mapping):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return _build(data, origin, "")
+
+
 def _read_toml(path: Path) -> tuple[dict[str, Any], str]:
     """Read a config file; return its tito table and that table's dotted prefix."""
     try:
@@ -195,6 +288,13 @@ def _build(data: dict[str, Any], origin: str, prefix: str) -> TitoConfig:
     for key in data:
         if key not in fields:
             raise ConfigError(f"{origin}: unknown key `{prefix}{key}`{did_you_mean(str(key), fields)}")
+    rollout = data.get("rollout")
+    if isinstance(rollout, Mapping):
+        known = RolloutSettings.__struct_fields__
+        for key in rollout:
+            if key not in known:
+                hint = did_you_mean(str(key), known)
+                raise ConfigError(f"{origin}: unknown key `{prefix}rollout.{key}`{hint}")
     if "backend" not in data:
         raise ConfigError(f"{origin}: missing required key `{prefix}backend` (or set TITO_BACKEND)")
     try:

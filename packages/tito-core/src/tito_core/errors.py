@@ -163,3 +163,11 @@ class PrefixMismatchError(TitoError):
         self.expected = expected
         self.actual = actual
         super().__init__(message)
+
+
+class DatasetError(TitoError, ValueError):
+    """A dataset of tasks cannot be read, or one of its rows is not a task (the message names the row)."""
+
+
+class LoopLimitError(TitoError):
+    """A rollout reached one of its loop limits (model calls, tool calls, messages); it ends ``truncated``."""

@@ -1,0 +1,204 @@
+"""The ``tito`` command: a thin layer over the library.
+
+    tito rollout --config tito.toml --dataset tasks.jsonl --output rollouts.jsonl [--group-size 4 ...]
+    tito export --to slime|verl|trl rollouts.jsonl out.jsonl
+    tito inspect rollouts.jsonl [--id TASK_ID]
+    tito demo
+
+Errors found before any work (a bad config, dataset row, tokenizer or server) print one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import TitoError
+
+__all__ = ["main"]
+
+logger = logging.getLogger("tito")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``tito`` command line; returns the exit status."""
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "demo":
+        from .demo import main as demo_main
+
+        return demo_main(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        if args.command == "rollout":
+            return _rollout(args)
+        if args.command == "export":
+            return _export(args)
+        return _inspect(args)
+    except TitoError as exc:
+        print(f"tito {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tito", description="Token-in/token-out rollouts for Strands agents.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("rollout", help="run a dataset of tasks into a resumable rollout file")
+    run.add_argument("--config", required=True, help="TOML config (model keys and a [rollout] table)")
+    run.add_argument("--dataset", required=True, help="tasks: .jsonl or .parquet rows with id, prompt, answer")
+    run.add_argument("--output", required=True, help="rollout file: .jsonl, or .parquet (a directory of parts)")
+    run.add_argument("--group-size", type=int, help="rollouts per task")
+    run.add_argument("--concurrency", type=int, help="most rollouts at once")
+    run.add_argument("--timeout", type=float, dest="timeout_s", help="seconds per rollout")
+    run.add_argument("--max-model-calls", type=int, help="model calls per rollout")
+    run.add_argument("--max-tool-calls", type=int, help="tool calls per rollout")
+    run.add_argument("--max-messages", type=int, help="messages per rollout")
+    run.add_argument("--system-prompt", help="the agent's system prompt")
+    run.add_argument("--reward", help="reward function, module:attribute")
+    run.add_argument("--backend", help="backend name")
+    run.add_argument("--tokenizer", help="tokenizer directory or name")
+    run.add_argument("--server", action="append", dest="servers", metavar="URL", help="a server base URL (repeat)")
+    output = run.add_mutually_exclusive_group()
+    output.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    output.add_argument("--log-json", action="store_true", help="JSON lines on stderr instead of a progress bar")
+
+    export = commands.add_parser("export", help="convert a rollout file to a trainer's format (JSON lines)")
+    export.add_argument("--to", required=True, choices=["slime", "verl", "trl"], help="the trainer format")
+    export.add_argument("rollouts", help="the rollout file")
+    export.add_argument("out", help="the output file (JSON lines, one rollout each)")
+
+    inspect = commands.add_parser("inspect", help="show a rollout file's records")
+    inspect.add_argument("rollouts", help="the rollout file")
+    inspect.add_argument("--id", dest="task_id", help="show the rollouts of this task in full")
+    inspect.add_argument("--tokenizer", help="decode the tokens as text with this tokenizer (else token ids)")
+
+    commands.add_parser("demo", help="run the demo rollout (python -m tito_core.demo)", add_help=False)
+    return parser
+
+
+def _rollout(args: argparse.Namespace) -> int:
+    from .runner import JsonReporter, QuietReporter, RichReporter, rollout
+    from .runner.progress import Reporter
+
+    reporter: Reporter
+    if args.quiet:
+        reporter = QuietReporter()
+        logging.basicConfig(level=logging.ERROR, format="tito: %(message)s")
+    elif args.log_json:
+        reporter = JsonReporter()
+        handler = logging.StreamHandler()
+        handler.setFormatter(_JsonFormatter())
+        logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    else:
+        from rich.logging import RichHandler
+
+        reporter = RichReporter()
+        logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[RichHandler(show_path=False)])
+    overrides: dict[str, Any] = {
+        "group_size": args.group_size,
+        "concurrency": args.concurrency,
+        "timeout_s": args.timeout_s,
+        "max_model_calls": args.max_model_calls,
+        "max_tool_calls": args.max_tool_calls,
+        "max_messages": args.max_messages,
+        "system_prompt": args.system_prompt,
+        "reward": args.reward,
+        "backend": args.backend,
+        "tokenizer": args.tokenizer,
+        "backend_options": {"base_url": args.servers} if args.servers else None,
+    }
+    try:
+        summary = rollout(args.config, args.dataset, args.output, reporter=reporter, **overrides)
+    except KeyboardInterrupt:
+        print(f"tito rollout: interrupted; finished rollouts are in {args.output}: rerun to resume", file=sys.stderr)
+        return 130
+    return 0 if summary.written == summary.planned else 1
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps({"event": "log", "level": record.levelname.lower(), "message": record.getMessage()})
+
+
+def _export(args: argparse.Namespace) -> int:
+    from . import export
+    from .runner import read_records
+    from .trajectory import Trajectory
+
+    convert = {"slime": export.to_slime, "verl": export.to_verl, "trl": export.to_trl}[args.to]
+    count = 0
+    with open(args.out, "w", encoding="utf-8") as out:
+        for record in read_records(args.rollouts):
+            fields = convert(Trajectory.from_record(record.trajectory))
+            fields.update(task_id=record.task_id, sample=record.sample, group=record.group, reward=record.reward)
+            if record.advantage is not None:
+                fields["advantage"] = record.advantage
+            out.write(json.dumps(fields) + "\n")
+            count += 1
+    print(f"tito export: {count} rollouts as {args.to} -> {args.out}", file=sys.stderr)
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .runner import read_records
+
+    console = Console()
+    records = [r for r in read_records(args.rollouts) if args.task_id is None or r.task_id == args.task_id]
+    if args.task_id is not None and not records:
+        console.print(f"no rollout of task {args.task_id!r} in {args.rollouts}")
+        return 1
+    table = Table(title=f"{args.rollouts}: {len(records)} rollouts")
+    for column in ("task", "sample", "status", "reward", "tokens", "generated", "calls", "branches", "reason"):
+        table.add_column(column)
+    for r in records:
+        table.add_row(
+            r.task_id,
+            str(r.sample),
+            r.status,
+            "-" if r.reward is None else f"{r.reward:.3f}",
+            str(r.tokens.total),
+            str(r.tokens.output),
+            str(r.tokens.model_calls),
+            str(len(r.trajectory.branches) + 1),
+            r.status_reason or "",
+        )
+    console.print(table)
+    if args.task_id is not None:
+        tokenizer = None
+        if args.tokenizer:
+            from .tokenizers import load_tokenizer
+
+            tokenizer = load_tokenizer(args.tokenizer)
+        for r in records:
+            _show_segments(console, r, tokenizer)
+    return 0
+
+
+def _show_segments(console: Any, record: Any, tokenizer: Any) -> None:
+    """Each segment as text (or token ids): generated tokens (loss 1) in bold green, the rest dim."""
+    from rich.text import Text
+
+    traj = record.trajectory
+    console.rule(f"{record.task_id} sample {record.sample}: {record.status}")
+    for seg in traj.segments:
+        ids = traj.token_ids[seg.start : seg.end]
+        if tokenizer is not None:
+            shown = tokenizer.decode(ids, skip_special_tokens=False)
+        else:
+            shown = " ".join(map(str, ids[:24])) + (" ..." if len(ids) > 24 else "")
+        style = "bold green" if seg.kind == "output" else "dim"
+        console.print(Text(f"[turn {seg.turn} {seg.kind}, {seg.end - seg.start} tokens]", style="italic"))
+        console.print(Text(shown, style=style))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""The rollout runner: a dataset of tasks -> groups of rollouts -> rewards -> a resumable rollout file.
+
+:func:`rollout` (blocking) and :func:`arollout` (async) are the entry points; ``tito rollout`` is a thin
+command line over them. Modules, one job each:
+
+* :mod:`~tito_core.runner.dataset`: tasks;
+* :mod:`~tito_core.runner.worker`: one rollout;
+* :mod:`~tito_core.runner.limits`: the loop limiter;
+* :mod:`~tito_core.runner.rewards`: reward functions;
+* :mod:`~tito_core.runner.servers`: routing between inference servers;
+* :mod:`~tito_core.runner.executor`: the seam between the run and where rollouts execute;
+* :mod:`~tito_core.runner.records`: the file format;
+* :mod:`~tito_core.runner.summary` and :mod:`~tito_core.runner.progress`: reporting.
+"""
+
+from __future__ import annotations
+
+from .dataset import Task, load_tasks
+from .executor import Executor, LocalExecutor, WorkItem
+from .progress import JsonReporter, QuietReporter, Reporter, RichReporter
+from .records import RolloutRecord, Timings, TokenCounts, open_writer, read_records
+from .rewards import Sample, group_normalized
+from .run import arollout, rollout
+from .servers import ServerPool
+from .summary import RunSummary
+from .worker import RolloutWorker
+
+__all__ = [
+    "Executor",
+    "JsonReporter",
+    "LocalExecutor",
+    "QuietReporter",
+    "Reporter",
+    "RichReporter",
+    "RolloutRecord",
+    "RolloutWorker",
+    "RunSummary",
+    "Sample",
+    "ServerPool",
+    "Task",
+    "Timings",
+    "TokenCounts",
+    "WorkItem",
+    "arollout",
+    "group_normalized",
+    "load_tasks",
+    "open_writer",
+    "read_records",
+    "rollout",
+]

@@ -1,0 +1,17 @@
+"""Optional dependencies of the runner, imported on first use with an install hint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError
+
+
+def pyarrow() -> tuple[Any, Any]:
+    """``(pyarrow, pyarrow.parquet)``, or a :class:`ConfigError` saying how to install them."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError('Parquet files need pyarrow: pip install "tito-core[parquet]"') from None
+    return pa, pq

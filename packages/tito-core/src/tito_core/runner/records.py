@@ -1,0 +1,295 @@
+"""Rollout records and the append-only files that hold them (JSONL or Parquet), resumable.
+
+One :class:`RolloutRecord` per finished rollout, keyed by ``(task_id, sample)``. A writer opened on an
+existing output reports the keys already there (:meth:`RecordWriter.finished`), so a rerun skips them.
+
+* **JSONL** (``.jsonl``, anything not ``.parquet``): one JSON object per line, each written with one
+  ``write`` call as soon as its rollout finishes. A process killed mid-write can leave a torn last line
+  (no newline): the next open cuts it off (that rollout runs again) and keeps every whole line.
+* **Parquet** (``.parquet``): a directory of part files, one row group each, written to a temporary name and
+  renamed when ``row_group_size`` records have gathered (and on close). A kill loses at most the records not
+  yet flushed; every renamed part is whole. ``pyarrow.parquet.read_table(path)`` reads the directory. The
+  ``trajectory`` column holds the trajectory's JSON (:class:`~tito_core.trajectory.TrajectoryRecord`).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from ..errors import ConfigError
+from ..trajectory import TrajectoryRecord
+from ._optional import pyarrow
+
+__all__ = [
+    "FinalStatus",
+    "JsonlWriter",
+    "ParquetWriter",
+    "RecordWriter",
+    "RolloutRecord",
+    "Timings",
+    "TokenCounts",
+    "open_writer",
+    "read_records",
+]
+
+logger = logging.getLogger("tito.runner")
+
+FinalStatus = Literal["completed", "truncated", "aborted", "failed"]
+Key = tuple[str, int]
+
+
+class Timings(msgspec.Struct, frozen=True, kw_only=True):
+    """When a rollout ran and where its time went (seconds; ``started`` is Unix time)."""
+
+    started: float
+    wall_s: float
+    agent_s: float
+    reward_s: float = 0.0
+
+
+class TokenCounts(msgspec.Struct, frozen=True, kw_only=True):
+    """Token and call counts of a rollout's final branch."""
+
+    total: int
+    output: int
+    prompt: int
+    model_calls: int
+    tool_calls: int
+
+
+class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One finished rollout, as written to the output file.
+
+    Attributes:
+        task_id: The task's id.
+        sample: Index of the rollout within its group (0 to ``group_size - 1``).
+        group: The group id: the task's position in the dataset.
+        status: ``completed``, ``truncated`` (token or loop limit), ``aborted`` (timeout, cancelled) or
+            ``failed`` (an error in the rollout or in its reward function).
+        status_reason: Why, when not ``completed``.
+        reward: The reward function's value; None without one, or when it raised.
+        advantage: The group reward function's value for this rollout (e.g. a group-normalised advantage).
+        server: The inference server the rollout ran on (its base URL), when known.
+        trajectory: The token-level record (ids, logprobs, segments, turns, branches).
+        timings: Wall-clock times.
+        tokens: Token and call counts.
+    """
+
+    task_id: str
+    sample: int
+    group: int
+    status: FinalStatus
+    status_reason: str | None
+    reward: float | None
+    trajectory: TrajectoryRecord
+    timings: Timings
+    tokens: TokenCounts
+    advantage: float | None = None
+    server: str | None = None
+
+    @property
+    def key(self) -> Key:
+        """``(task_id, sample)``: what makes a rollout unique in a file."""
+        return (self.task_id, self.sample)
+
+
+class _KeyView(msgspec.Struct):
+    task_id: str
+    sample: int
+
+
+_ENCODER = msgspec.json.Encoder()
+_RECORD = msgspec.json.Decoder(RolloutRecord)
+_KEY = msgspec.json.Decoder(_KeyView)
+
+
+class RecordWriter(abc.ABC):
+    """An append-only, resumable sink of :class:`RolloutRecord`; the same file format whoever writes it."""
+
+    path: Path
+
+    @abc.abstractmethod
+    def finished(self) -> set[Key]:
+        """Keys of the records already in the output when it was opened (and written since)."""
+
+    @abc.abstractmethod
+    def write(self, record: RolloutRecord) -> None:
+        """Append one record (durable on return for JSONL; at the next row-group flush for Parquet)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Flush what is buffered and release the file."""
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class JsonlWriter(RecordWriter):
+    """Records as JSON lines, one ``write`` each; a torn last line left by a killed run is cut off on open."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._done = self._scan()
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _scan(self) -> set[Key]:
+        """Keys of the whole lines, read line by line (files can be large); a torn last line is cut off."""
+        keys: set[Key] = set()
+        if not self.path.exists():
+            return keys
+        whole = 0
+        with self.path.open("rb") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.endswith(b"\n"):
+                    break  # only the last line can lack its newline
+                whole += len(line)
+                if not line.strip():
+                    continue
+                try:
+                    view = _KEY.decode(line)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise ConfigError(f"{self.path}: line {number} is not a rollout record: {exc}") from exc
+                keys.add((view.task_id, view.sample))
+        size = self.path.stat().st_size
+        if whole < size:
+            logger.warning(
+                "%s: cutting off a torn last line (%d bytes, from an interrupted run); that rollout runs again",
+                self.path,
+                size - whole,
+            )
+            os.truncate(self.path, whole)
+        return keys
+
+    def finished(self) -> set[Key]:
+        """Keys in the file."""
+        return self._done
+
+    def write(self, record: RolloutRecord) -> None:
+        """Append one line, in one ``write``."""
+        if self._fd is None:
+            raise ConfigError(f"{self.path}: the writer is closed")
+        line = memoryview(_ENCODER.encode(record) + b"\n")
+        while line:
+            written = os.write(self._fd, line)
+            line = line[written:]
+        self._done.add(record.key)
+
+    def close(self) -> None:
+        """Sync and close the file."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.fsync(fd)
+            os.close(fd)
+
+
+class ParquetWriter(RecordWriter):
+    """Records as Parquet part files in a directory, one row group each, renamed into place when whole."""
+
+    def __init__(self, path: str | os.PathLike[str], *, row_group_size: int = 256) -> None:
+        self._pa, self._pq = pyarrow()
+        self.path = Path(path)
+        self.row_group_size = row_group_size
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(f"{self.path}: a Parquet output is a directory of part files, and this is a file")
+        self.path.mkdir(parents=True, exist_ok=True)
+        for leftover in self.path.glob("*.tmp"):
+            leftover.unlink()  # a part being written when a run was killed: its records run again
+        self._done = self._scan()
+        self._buffer: list[RolloutRecord] = []
+        self._parts = 0
+        self._run = time.strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8]  # unique: runs never overwrite parts
+
+    def _scan(self) -> set[Key]:
+        keys: set[Key] = set()
+        for part in sorted(self.path.glob("*.parquet")):
+            table = self._pq.read_table(part, columns=["task_id", "sample"])
+            keys.update(zip(table.column("task_id").to_pylist(), table.column("sample").to_pylist(), strict=True))
+        return keys
+
+    def finished(self) -> set[Key]:
+        """Keys in the file."""
+        return self._done
+
+    def write(self, record: RolloutRecord) -> None:
+        """Buffer one record; flush a part file when the row group is full."""
+        self._buffer.append(record)
+        self._done.add(record.key)
+        if len(self._buffer) >= self.row_group_size:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered records as one part file (one row group)."""
+        if not self._buffer:
+            return
+        rows = [_parquet_row(record) for record in self._buffer]
+        table = self._pa.Table.from_pylist(rows, schema=_parquet_schema(self._pa))
+        final = self.path / f"part-{self._run}-{self._parts:05d}.parquet"
+        temporary = final.with_name(final.name + ".tmp")
+        self._pq.write_table(table, temporary, row_group_size=len(rows))
+        os.replace(temporary, final)
+        self._parts += 1
+        self._buffer.clear()
+
+    def close(self) -> None:
+        """Flush the last, partial row group."""
+        self.flush()
+
+
+def open_writer(path: str | os.PathLike[str], *, row_group_size: int = 256) -> RecordWriter:
+    """The writer for ``path``: Parquet for a ``.parquet`` name, JSON lines otherwise."""
+    if Path(path).suffix == ".parquet":
+        return ParquetWriter(path, row_group_size=row_group_size)
+    return JsonlWriter(path)
+
+
+def read_records(path: str | os.PathLike[str]) -> Iterator[RolloutRecord]:
+    """Every record of a rollout file (JSONL, or a Parquet directory / file), in file order."""
+    source = Path(path)
+    if source.suffix == ".parquet":
+        _, pq = pyarrow()
+        for row in pq.read_table(source).to_pylist():
+            row["trajectory"] = msgspec.json.decode(row["trajectory"], type=TrajectoryRecord)
+            yield msgspec.convert(row, RolloutRecord)
+        return
+    with source.open("rb") as fh:
+        for line in fh:
+            if line.endswith(b"\n") and line.strip():
+                yield _RECORD.decode(line)
+
+
+def _parquet_row(record: RolloutRecord) -> dict[str, Any]:
+    row: dict[str, Any] = msgspec.to_builtins(record)
+    row["trajectory"] = _ENCODER.encode(record.trajectory).decode()
+    return row
+
+
+def _parquet_schema(pa: Any) -> Any:
+    timings = pa.struct([(name, pa.float64()) for name in Timings.__struct_fields__])
+    tokens = pa.struct([(name, pa.int64()) for name in TokenCounts.__struct_fields__])
+    return pa.schema(
+        [
+            ("task_id", pa.string()),
+            ("sample", pa.int64()),
+            ("group", pa.int64()),
+            ("status", pa.string()),
+            ("status_reason", pa.string()),
+            ("reward", pa.float64()),
+            ("trajectory", pa.string()),
+            ("timings", timings),
+            ("tokens", tokens),
+            ("advantage", pa.float64()),
+            ("server", pa.string()),
+        ]
+    )

@@ -1,0 +1,68 @@
+"""Reward functions: what they receive, how they are called, and a group-normalised advantage.
+
+A reward function takes a :class:`Sample` and returns a number (or awaits one). A group reward function
+takes the rewards of one finished group (None where a rollout has none) and returns one value per rollout,
+written as ``advantage``. Either may be sync or async; an exception marks only the rollout (or group) at hand.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import statistics
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from strands.types.content import Messages
+
+from ..trajectory import Trajectory
+from .dataset import Task
+from .records import FinalStatus
+
+__all__ = ["GroupRewardFn", "RewardFn", "Sample", "call_maybe_async", "group_normalized"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One finished rollout, as a reward function sees it.
+
+    Attributes:
+        task: The task (prompt, reference ``answer``, metadata).
+        sample: Index of the rollout in its group.
+        text: The agent's final answer text ("" when it produced none).
+        messages: The whole Strands conversation.
+        trajectory: The rollout's trajectory (closed).
+        status: The rollout's status before the reward.
+        status_reason: Why, when not completed.
+    """
+
+    task: Task
+    sample: int
+    text: str
+    messages: Messages
+    trajectory: Trajectory
+    status: FinalStatus
+    status_reason: str | None
+
+
+RewardFn = Callable[[Sample], float | Awaitable[float]]
+GroupRewardFn = Callable[[list[float | None]], Sequence[float | None] | Awaitable[Sequence[float | None]]]
+
+
+async def call_maybe_async(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call ``fn``; await its result when it is awaitable."""
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def group_normalized(rewards: list[float | None]) -> list[float | None]:
+    """GRPO's advantage: ``(r - mean) / (std + 1e-6)`` over the group's rewards (None stays None)."""
+    values = [r for r in rewards if r is not None and math.isfinite(r)]
+    if not values:
+        return [None] * len(rewards)
+    mean = statistics.fmean(values)
+    std = statistics.pstdev(values) if len(values) > 1 else 0.0
+    return [None if r is None else (r - mean) / (std + 1e-6) for r in rewards]

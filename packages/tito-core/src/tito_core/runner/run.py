@@ -1,0 +1,210 @@
+"""The runner: a dataset of tasks times ``group_size`` rollouts, into a resumable rollout file.
+
+Everything that can be wrong is checked before the first rollout: the config (keys, values, import paths),
+every dataset row, the tokenizer, and every server's health. Then each rollout runs on a fresh agent and
+model, and its record is written as soon as it is done (with a group reward function: as soon as its
+group is done). A rerun on the same output skips the rollouts already there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..config import TitoConfig, load_config, with_overrides
+from ..errors import ConfigError, DatasetError
+from .dataset import Task, load_tasks, task_from_row
+from .executor import Executor, LocalExecutor, WorkItem
+from .progress import QuietReporter, Reporter
+from .records import RecordWriter, RolloutRecord, open_writer
+from .rewards import GroupRewardFn, call_maybe_async
+from .summary import RunStats, RunSummary
+from .worker import RolloutWorker, import_object
+
+__all__ = ["arollout", "prepare_config", "rollout"]
+
+ConfigSource = str | os.PathLike[str] | TitoConfig | Mapping[str, Any]
+DatasetSource = str | os.PathLike[str] | Sequence[Task | Mapping[str, Any]]
+
+
+def rollout(
+    config: ConfigSource,
+    dataset: DatasetSource,
+    output: str | os.PathLike[str],
+    *,
+    reporter: Reporter | None = None,
+    executor: Executor | None = None,
+    **overrides: Any,
+) -> RunSummary:
+    """Run every task of ``dataset`` ``group_size`` times and append one record per rollout to ``output``.
+
+    The blocking form of :func:`arollout` (it runs its own event loop); see there for the arguments.
+    """
+    return asyncio.run(arollout(config, dataset, output, reporter=reporter, executor=executor, **overrides))
+
+
+async def arollout(
+    config: ConfigSource,
+    dataset: DatasetSource,
+    output: str | os.PathLike[str],
+    *,
+    reporter: Reporter | None = None,
+    executor: Executor | None = None,
+    **overrides: Any,
+) -> RunSummary:
+    """Run every task of ``dataset`` ``group_size`` times and append one record per rollout to ``output``.
+
+    Args:
+        config: A TOML file, a mapping of config keys, or a :class:`~tito_core.config.TitoConfig`.
+        dataset: A ``.jsonl`` / ``.parquet`` file of tasks, or the tasks (``Task`` objects or rows).
+        output: The rollout file: ``.parquet`` for Parquet, JSON lines otherwise. Existing records are kept
+            and their rollouts skipped.
+        reporter: Progress reporting (default: none; the CLI uses a rich progress bar).
+        executor: Who runs the rollouts (default: :class:`LocalExecutor` at ``rollout.concurrency``).
+        **overrides: Config keys replacing the file's: model keys (``backend``, ``tokenizer``, ``sampling``,
+            ...) or ``[rollout]`` keys (``group_size``, ``concurrency``, ``timeout_s``, ...); None is ignored.
+
+    Returns:
+        What the run did. Cancelled (Ctrl-C), it writes every record finished so far and re-raises.
+
+    Raises:
+        ConfigError: A bad config value or import path, a missing tokenizer.
+        DatasetError: An unreadable dataset or a bad row (the row is named).
+        BackendConnectionError: An inference server does not answer its health check.
+    """
+    resolved, base_dir = await prepare_config(config, overrides)
+    settings = resolved.rollout
+    tasks = _tasks(dataset)
+    worker = await RolloutWorker.create(resolved, base_dir=base_dir)
+    try:
+        writer = open_writer(output, row_group_size=settings.row_group_size)
+    except BaseException:
+        await worker.aclose()
+        raise
+    done = writer.finished()
+    items = [
+        WorkItem(task, sample)
+        for task in tasks
+        for sample in range(settings.group_size)
+        if (task.id, sample) not in done
+    ]
+    skipped = len(tasks) * settings.group_size - len(items)
+    stats = RunStats(str(output), planned=len(items), skipped=skipped)
+    reporter = reporter if reporter is not None else QuietReporter()
+    sink = _Sink(writer, stats, reporter, worker.group_reward, items)
+    runner = executor if executor is not None else LocalExecutor(settings.concurrency)
+    reporter.start(stats)
+    interrupted = True
+    try:
+        worker.pool.start()
+
+        def started() -> None:
+            stats.start()
+            reporter.started(stats)
+
+        await runner.run(items, worker, sink.emit, started)
+        interrupted = False
+    finally:
+        writer.close()
+        await worker.aclose()
+        summary = stats.summary(interrupted=interrupted)
+        reporter.finish(summary)
+    return summary
+
+
+async def prepare_config(source: ConfigSource, overrides: Mapping[str, Any]) -> tuple[TitoConfig, Path | None]:
+    """The config with ``overrides`` applied and its ``prepare`` hook run, and the directory import paths may use."""
+    base_dir: Path | None = None
+    if isinstance(source, TitoConfig):
+        config = source
+    else:
+        if not isinstance(source, Mapping):
+            base_dir = Path(source).resolve().parent
+        config = load_config(source)
+    config = with_overrides(config, overrides)  # first: an override may name the prepare hook itself
+    if config.rollout.prepare:
+        hook = import_object(config.rollout.prepare, search=base_dir)
+        if inspect.iscoroutinefunction(hook):
+            changes = await hook()
+        else:
+            changes = await asyncio.to_thread(hook)  # it may build a model: seconds, off the event loop
+        if changes is not None:
+            if not isinstance(changes, Mapping):
+                raise ConfigError(f"`rollout.prepare` must return a mapping of config keys or None, not {changes!r}")
+            config = with_overrides(config, changes, origin=f"the result of {config.rollout.prepare}")
+            config = with_overrides(config, overrides)  # explicit overrides win over the hook's values
+    return config, base_dir
+
+
+def _tasks(dataset: DatasetSource) -> list[Task]:
+    if isinstance(dataset, (str, os.PathLike)):
+        return load_tasks(dataset)
+    tasks = [
+        item if isinstance(item, Task) else task_from_row(item, index, where="dataset")
+        for index, item in enumerate(dataset)
+    ]
+    if not tasks:
+        raise DatasetError("dataset: no tasks")
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise DatasetError("dataset: task ids repeat")
+    return tasks
+
+
+class _Sink:
+    """Writes records as they come; with a group reward, holds each group until its last rollout is done."""
+
+    def __init__(
+        self,
+        writer: RecordWriter,
+        stats: RunStats,
+        reporter: Reporter,
+        group_reward: GroupRewardFn | None,
+        items: Sequence[WorkItem],
+    ) -> None:
+        self.writer = writer
+        self.stats = stats
+        self.reporter = reporter
+        self.group_reward = group_reward
+        self.expected: dict[str, int] = defaultdict(int)
+        for item in items:
+            self.expected[item.task.id] += 1
+        self.pending: dict[str, list[RolloutRecord]] = defaultdict(list)
+
+    async def emit(self, record: RolloutRecord) -> None:
+        self.stats.in_flight -= 1
+        if self.group_reward is None:
+            self._write(record)
+            return
+        bucket = self.pending[record.task_id]
+        bucket.append(record)
+        if len(bucket) < self.expected[record.task_id]:
+            return
+        del self.pending[record.task_id]
+        bucket.sort(key=lambda r: r.sample)
+        for done in await self._advantages(self.group_reward, bucket):
+            self._write(done)
+
+    @staticmethod
+    async def _advantages(fn: GroupRewardFn, group: list[RolloutRecord]) -> list[RolloutRecord]:
+        try:
+            values = list(await call_maybe_async(fn, [r.reward for r in group]))
+            if len(values) != len(group):
+                raise ValueError(f"returned {len(values)} values for a group of {len(group)}")
+            checked = [None if v is None else float(v) for v in values]
+        except Exception as exc:
+            reason = f"group reward function raised {type(exc).__name__}: {exc}"
+            return [msgspec.structs.replace(r, status="failed", status_reason=reason) for r in group]
+        return [msgspec.structs.replace(r, advantage=v) for r, v in zip(group, checked, strict=True)]
+
+    def _write(self, record: RolloutRecord) -> None:
+        self.writer.write(record)
+        self.stats.add(record, was_in_flight=False)
+        self.reporter.record(record, self.stats)

@@ -1,0 +1,154 @@
+"""Several inference servers behind one backend name: sticky, least-loaded, health-checked routing.
+
+Each rollout leases one server for its whole life (its prefix stays in that server's cache). A new lease
+goes to the healthy server with the fewest rollouts in flight. A server that fails a health check is
+drained (no new leases; rollouts already on it go on or fail on their own) and checked again every
+``interval`` seconds; it takes leases again once it passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from ..backend import Backend
+from ..errors import BackendConnectionError, TitoError
+
+__all__ = ["Server", "ServerPool", "probe"]
+
+logger = logging.getLogger("tito.runner")
+
+
+@runtime_checkable
+class HealthChecked(Protocol):
+    """A backend with its own health check (e.g. SGLang's ``GET /health``)."""
+
+    async def health(self) -> bool: ...
+
+
+async def probe(backend: Backend, timeout: float = 10.0) -> str | None:
+    """Check a backend: None when healthy, else why not.
+
+    Uses the backend's ``health()`` when it has one, else asks its context length (which reaches an HTTP
+    engine, and costs nothing in process).
+    """
+    try:
+        async with asyncio.timeout(timeout):
+            if isinstance(backend, HealthChecked):
+                return None if await backend.health() else "health check failed"
+            await backend.max_context_length()
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except (TitoError, OSError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@dataclass(eq=False)
+class Server:
+    """One inference server: its backend, its load and its health."""
+
+    name: str
+    backend: Backend
+    in_flight: int = 0
+    leased: int = 0
+    healthy: bool = True
+    last_error: str | None = None
+    checked_at: float = field(default=0.0)
+
+
+class ServerPool:
+    """Route rollouts between servers; see the module doc.
+
+    Args:
+        servers: ``(name, backend)`` pairs; the name (a base URL) is what records and summaries show.
+        interval: Seconds between health checks of each server.
+        probe_timeout: Seconds one health check may take.
+    """
+
+    def __init__(self, servers: Sequence[tuple[str, Backend]], *, interval: float = 10.0, probe_timeout: float = 10.0):
+        if not servers:
+            raise TitoError("a server pool needs at least one server")
+        self.servers = [Server(name, backend) for name, backend in servers]
+        self.interval = interval
+        self.probe_timeout = probe_timeout
+        self._changed = asyncio.Condition()
+        self._checker: asyncio.Task[None] | None = None
+
+    async def check_all(self) -> list[Server]:
+        """Check every server now; returns the unhealthy ones."""
+        results = await asyncio.gather(*(probe(s.backend, self.probe_timeout) for s in self.servers))
+        async with self._changed:
+            for server, error in zip(self.servers, results, strict=True):
+                self._set(server, error)
+            self._changed.notify_all()
+        return [s for s in self.servers if not s.healthy]
+
+    async def require_all(self) -> None:
+        """Check every server; raise :class:`BackendConnectionError` naming each one that fails."""
+        bad = await self.check_all()
+        if bad:
+            listing = "; ".join(f"{s.name}: {s.last_error}" for s in bad)
+            raise BackendConnectionError(f"unreachable inference server(s): {listing}")
+
+    def _set(self, server: Server, error: str | None) -> None:
+        server.checked_at = time.monotonic()
+        if error is None and not server.healthy:
+            logger.warning("server %s is healthy again", server.name)
+        elif error is not None and server.healthy:
+            logger.warning("server %s failed its health check (%s): drained until it passes", server.name, error)
+        server.healthy, server.last_error = error is None, error
+
+    def start(self) -> None:
+        """Start the periodic health checks (in this event loop)."""
+        if self._checker is None and len(self.servers) > 1:
+            self._checker = asyncio.get_running_loop().create_task(self._check_forever())
+
+    async def _check_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            await self.check_all()
+
+    async def suspect(self, server: Server) -> None:
+        """A rollout on ``server`` lost its connection: check it now rather than at the next interval."""
+        error = await probe(server.backend, self.probe_timeout)
+        async with self._changed:
+            self._set(server, error)
+            self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[Server]:
+        """Hold the least-loaded healthy server for one rollout (waits while none is healthy)."""
+        async with self._changed:
+            while not any(s.healthy for s in self.servers):
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout=self.interval)
+                except TimeoutError:
+                    await self._recheck_locked()
+            healthy = [s for s in self.servers if s.healthy]
+            server = min(healthy, key=lambda s: (s.in_flight, s.leased))
+            server.in_flight += 1
+            server.leased += 1
+        try:
+            yield server
+        finally:
+            server.in_flight -= 1
+
+    async def _recheck_locked(self) -> None:
+        for server in self.servers:
+            self._set(server, await probe(server.backend, self.probe_timeout))
+
+    async def aclose(self) -> None:
+        """Stop the health checks and close every backend."""
+        if self._checker is not None:
+            self._checker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checker
+            self._checker = None
+        for server in self.servers:
+            await server.backend.aclose()

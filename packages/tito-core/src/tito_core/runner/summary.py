@@ -1,0 +1,142 @@
+"""Run statistics: live counters while rollouts finish, and the frozen summary of a run."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter, defaultdict
+
+import msgspec
+
+from .records import RolloutRecord
+
+__all__ = ["GroupStats", "RunStats", "RunSummary"]
+
+
+class GroupStats(msgspec.Struct, frozen=True, kw_only=True):
+    """Rewards of one group (the rollouts of one task written by this run)."""
+
+    task_id: str
+    rollouts: int
+    reward_mean: float | None
+    reward_std: float | None
+
+
+class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """What one run did.
+
+    Attributes:
+        output: The output file.
+        planned: Rollouts this run had to do (the dataset times the group size, minus ``skipped``).
+        skipped: Rollouts already in the output when the run started.
+        written: Records written by this run.
+        statuses: Records per status.
+        reward_mean: Mean reward over the records that have one.
+        reward_std: Their population standard deviation.
+        groups: Reward statistics per group.
+        total_tokens: Tokens in the written trajectories.
+        output_tokens: Generated tokens (loss 1) among them.
+        wall_s: Seconds from the first rollout's start to the end.
+        rollouts_per_s: ``written / wall_s``.
+        output_tokens_per_s: ``output_tokens / wall_s``.
+        servers: Records per server.
+        interrupted: True when the run stopped before every rollout was done (Ctrl-C, an error).
+    """
+
+    output: str
+    planned: int
+    skipped: int
+    written: int
+    statuses: dict[str, int]
+    reward_mean: float | None
+    reward_std: float | None
+    groups: list[GroupStats]
+    total_tokens: int
+    output_tokens: int
+    wall_s: float
+    rollouts_per_s: float
+    output_tokens_per_s: float
+    servers: dict[str, int]
+    interrupted: bool = False
+
+
+class RunStats:
+    """Counters updated as rollouts start and finish (one event loop; no locking)."""
+
+    def __init__(self, output: str, planned: int, skipped: int) -> None:
+        self.output = output
+        self.planned = planned
+        self.skipped = skipped
+        self.in_flight = 0
+        self.written = 0
+        self.statuses: Counter[str] = Counter()
+        self.rewards: list[float] = []
+        self.groups: dict[str, list[float | None]] = defaultdict(list)
+        self.total_tokens = 0
+        self.output_tokens = 0
+        self.servers: Counter[str] = Counter()
+        self.started = time.perf_counter()
+
+    @property
+    def failed(self) -> int:
+        """Records that did not complete for an error (status ``failed``)."""
+        return self.statuses["failed"]
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the run started."""
+        return max(time.perf_counter() - self.started, 1e-9)
+
+    def start(self) -> None:
+        """A rollout started."""
+        self.in_flight += 1
+
+    def add(self, record: RolloutRecord, *, was_in_flight: bool = True) -> None:
+        """A record was written."""
+        if was_in_flight:
+            self.in_flight -= 1
+        self.written += 1
+        self.statuses[record.status] += 1
+        if record.reward is not None:
+            self.rewards.append(record.reward)
+        self.groups[record.task_id].append(record.reward)
+        self.total_tokens += record.tokens.total
+        self.output_tokens += record.tokens.output
+        if record.server is not None:
+            self.servers[record.server] += 1
+
+    def mean_reward(self) -> float | None:
+        """Mean reward so far."""
+        return statistics.fmean(self.rewards) if self.rewards else None
+
+    def summary(self, *, interrupted: bool = False) -> RunSummary:
+        """Freeze the counters."""
+        wall = self.elapsed
+        groups = []
+        for task_id, rewards in self.groups.items():
+            values = [r for r in rewards if r is not None]
+            groups.append(
+                GroupStats(
+                    task_id=task_id,
+                    rollouts=len(rewards),
+                    reward_mean=statistics.fmean(values) if values else None,
+                    reward_std=statistics.pstdev(values) if values else None,
+                )
+            )
+        return RunSummary(
+            output=self.output,
+            planned=self.planned,
+            skipped=self.skipped,
+            written=self.written,
+            statuses=dict(sorted(self.statuses.items())),
+            reward_mean=self.mean_reward(),
+            reward_std=statistics.pstdev(self.rewards) if self.rewards else None,
+            groups=groups,
+            total_tokens=self.total_tokens,
+            output_tokens=self.output_tokens,
+            wall_s=wall,
+            rollouts_per_s=self.written / wall,
+            output_tokens_per_s=self.output_tokens / wall,
+            servers=dict(sorted(self.servers.items())),
+            interrupted=interrupted,
+        )

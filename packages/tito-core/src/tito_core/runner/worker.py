@@ -1,0 +1,276 @@
+"""One rollout, start to record: a fresh Strands agent and TitoModel on a leased server, limits, timeout, reward.
+
+:class:`RolloutWorker` is what an executor runs: built once per process from a config
+(:meth:`RolloutWorker.create` checks everything before any work), then :meth:`RolloutWorker.run` turns one
+``(task, sample)`` into a :class:`~tito_core.runner.records.RolloutRecord` whatever happens, except
+cancellation (a cancelled rollout is in flight, and is not recorded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from strands import Agent
+from strands.agent.conversation_manager import NullConversationManager
+from strands.types.content import Messages
+
+from ..config import TitoConfig
+from ..errors import BackendConnectionError, ConfigError, LoopLimitError
+from ..tokenizers import aload_tokenizer
+from ..trajectory import Trajectory
+from .dataset import Task
+from .limits import LoopLimiter
+from .records import FinalStatus, RolloutRecord, Timings, TokenCounts
+from .rewards import GroupRewardFn, RewardFn, Sample, call_maybe_async
+from .servers import Server, ServerPool
+
+__all__ = ["RolloutWorker", "import_object"]
+
+
+def import_object(path: str, *, search: Path | None = None) -> Any:
+    """Import ``"module:attribute"`` (``search``, e.g. the config file's directory, is tried as well)."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ConfigError(f"{path!r} is not an import path of the form 'module:attribute'")
+    if search is not None and str(search) not in sys.path:
+        sys.path.append(str(search))
+    try:
+        value: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r} (from {path!r}): {exc}") from exc
+    for part in attribute.split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            raise ConfigError(f"{module_name!r} has no attribute {attribute!r} (from {path!r})") from None
+    return value
+
+
+class RolloutWorker:
+    """Runs rollouts on a pool of servers with one configuration.
+
+    Args:
+        config: The configuration (model keys and the ``[rollout]`` table).
+        tokenizer: The loaded tokenizer, shared by every model.
+        pool: The inference servers.
+        tools: Strands tools given to every agent.
+        reward: The reward function, or None.
+        group_reward: The group reward function, or None.
+    """
+
+    def __init__(
+        self,
+        config: TitoConfig,
+        tokenizer: Any,
+        pool: ServerPool,
+        *,
+        tools: Sequence[Any] = (),
+        reward: RewardFn | None = None,
+        group_reward: GroupRewardFn | None = None,
+    ) -> None:
+        self.config = config
+        self.settings = config.rollout
+        self.tokenizer = tokenizer
+        self.pool = pool
+        self.tools = list(tools)
+        self.reward = reward
+        self.group_reward = group_reward
+
+    @classmethod
+    async def create(
+        cls, config: TitoConfig, *, base_dir: Path | None = None, check_servers: bool = True
+    ) -> RolloutWorker:
+        """Resolve a config: import tools and rewards, load the tokenizer, build and health-check the servers.
+
+        Raises:
+            ConfigError: A bad import path, a missing tokenizer, a backend option its factory refuses.
+            BackendConnectionError: A server does not answer its health check.
+        """
+        settings = config.rollout
+        tools = [import_object(path, search=base_dir) for path in settings.tools]
+        reward = import_object(settings.reward, search=base_dir) if settings.reward else None
+        group_reward = import_object(settings.group_reward, search=base_dir) if settings.group_reward else None
+        for name, fn in (("reward", reward), ("group_reward", group_reward)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"`rollout.{name}` must name a callable, got {type(fn).__name__}")
+        if config.tokenizer is None:
+            raise ConfigError("`tokenizer` is not set: give the tokenizer's directory or name in the config")
+        tokenizer = await aload_tokenizer(config.tokenizer)
+        pool = ServerPool(_backends(config), interval=settings.health_interval_s)
+        if check_servers:
+            try:
+                await pool.require_all()
+            except BaseException:
+                await pool.aclose()
+                raise
+        return cls(config, tokenizer, pool, tools=tools, reward=reward, group_reward=group_reward)
+
+    async def aclose(self) -> None:
+        """Stop health checks and close the backends."""
+        await self.pool.aclose()
+
+    async def run(self, task: Task, sample: int, on_start: Callable[[], None] | None = None) -> RolloutRecord:
+        """Run one rollout of ``task`` and return its record (rewarded, advantage not yet set)."""
+        async with self.pool.lease() as server:
+            if on_start is not None:
+                on_start()
+            started = time.time()
+            try:
+                return await self._run_on(server, task, sample)
+            except Exception as exc:  # a bug or a bad option met while building this rollout: it alone fails
+                return _failed(task, sample, server.name, started, exc)
+
+    async def _run_on(self, server: Server, task: Task, sample: int) -> RolloutRecord:
+        settings = self.settings
+        started, t0 = time.time(), time.perf_counter()
+        model = self.config.create_model(server.backend, tokenizer=self.tokenizer, rollout_id=f"{task.id}:{sample}")
+        limiter = LoopLimiter(
+            max_model_calls=settings.max_model_calls,
+            max_tool_calls=settings.max_tool_calls,
+            max_messages=settings.max_messages,
+        )
+        system, history, prompt = _split_prompt(task.prompt, settings.system_prompt)
+        agent = Agent(
+            model=model,
+            tools=list(self.tools),
+            system_prompt=system,
+            messages=history,
+            callback_handler=None,
+            conversation_manager=NullConversationManager(),
+            hooks=[limiter],
+        )
+        text = ""
+        forced: tuple[FinalStatus, str] | None = None
+        error: BaseException | None = None
+        timeout = asyncio.timeout(settings.timeout_s)
+        try:
+            async with timeout:
+                result = await agent.invoke_async(prompt)
+            text = str(result).strip()
+        except TimeoutError as exc:
+            if not timeout.expired():
+                error = exc
+            else:
+                forced = ("aborted", f"timed out after {settings.timeout_s:g} s")
+        except Exception as exc:
+            limit = _find(exc, LoopLimitError)
+            if limit is not None:
+                forced = ("truncated", str(limit))
+            else:
+                error = exc
+                if _find(exc, BackendConnectionError) is not None:
+                    await self.pool.suspect(server)
+        agent_s = time.perf_counter() - t0
+        live = model.trajectory
+        if forced is None and error is not None and (live.status in ("running", "completed")):
+            forced = ("failed", f"{type(error).__name__}: {error}")
+        if forced is not None and live.status == "running":
+            live.close(*forced)
+        traj = model.reset()
+        status, reason = forced if forced is not None else (_final(traj), traj.status_reason)
+        reward: float | None = None
+        t1 = time.perf_counter()
+        if self.reward is not None:
+            view = Sample(task, sample, text, agent.messages, traj, status, reason)
+            try:
+                reward = _number(await call_maybe_async(self.reward, view))
+            except Exception as exc:
+                status, reason = "failed", f"reward function raised {type(exc).__name__}: {exc}"
+        now = time.perf_counter()
+        output = sum(seg.length for seg in traj.segments if seg.kind == "output")
+        return RolloutRecord(
+            task_id=task.id,
+            sample=sample,
+            group=task.index,
+            status=status,
+            status_reason=reason,
+            reward=reward,
+            server=server.name,
+            trajectory=traj.to_record(),
+            timings=Timings(started=started, wall_s=now - t0, agent_s=agent_s, reward_s=now - t1),
+            tokens=TokenCounts(
+                total=len(traj),
+                output=output,
+                prompt=len(traj) - output,
+                model_calls=len(traj.turns),
+                tool_calls=limiter.tool_calls,
+            ),
+        )
+
+
+def _failed(task: Task, sample: int, server: str, started: float, exc: Exception) -> RolloutRecord:
+    """The record of a rollout that could not run at all."""
+    reason = f"{type(exc).__name__}: {exc}"
+    traj = Trajectory(f"{task.id}:{sample}").close("failed", reason)
+    return RolloutRecord(
+        task_id=task.id,
+        sample=sample,
+        group=task.index,
+        status="failed",
+        status_reason=reason,
+        reward=None,
+        server=server,
+        trajectory=traj.to_record(),
+        timings=Timings(started=started, wall_s=time.time() - started, agent_s=0.0),
+        tokens=TokenCounts(total=0, output=0, prompt=0, model_calls=0, tool_calls=0),
+    )
+
+
+def _backends(config: TitoConfig) -> list[tuple[str, Any]]:
+    """One backend per configured server: ``backend_options.base_url`` may be a list of URLs."""
+    urls = config.backend_options.get("base_url")
+    if isinstance(urls, list):
+        if not urls or not all(isinstance(url, str) for url in urls):
+            raise ConfigError("`backend_options.base_url` must be a URL or a non-empty list of URLs")
+        from ..plugins import get_backend
+
+        return [(url, get_backend(config.backend, **{**config.backend_options, "base_url": url})) for url in urls]
+    backend = config.create_backend()
+    return [(str(urls) if urls else config.backend, backend)]
+
+
+def _split_prompt(prompt: str | list[dict[str, Any]], system: str | None) -> tuple[str | None, Messages, str]:
+    """``(system prompt, earlier messages, last user text)`` of a task's prompt."""
+    if isinstance(prompt, str):
+        return system, [], prompt
+    history: Messages = []
+    for message in prompt[:-1]:
+        if message["role"] == "system":
+            system = message["content"]
+        else:
+            history.append({"role": message["role"], "content": [{"text": message["content"]}]})
+    return system, history, prompt[-1]["content"]
+
+
+def _find(exc: BaseException | None, kind: type[BaseException]) -> BaseException | None:
+    """The first ``kind`` in ``exc``'s cause / context chain (Strands wraps errors raised in its loop)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _final(traj: Trajectory) -> FinalStatus:
+    """The status of a closed trajectory (never ``running``)."""
+    if traj.status == "running":
+        raise RuntimeError("a closed trajectory is still running")
+    return traj.status
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"a reward must be a number, got {type(value).__name__}")
+    result = float(value)
+    if math.isnan(result):
+        raise ValueError("the reward is NaN")
+    return result

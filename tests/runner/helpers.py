@@ -1,0 +1,83 @@
+"""Builders of the runner tests: a scripted-backend config, tools, rewards and small datasets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from strands import tool
+
+from tito_core.backend import GenerateRequest
+from tito_core.testing.tokenizers import qwen_tokenizer_dir
+from tito_core.tokenizers import load_tokenizer
+
+IM_END = "<|im_end|>"
+
+
+def tokenizer_dir() -> str:
+    return str(qwen_tokenizer_dir("qwen3"))
+
+
+def tool_turns(request: GenerateRequest, tokenizer: Any) -> int:
+    """How many tool results the prompt holds (the Qwen3 template wraps each in <tool_response>)."""
+    return list(request.input_ids).count(tokenizer.convert_tokens_to_ids("<tool_response>"))
+
+
+def call(name: str, **arguments: Any) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def config(replies: Any, **rollout: Any) -> dict[str, Any]:
+    """A config mapping on the scripted backend; ``replies`` is the backend's script (shared by all rollouts)."""
+    tok = tokenizer_dir()
+    return {
+        "backend": "scripted",
+        "tokenizer": tok,
+        # the loaded tokenizer (cached per process), not its path: ScriptedBackend would load a path every run
+        "backend_options": {"tokenizer": load_tokenizer(tok), "replies": replies},
+        "rollout": {"concurrency": 4, **rollout},
+    }
+
+
+def answer_with(text: str, n: int = 1000) -> list[Any]:
+    return [text] * n
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def tasks(n: int) -> list[dict[str, Any]]:
+    return [{"id": f"t{i}", "prompt": f"What is 2 + {i}?", "answer": str(2 + i)} for i in range(n)]
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def contains_answer(sample: Any) -> float:
+    return 1.0 if str(sample.task.answer) in sample.text else 0.0
+
+
+async def async_length(sample: Any) -> float:
+    await asyncio.sleep(0)
+    return float(len(sample.text))
+
+
+def raises_on_t1(sample: Any) -> float:
+    if sample.task.id == "t1":
+        raise ZeroDivisionError("boom")
+    return 1.0
+
+
+def group_fails(rewards: list[float | None]) -> list[float | None]:
+    raise RuntimeError("group boom")

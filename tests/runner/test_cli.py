@@ -1,0 +1,143 @@
+"""The ``tito`` command: rollout (progress, JSON logs, errors), a real kill and a rerun, export, inspect, demo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tito_core.cli import main
+
+from .helpers import lines, tasks, tokenizer_dir, write_jsonl
+
+
+def _toml(tmp_path: Path, *, delay: float = 0.0, extra: str = "") -> Path:
+    tok = json.dumps(tokenizer_dir())
+    (tmp_path / "rewards.py").write_text(
+        "def reward(sample):\n    return 1.0 if str(sample.task.answer) in sample.text else 0.0\n"
+    )
+    path = tmp_path / "tito.toml"
+    path.write_text(
+        f'backend = "scripted"\ntokenizer = {tok}\n'
+        f"[backend_options]\ntokenizer = {tok}\nreplies = {json.dumps(['The answer is 4.'] * 500)}\ndelay = {delay}\n"
+        f'[rollout]\ngroup_size = 2\nconcurrency = 2\nreward = "rewards:reward"\n{extra}'
+    )
+    return path
+
+
+def _run(tmp_path: Path, *args: str, **kwargs: Any) -> list[str]:
+    return ["rollout", "--config", str(_toml(tmp_path, **kwargs)), "--dataset", str(tmp_path / "t.jsonl"), *args]
+
+
+def test_rollout_shows_progress_and_a_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(3))
+    assert main(_run(tmp_path, "--output", str(tmp_path / "out.jsonl"))) == 0
+    err = capsys.readouterr().err
+    assert "tito rollout" in err and "completed 6" in err and "6 of 6" in err
+    assert "mean 0.333" in err  # one task of three is 2 + 2
+    assert len(lines(tmp_path / "out.jsonl")) == 6
+
+
+def test_flags_override_the_config_and_log_json_prints_events(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(2))
+    args = _run(tmp_path, "--output", str(tmp_path / "out.jsonl"), "--group-size", "3", "--log-json")
+    assert main(args) == 0
+    events = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert [e["event"] for e in events] == ["start"] + ["rollout"] * 6 + ["summary"]
+    assert events[-1]["written"] == 6 and events[-1]["statuses"] == {"completed": 6}
+
+
+def test_quiet_prints_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(1))
+    assert main(_run(tmp_path, "--output", str(tmp_path / "out.jsonl"), "--quiet")) == 0
+    captured = capsys.readouterr()
+    assert captured.out == captured.err == ""
+
+
+def test_errors_before_any_work_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_jsonl(tmp_path / "t.jsonl", [{"id": "a"}])
+    assert main(_run(tmp_path, "--output", str(tmp_path / "out.jsonl"))) == 2
+    assert "tito rollout: error:" in capsys.readouterr().err
+    write_jsonl(tmp_path / "t.jsonl", tasks(1))
+    assert main(_run(tmp_path, "--output", str(tmp_path / "out.jsonl"), extra="concurency = 3\n")) == 2
+    assert "unknown key `rollout.concurency`; did you mean `concurrency`?" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_killed_run_loses_no_written_rollout_and_a_rerun_completes_it(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(40))
+    out = tmp_path / "out.jsonl"
+    command = [sys.executable, "-m", "tito_core.cli", *_run(tmp_path, "--output", str(out), "--quiet", delay=0.05)]
+    proc = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while (not out.exists() or out.read_bytes().count(b"\n") < 6) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = out.read_bytes()
+    whole = killed[: killed.rfind(b"\n") + 1]
+    assert 6 <= whole.count(b"\n") < 80
+    rerun = subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=300, check=False)
+    assert rerun.returncode == 0, rerun.stderr
+    final = out.read_bytes()
+    assert final.startswith(whole)  # nothing written before the kill was lost or rewritten
+    keys = [(r["task_id"], r["sample"]) for r in lines(out)]
+    assert len(keys) == len(set(keys)) == 80
+
+
+def test_export_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(2))
+    out = tmp_path / "out.jsonl"
+    assert main(_run(tmp_path, "--output", str(out), "--quiet")) == 0
+    assert main(["export", "--to", "trl", str(out), str(tmp_path / "trl.jsonl")]) == 0
+    exported = lines(tmp_path / "trl.jsonl")
+    assert len(exported) == 4
+    for row in exported:
+        assert len(row["completion_ids"]) == len(row["env_mask"]) == len(row["logprobs"]) and sum(row["env_mask"]) > 0
+        assert row["task_id"] in ("t0", "t1") and row["reward"] in (0.0, 1.0)
+    assert main(["export", "--to", "slime", str(out), str(tmp_path / "slime.jsonl")]) == 0
+    assert {r["status"] for r in lines(tmp_path / "slime.jsonl")} == {"COMPLETED"}
+    capsys.readouterr()
+    assert main(["inspect", str(out), "--id", "t1", "--tokenizer", tokenizer_dir()]) == 0
+    shown = capsys.readouterr().out
+    assert ": 2 rollouts" in shown and "│ t1 " in shown and "│ t0 " not in shown
+    assert "completed" in shown and "The answer is 4.<|im_end|>" in shown  # the model's output, decoded
+    assert main(["inspect", str(out), "--id", "nope"]) == 1
+
+
+def test_demo_delegates_to_the_demo_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+
+    def fake_main(argv: list[str] | None = None) -> int:
+        seen.append(list(argv or []))
+        return 7
+
+    monkeypatch.setattr("tito_core.demo.main", fake_main)
+    assert main(["demo", "--json", "x.json"]) == 7
+    assert seen == [["--json", "x.json"]]
+
+
+def test_ctrl_c_stops_with_130_and_keeps_what_was_written(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(40))
+    out = tmp_path / "out.jsonl"
+    command = [sys.executable, "-m", "tito_core.cli", *_run(tmp_path, "--output", str(out), "--quiet", delay=0.05)]
+    proc = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while (not out.exists() or out.read_bytes().count(b"\n") < 4) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "rerun to resume" in err
+    written = out.read_bytes()
+    assert written.endswith(b"\n")  # a graceful stop leaves no torn line
+    assert 4 <= len(lines(out)) < 80

@@ -1,0 +1,293 @@
+"""The runner on the scripted backend: records, statuses on every way out, rewards, limits, resume, Parquet."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tito_core import Trajectory, arollout, rollout
+from tito_core.errors import BackendConnectionError, ConfigError, DatasetError
+from tito_core.runner import read_records
+from tito_core.tokenizers import load_tokenizer
+
+from .helpers import answer_with, call, config, lines, tasks, tokenizer_dir, tool_turns, write_jsonl
+
+REWARD = "tests.runner.helpers:contains_answer"
+
+
+def test_every_task_runs_group_size_times_into_one_record_each(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    summary = rollout(config(answer_with("The answer is 4."), group_size=3, reward=REWARD), tasks(4), out)
+    records = lines(out)
+    assert len(records) == 12
+    assert {(r["task_id"], r["sample"]) for r in records} == {(f"t{i}", s) for i in range(4) for s in range(3)}
+    for r in records:
+        assert set(r) >= {"task_id", "sample", "group", "status", "status_reason", "reward", "trajectory"}
+        assert r["group"] == int(r["task_id"][1:])
+        assert r["status"] == "completed" and r["status_reason"] is None
+        assert r["reward"] == (1.0 if r["task_id"] == "t2" else 0.0)  # only 2 + 2 is 4
+        traj = Trajectory.from_record(
+            next(x for x in read_records(out) if x.key == (r["task_id"], r["sample"])).trajectory
+        )
+        assert traj.rollout_id == f"{r['task_id']}:{r['sample']}"
+        assert r["tokens"]["output"] == sum(traj.loss_mask) > 0
+        assert r["tokens"]["total"] == len(traj.token_ids) and r["tokens"]["model_calls"] == 1
+        assert r["timings"]["wall_s"] >= r["timings"]["agent_s"] > 0
+    assert summary.written == summary.planned == 12 and summary.statuses == {"completed": 12}
+    assert summary.reward_mean == pytest.approx(3 / 12)
+    assert {g.task_id: g.reward_mean for g in summary.groups}["t2"] == 1.0
+
+
+def test_messages_prompt_sets_the_system_prompt_and_history(tmp_path: Path) -> None:
+    rows = [
+        {
+            "id": "chat",
+            "prompt": [
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "What is 2 + 2?"},
+            ],
+        }
+    ]
+    rollout(config(answer_with("4")), rows, tmp_path / "out.jsonl")
+    (record,) = read_records(tmp_path / "out.jsonl")
+    traj = Trajectory.from_record(record.trajectory)
+    text = load_tokenizer(tokenizer_dir()).decode(traj.token_ids[: traj.prompt_length])
+    assert "You are terse." in text and "Hello." in text and text.rstrip().endswith("assistant")
+
+
+def _looping_tool_calls(request: Any) -> str:
+    return call("add", a=1, b=tool_turns(request, load_tokenizer(tokenizer_dir())))
+
+
+@pytest.mark.parametrize(
+    ("limit", "reason", "model_calls"),
+    [
+        ({"max_model_calls": 3}, "max_model_calls=3 reached", 3),
+        ({"max_tool_calls": 2}, "max_tool_calls=2 reached", 3),
+        ({"max_messages": 4}, "5 messages exceed max_messages=4", 2),
+    ],
+)
+def test_loop_limits_end_the_rollout_truncated_with_the_reason(
+    tmp_path: Path, limit: dict[str, int], reason: str, model_calls: int
+) -> None:
+    cfg = config([_looping_tool_calls] * 100, tools=["tests.runner.helpers:add"], **limit)
+    rollout(cfg, tasks(1), tmp_path / "out.jsonl")
+    (record,) = read_records(tmp_path / "out.jsonl")
+    assert record.status == "truncated" and record.status_reason is not None and reason in record.status_reason
+    assert record.trajectory.status == "truncated"
+    assert record.tokens.model_calls == model_calls == len(record.trajectory.turns)
+
+
+def test_a_rollout_past_its_timeout_is_aborted_and_the_batch_goes_on(tmp_path: Path) -> None:
+    cfg = config(answer_with("slow"), timeout_s=0.05)
+    cfg["backend_options"]["delay"] = 0.5
+    summary = rollout(cfg, tasks(3), tmp_path / "out.jsonl")
+    records = list(read_records(tmp_path / "out.jsonl"))
+    assert len(records) == 3 and summary.statuses == {"aborted": 3}
+    assert all(r.status_reason == "timed out after 0.05 s" for r in records)
+
+
+def _fails_for_t1(request: Any) -> Any:
+    text = load_tokenizer(tokenizer_dir()).decode(list(request.input_ids))
+    return None if "2 + 1?" in text else "The answer is 4."  # None: the scripted engine raises a BackendError
+
+
+def test_one_failing_rollout_never_kills_the_batch(tmp_path: Path) -> None:
+    summary = rollout(config([_fails_for_t1] * 10, group_size=2), tasks(3), tmp_path / "out.jsonl")
+    by_task = {(r.task_id, r.sample): r for r in read_records(tmp_path / "out.jsonl")}
+    assert len(by_task) == 6 and summary.statuses == {"completed": 4, "failed": 2}
+    for sample in range(2):
+        failed = by_task[("t1", sample)]
+        assert failed.status == "failed" and "BackendError" in (failed.status_reason or "")
+        assert failed.trajectory.status == "failed"
+
+
+def test_a_raising_reward_marks_only_its_rollout(tmp_path: Path) -> None:
+    cfg = config(answer_with("ok"), reward="tests.runner.helpers:raises_on_t1")
+    rollout(cfg, tasks(3), tmp_path / "out.jsonl")
+    records = {r.task_id: r for r in read_records(tmp_path / "out.jsonl")}
+    assert records["t1"].status == "failed" and records["t1"].reward is None
+    assert records["t1"].status_reason == "reward function raised ZeroDivisionError: boom"
+    assert records["t1"].trajectory.status == "completed"  # the rollout itself was fine
+    assert [records[t].reward for t in ("t0", "t2")] == [1.0, 1.0]
+
+
+def test_async_reward(tmp_path: Path) -> None:
+    rollout(config(answer_with("four"), reward="tests.runner.helpers:async_length"), tasks(2), tmp_path / "o.jsonl")
+    assert [r.reward for r in read_records(tmp_path / "o.jsonl")] == [4.0, 4.0]
+
+
+def test_group_reward_gives_group_normalized_advantages(tmp_path: Path) -> None:
+    replies = ["The answer is 4.", "I do not know."] * 4  # one rollout at a time: samples alternate
+    cfg = config(
+        replies,
+        group_size=4,
+        concurrency=1,
+        reward=REWARD,
+        group_reward="tito_core.runner.rewards:group_normalized",
+    )
+    rollout(cfg, [tasks(3)[2]], tmp_path / "out.jsonl")
+    records = sorted(read_records(tmp_path / "out.jsonl"), key=lambda r: r.sample)
+    assert [r.reward for r in records] == [1.0, 0.0, 1.0, 0.0]
+    assert [r.advantage for r in records] == pytest.approx([1.0, -1.0, 1.0, -1.0], abs=1e-5)
+
+
+def test_a_raising_group_reward_marks_its_group(tmp_path: Path) -> None:
+    cfg = config(answer_with("4"), group_size=2, reward=REWARD, group_reward="tests.runner.helpers:group_fails")
+    rollout(cfg, tasks(2), tmp_path / "out.jsonl")
+    records = list(read_records(tmp_path / "out.jsonl"))
+    assert len(records) == 4
+    assert all(r.status == "failed" and "group boom" in (r.status_reason or "") for r in records)
+
+
+# ---------------------------------------------------------------------------------------------- resume
+def test_a_rerun_skips_finished_rollouts_and_adds_the_rest(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    rollout(config(answer_with("4"), group_size=2), tasks(3), out)
+    first = out.read_bytes()
+    summary = rollout(config(answer_with("4"), group_size=2), tasks(5), out)
+    assert out.read_bytes().startswith(first)  # append-only
+    keys = [(r["task_id"], r["sample"]) for r in lines(out)]
+    assert len(keys) == len(set(keys)) == 10
+    assert (summary.skipped, summary.written) == (6, 4)
+    again = rollout(config(answer_with("4"), group_size=2), tasks(5), out)
+    assert (again.skipped, again.written) == (10, 0) and len(lines(out)) == 10
+
+
+def test_a_torn_last_line_is_cut_off_and_its_rollout_runs_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "out.jsonl"
+    rollout(config(answer_with("4")), tasks(3), out)
+    whole = out.read_bytes().splitlines(keepends=True)
+    out.write_bytes(b"".join(whole[:2]) + whole[2][: len(whole[2]) // 2])  # as a kill mid-write leaves it
+    summary = rollout(config(answer_with("4")), tasks(3), out)
+    assert summary.written == 1 and "torn last line" in caplog.text
+    records = lines(out)
+    assert sorted(r["task_id"] for r in records) == ["t0", "t1", "t2"]
+
+
+async def test_cancelling_a_run_keeps_every_written_record_whole(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    cfg = config(answer_with("4"), concurrency=2)
+    cfg["backend_options"]["delay"] = 0.05
+    run = asyncio.create_task(arollout(cfg, tasks(20), out))
+    while not out.exists() or len(out.read_bytes().splitlines()) < 3:
+        await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    written = lines(out)  # every line parses
+    assert 3 <= len(written) < 20
+    summary = await arollout(cfg, tasks(20), out)
+    assert summary.skipped == len(written)
+    keys = [(r["task_id"], r["sample"]) for r in lines(out)]
+    assert len(keys) == len(set(keys)) == 20
+
+
+# --------------------------------------------------------------------------------------------- Parquet
+def test_parquet_output_flushes_row_groups_and_resumes(tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    out = tmp_path / "out.parquet"
+    rollout(config(answer_with("4"), group_size=2, row_group_size=2, reward=REWARD), tasks(3), out)
+    assert len(list(out.glob("*.parquet"))) == 3  # 6 records, 2 per row group, each a whole part file
+    table = pq.read_table(out)
+    assert table.num_rows == 6
+    assert {"task_id", "sample", "group", "status", "reward", "trajectory", "timings", "tokens"} <= set(
+        table.column_names
+    )
+    summary = rollout(config(answer_with("4"), group_size=2, row_group_size=2), tasks(4), out)
+    assert (summary.skipped, summary.written) == (6, 2)
+    records = list(read_records(out))
+    assert len({r.key for r in records}) == len(records) == 8
+    assert Trajectory.from_record(records[0].trajectory).loss_mask.count(1) == records[0].tokens.output
+
+
+def test_parquet_dataset(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    dataset = tmp_path / "tasks.parquet"
+    pq.write_table(pa.Table.from_pylist(tasks(2)), dataset)
+    rollout(config(answer_with("4"), reward=REWARD), dataset, tmp_path / "out.jsonl")
+    assert sorted((r.task_id, r.reward) for r in read_records(tmp_path / "out.jsonl")) == [("t0", 0.0), ("t1", 0.0)]
+
+
+# ------------------------------------------------------------------------------------ errors before work
+def test_a_row_without_prompt_is_an_error_naming_it_before_any_work(tmp_path: Path) -> None:
+    dataset = write_jsonl(tmp_path / "tasks.jsonl", [*tasks(1), {"id": "x", "answer": "1"}, *tasks(3)[1:]])
+    with pytest.raises(DatasetError, match=r"tasks.jsonl: row 2: no `prompt`"):
+        rollout(config(answer_with("4")), dataset, tmp_path / "out.jsonl")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([{"id": 1, "prompt": "a"}, {"id": 1, "prompt": "b"}], "row 2: id '1' repeats row 1"),
+        ([{"prompt": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}], "last message"),
+        ([{"prompt": [{"role": "robot", "content": "a"}]}], "needs a `role`"),
+        ([{"prompt": 3}], "text or a list of chat messages"),
+    ],
+)
+def test_bad_dataset_rows(tmp_path: Path, rows: list[dict[str, Any]], message: str) -> None:
+    with pytest.raises(DatasetError, match=message):
+        rollout(config(answer_with("4")), write_jsonl(tmp_path / "t.jsonl", rows), tmp_path / "out.jsonl")
+
+
+def test_a_line_that_is_not_json_is_named(tmp_path: Path) -> None:
+    (tmp_path / "t.jsonl").write_text('{"prompt": "a"}\n{oops\n')
+    with pytest.raises(DatasetError, match="line 2: not JSON"):
+        rollout(config(answer_with("4")), tmp_path / "t.jsonl", tmp_path / "out.jsonl")
+
+
+def test_config_errors_come_before_any_work(tmp_path: Path) -> None:
+    toml = tmp_path / "tito.toml"
+    toml.write_text('backend = "scripted"\n[rollout]\ngroup_sise = 4\n')
+    with pytest.raises(ConfigError, match="group_sise"):
+        rollout(toml, tasks(1), tmp_path / "out.jsonl")
+    with pytest.raises(ConfigError, match=r"`rollout\.group_size` must be at least 1"):
+        rollout(config(answer_with("4")), tasks(1), tmp_path / "out.jsonl", group_size=0)
+    with pytest.raises(ConfigError, match=r"cannot import 'no_such_module'"):
+        rollout(config(answer_with("4"), reward="no_such_module:f"), tasks(1), tmp_path / "out.jsonl")
+    missing = config(answer_with("4"))
+    missing["tokenizer"] = str(tmp_path / "no-tokenizer")
+    with pytest.raises(ConfigError, match="no-tokenizer"):
+        rollout(missing, tasks(1), tmp_path / "out.jsonl")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_an_unreachable_server_is_an_error_before_any_work(tmp_path: Path) -> None:
+    pytest.importorskip("tito_sglang")
+    cfg = {
+        "backend": "sglang",
+        "tokenizer": tokenizer_dir(),
+        "backend_options": {"base_url": "http://127.0.0.1:9", "retry": {"max_attempts": 1}},
+    }
+    with pytest.raises(BackendConnectionError, match=r"unreachable inference server\(s\): http://127.0.0.1:9"):
+        rollout(cfg, tasks(1), tmp_path / "out.jsonl")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_cli_overrides_replace_config_keys(tmp_path: Path) -> None:
+    toml = tmp_path / "tito.toml"
+    toml.write_text(
+        f'backend = "scripted"\ntokenizer = {json.dumps(tokenizer_dir())}\n'
+        f"[backend_options]\ntokenizer = {json.dumps(tokenizer_dir())}\nreplies = {json.dumps(['4'] * 20)}\n"
+        "[rollout]\ngroup_size = 1\nconcurrency = 2\n"
+    )
+    summary = rollout(toml, tasks(2), tmp_path / "out.jsonl", group_size=3)
+    assert summary.written == 6
+
+
+def test_an_output_line_that_is_not_a_record_is_an_error_naming_it(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    rollout(config(answer_with("4")), tasks(2), out)
+    out.write_bytes(out.read_bytes() + b'{"not": "a record"}\n')
+    with pytest.raises(ConfigError, match=r"out.jsonl: line 3 is not a rollout record"):
+        rollout(config(answer_with("4")), tasks(3), out)
