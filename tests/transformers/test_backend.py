@@ -272,3 +272,37 @@ async def test_models_whose_cache_cannot_be_stacked_run_one_request_at_a_time(
         assert set(batch_sizes) == {1}
     finally:
         backend.close()
+
+
+def test_exit_with_requests_in_flight_stops_the_worker_cleanly(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """An exception ending asyncio.run while the worker is mid-generation must not abort the process."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit_in_flight.py"
+    script.write_text(
+        f"""
+import asyncio
+from tito_core.backend import GenerateRequest, SamplingParams
+from tito_transformers import TransformersBackend
+
+backend = TransformersBackend({str(tiny_model_dir)!r})
+
+async def generate(i):
+    sampling = SamplingParams(max_new_tokens=4000, ignore_eos=True)
+    return await backend.generate(GenerateRequest(rid=str(i), input_ids=[1, 2, 3], prefix_len=0, sampling=sampling))
+
+async def fail():
+    await asyncio.sleep(2)
+    raise RuntimeError("boom")
+
+async def main():
+    await asyncio.gather(generate(1), generate(2), fail())
+
+asyncio.run(main())
+"""
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1, done.stderr[-2000:]  # the script's own exception, not SIGABRT (-6)
+    assert "RuntimeError: boom" in done.stderr
+    assert "terminate called" not in done.stderr

@@ -10,6 +10,7 @@ only wait on a future, so the model never blocks them and any loop (or several) 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import contextlib
 import math
@@ -18,6 +19,7 @@ import re
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -374,6 +376,10 @@ class TransformersBackend(Backend):
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name=f"tito-transformers-{id(self):x}", daemon=True)
             self._thread.start()
+            # A daemon worker still inside a forward pass when the interpreter finalizes aborts the process
+            # ("terminate called without an active exception", e.g. after an exception ended asyncio.run with
+            # requests in flight): stop it at exit, after the current step.
+            atexit.register(_close_at_exit, weakref.ref(self))
 
     def _run(self) -> None:
         import torch
@@ -679,6 +685,12 @@ def _finish(job: _Job, reason: FinishReason, matched: str | int | None = None) -
         cached_tokens=0,
     )
     _deliver(job, result)
+
+
+def _close_at_exit(ref: weakref.ref[TransformersBackend]) -> None:
+    backend = ref()
+    if backend is not None:
+        backend.close()
 
 
 def _deliver(job: _Job, outcome: GenerateResult | BaseException) -> None:
