@@ -24,7 +24,9 @@ def calculator(expression: str) -> str:
 
 def call(expression: str) -> str:
     """The Hermes tool call Qwen3 emits for the calculator."""
-    return "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": expression}}) + "\n</tool_call>"
+    return (
+        "<tool_call>\n" + json.dumps({"name": "calculator", "arguments": {"expression": expression}}) + "\n</tool_call>"
+    )
 
 
 def new_agent(model: TitoModel) -> Agent:
