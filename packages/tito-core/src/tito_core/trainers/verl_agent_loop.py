@@ -45,7 +45,8 @@ class TitoAgentLoop(AgentLoopBase):
             in ``extra_info["tito_rollout"]``.
         tool_parser: The :class:`~tito_core.TitoModel` tool parser.
         model_options: More :class:`~tito_core.TitoModel` options (``chat_template_kwargs``, ...).
-        *args, **kwargs: What verl passes to every agent loop.
+        *args: What verl passes to every agent loop (``AgentLoopBase``'s arguments).
+        **kwargs: The same, by name.
     """
 
     def __init__(
