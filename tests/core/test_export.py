@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
 from tito_core import Trajectory
 from tito_core.export import to_slime, to_trl, to_verl
 from tito_core.trajectory import Turn, Usage
@@ -51,3 +53,23 @@ def test_verl_and_trl():
     trl = to_trl(traj)
     assert trl["completion_ids"] == verl["response_ids"] and trl["env_mask"] == verl["response_mask"]
     assert trl["logprobs"] == verl["response_logprobs"]
+
+
+def test_trl_batch_is_columns_in_order():
+    first, second = sample_trajectory(), Trajectory("r2")
+    second.append("prompt", [10, 11], turn=0)
+    second.append("output", [12], [-0.125], turn=0)
+    batch = to_trl([first, second])
+    assert batch["prompt_ids"] == [[1, 2, 3], [10, 11]]
+    assert batch["completion_ids"] == [to_trl(first)["completion_ids"], [12]]
+    assert batch["logprobs"][1] == [-0.125] and batch["env_mask"][1] == [1]
+    assert to_trl([]) == {"prompt_ids": [], "completion_ids": [], "logprobs": [], "env_mask": []}
+
+
+def test_verl_metrics_defaults_and_overrides():
+    traj = sample_trajectory()
+    assert to_verl(traj)["metrics"] == {"generate_sequences": 0.0, "tool_calls": 0.0, "num_preempted": -1}
+    metrics = to_verl(traj, metrics={"generate_sequences": 1.5})["metrics"]
+    assert metrics["generate_sequences"] == 1.5 and metrics["num_preempted"] == -1
+    with pytest.raises(ValueError, match="unknown verl metrics"):
+        to_verl(traj, metrics={"latency": 1.0})

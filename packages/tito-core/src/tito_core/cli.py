@@ -14,7 +14,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import TitoError
@@ -131,7 +131,12 @@ def _export(args: argparse.Namespace) -> int:
     from .runner import read_records
     from .trajectory import Trajectory
 
-    convert = {"slime": export.to_slime, "verl": export.to_verl, "trl": export.to_trl}[args.to]
+    converters: dict[str, Callable[[Trajectory], dict[str, Any]]] = {
+        "slime": export.to_slime,
+        "verl": export.to_verl,
+        "trl": export.to_trl,
+    }
+    convert = converters[args.to]
     count = 0
     with open(args.out, "w", encoding="utf-8") as out:
         for record in read_records(args.rollouts):

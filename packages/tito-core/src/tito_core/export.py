@@ -7,7 +7,8 @@ Logprobs of non-output tokens are ``0.0``, as the trainers expect.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, overload
 
 from .trajectory import Trajectory
 
@@ -54,8 +55,19 @@ def to_slime(traj: Trajectory, *, tokenizer: Any = None) -> dict[str, Any]:
     return fields
 
 
-def to_verl(traj: Trajectory) -> dict[str, Any]:
-    """Fields of verl's ``AgentLoopOutput`` (before its padding)."""
+# verl's ``AgentLoopMetrics``: seconds spent generating / in tools, engine preemptions (-1: unknown).
+VERL_METRICS: dict[str, float] = {"generate_sequences": 0.0, "tool_calls": 0.0, "num_preempted": -1}
+
+
+def to_verl(traj: Trajectory, *, metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """Fields of verl's ``AgentLoopOutput`` (before its padding).
+
+    ``metrics`` are verl's ``AgentLoopMetrics`` (:data:`VERL_METRICS` names them; those not given keep
+    their defaults). A trajectory records no timings, so the caller measures them.
+    """
+    unknown = sorted(set(metrics or {}) - set(VERL_METRICS))
+    if unknown:
+        raise ValueError(f"unknown verl metrics {unknown}; expected some of {sorted(VERL_METRICS)}")
     start, ids, mask, logprobs = _response(traj)
     return {
         "prompt_ids": ids[:start],
@@ -63,10 +75,22 @@ def to_verl(traj: Trajectory) -> dict[str, Any]:
         "response_mask": mask,
         "response_logprobs": logprobs,
         "num_turns": len(traj.turns),
+        "metrics": {**VERL_METRICS, **(metrics or {})},
     }
 
 
-def to_trl(traj: Trajectory) -> dict[str, Any]:
-    """One rollout in the shape TRL's ``GRPOTrainer(rollout_func=...)`` returns per prompt."""
+@overload
+def to_trl(traj: Trajectory) -> dict[str, Any]: ...
+@overload
+def to_trl(traj: Sequence[Trajectory]) -> dict[str, list[Any]]: ...
+def to_trl(traj: Trajectory | Sequence[Trajectory]) -> dict[str, Any]:
+    """The shape TRL's ``GRPOTrainer(rollout_func=...)`` returns.
+
+    One trajectory gives one rollout's fields; a sequence (the batch, one per prompt TRL passed, in
+    order) gives the dict of per-rollout lists that ``rollout_func`` returns.
+    """
+    if not isinstance(traj, Trajectory):
+        rows = [to_trl(t) for t in traj]
+        return {key: [row[key] for row in rows] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
     start, ids, mask, logprobs = _response(traj)
     return {"prompt_ids": ids[:start], "completion_ids": ids[start:], "logprobs": logprobs, "env_mask": mask}

@@ -1,0 +1,13 @@
+"""Integrations with RL trainers, one module per trainer (docs/exports.md).
+
+None of them is imported by ``tito_core``, and none imports its trainer at import time: the trainer
+package is needed only by the functions that build its own classes.
+
+- :mod:`tito_core.trainers.trl`: a ``rollout_func`` for TRL's ``GRPOTrainer``.
+- :mod:`tito_core.trainers.verl`: verl's ``AgentLoopOutput``, a tito backend over verl's server manager,
+  and :mod:`tito_core.trainers.verl_agent_loop` (the agent loop class verl instantiates).
+- :mod:`tito_core.trainers.agentlightning`: Agent Lightning v1 ``model_request`` / ``reward`` events and
+  an agent class for its local runner.
+
+slime's hook lives with the SGLang adapter (:mod:`tito_sglang.slime`).
+"""
