@@ -26,6 +26,7 @@ nox.options.sessions = [
     "faults",
     "tests_transformers",
     "trainers",
+    "strands_env",
     "packaging",
     "docs",  # ~15 s on the 2-core CI machine: broken links and stale docstring references fail CI
     "integration_vllm",
@@ -43,6 +44,16 @@ DIST = "dist"
 # The torch the transformers adapter is installed over, before anything else: a CPU build (a local wheel on
 # the CI machines). The session stops if this would pull a CUDA build; TITO_PACKAGING_TORCH overrides it.
 TORCH = os.environ.get("TITO_PACKAGING_TORCH", "torch==2.13.0")
+
+
+def _python312() -> str:
+    """A Python 3.12 for the sessions whose packages need one: ``TITO_PYTHON312``, else the newest pyenv 3.12
+    (its shim may not be on PATH), else ``3.12`` for nox to find."""
+    if os.environ.get("TITO_PYTHON312"):
+        return os.environ["TITO_PYTHON312"]
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(pyenv.glob("3.12.*/bin/python3.12"), key=lambda p: [int(n) for n in p.parts[-3].split(".")])
+    return str(found[-1]) if found else "3.12"
 
 
 def install_core(session: nox.Session, *extra_paths: str) -> None:
@@ -148,6 +159,15 @@ def trainers(session: nox.Session) -> None:
     session.run(
         "pytest", "tests/trainers", *session.posargs, env={"HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
     )
+
+
+@nox.session(python=_python312(), tags=["tests"])
+def strands_env(session: nox.Session) -> None:
+    """strands-env (Python >= 3.12) on tito: its environments and Evaluator on a tito model factory, and an
+    environment as the tools, reward and tasks of ``tito rollout``, on the scripted engine (docs/rollouts.md)."""
+    install_core(session)
+    session.install("-r", "tests/strands_env/requirements.txt")
+    session.run("pytest", "tests/strands_env", *session.posargs)
 
 
 @nox.session(python=PYTHON, venv_backend="virtualenv")

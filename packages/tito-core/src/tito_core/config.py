@@ -164,7 +164,12 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         return get_backend(self.backend, **self.backend_options)
 
     def create_model(
-        self, backend: Backend | None = None, *, tokenizer: Any = None, rollout_id: str | None = None
+        self,
+        backend: Backend | None = None,
+        *,
+        tokenizer: Any = None,
+        rollout_id: str | None = None,
+        model_class: type[TitoModel] | None = None,
     ) -> TitoModel:
         """Create a :class:`~tito_core.model.TitoModel` from this configuration.
 
@@ -174,6 +179,8 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
                 :func:`~tito_core.tokenizers.load_tokenizer`, so every model built from one config (or
                 from configs naming the same tokenizer) shares one tokenizer object.
             rollout_id: Id of the model's first rollout (random when None).
+            model_class: A :class:`~tito_core.model.TitoModel` subclass to build instead (e.g. one that adds
+                the attributes a library reads from its models).
 
         Raises:
             ConfigError: No tokenizer is set, or it cannot be loaded (see
@@ -188,7 +195,7 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             if self.tokenizer is None:
                 raise ConfigError("`tokenizer` is not set: give its path or name in the config, or pass one")
             tokenizer = load_tokenizer(self.tokenizer)
-        return TitoModel(
+        return (model_class or TitoModel)(
             backend if backend is not None else self.create_backend(),
             tokenizer,
             tool_parser=get_tool_parser(self.tool_parser, **self.tool_parser_options),
