@@ -42,7 +42,11 @@ def test_rollout_shows_progress_and_a_summary(tmp_path: Path, capsys: pytest.Cap
     err = capsys.readouterr().err
     assert "tito rollout" in err and "completed 6" in err and "6 of 6" in err
     assert "mean 0.333" in err  # one task of three is 2 + 2
-    assert len(lines(tmp_path / "out.jsonl")) == 6
+    assert len(lines(tmp_path / "out.jsonl")) == 6 and "whole file" not in err
+    write_jsonl(tmp_path / "t.jsonl", tasks(4))
+    assert main(_run(tmp_path, "--output", str(tmp_path / "out.jsonl"))) == 0
+    err = capsys.readouterr().err
+    assert "2 of 2 (skipped 6" in err and "whole file" in err and "8 records: completed 8; reward mean 0.250" in err
 
 
 def test_flags_override_the_config_and_log_json_prints_events(

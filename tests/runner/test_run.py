@@ -160,6 +160,23 @@ def test_a_rerun_skips_finished_rollouts_and_adds_the_rest(tmp_path: Path) -> No
     assert (again.skipped, again.written) == (10, 0) and len(lines(out)) == 10
 
 
+@pytest.mark.parametrize("name", ["out.jsonl", "out.parquet"])
+def test_a_resumed_runs_summary_also_covers_the_whole_file(tmp_path: Path, name: str) -> None:
+    if name.endswith(".parquet"):
+        pytest.importorskip("pyarrow")
+    out = tmp_path / name
+    first = rollout(config(answer_with("The answer is 4."), reward=REWARD, row_group_size=1), tasks(3), out)
+    assert (first.file_records, first.file_statuses, first.file_reward_mean) == (
+        3,
+        {"completed": 3},
+        pytest.approx(1 / 3),
+    )
+    summary = rollout(config(answer_with("The answer is 5."), reward=REWARD), tasks(4), out)
+    assert (summary.written, summary.reward_mean) == (1, 1.0)  # this run: t3 (2 + 3)
+    assert (summary.file_records, summary.file_statuses) == (4, {"completed": 4})
+    assert summary.file_reward_mean == pytest.approx(0.5) and summary.file_reward_std == pytest.approx(0.5)
+
+
 def test_a_torn_last_line_is_cut_off_and_its_rollout_runs_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

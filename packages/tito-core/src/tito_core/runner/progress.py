@@ -150,6 +150,13 @@ def summary_table(summary: RunSummary) -> Any:
     head.add_row("written", f"{summary.written} of {summary.planned} (skipped {summary.skipped} already done)")
     head.add_row("statuses", ", ".join(f"{k} {v}" for k, v in summary.statuses.items()) or "-")
     head.add_row("reward", f"mean {num(summary.reward_mean)}  std {num(summary.reward_std)}")
+    if summary.file_records != summary.written:  # a resumed run: the whole file, too
+        statuses = ", ".join(f"{k} {v}" for k, v in summary.file_statuses.items()) or "-"
+        head.add_row(
+            "whole file",
+            f"{summary.file_records} records: {statuses}; reward mean {num(summary.file_reward_mean)}"
+            f"  std {num(summary.file_reward_std)}",
+        )
     head.add_row("tokens", f"{summary.total_tokens:,} total, {summary.output_tokens:,} generated")
     head.add_row(
         "throughput",

@@ -103,8 +103,16 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _KeyView(msgspec.Struct):
+    """What resuming reads of a record: its key, and its status and reward for the whole file's summary."""
+
     task_id: str
     sample: int
+    status: str = ""
+    reward: float | None = None
+
+
+Outcome = tuple[str, float | None]
+"""``(status, reward)`` of a record already in an output file."""
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -120,6 +128,10 @@ class RecordWriter(abc.ABC):
     @abc.abstractmethod
     def finished(self) -> set[Key]:
         """Keys of the records already in the output when it was opened (and written since)."""
+
+    def outcomes(self) -> dict[Key, Outcome]:
+        """Status and reward of each record in the output when it was opened (for the whole file's summary)."""
+        return {}
 
     @abc.abstractmethod
     def write(self, record: RolloutRecord) -> None:
@@ -141,12 +153,13 @@ class JsonlWriter(RecordWriter):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._done = self._scan()
+        self._outcomes = self._scan()
+        self._done = set(self._outcomes)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    def _scan(self) -> set[Key]:
-        """Keys of the whole lines, read line by line (files can be large); a torn last line is cut off."""
-        keys: set[Key] = set()
+    def _scan(self) -> dict[Key, Outcome]:
+        """Outcomes of the whole lines, read line by line (files can be large); a torn last line is cut off."""
+        keys: dict[Key, Outcome] = {}
         if not self.path.exists():
             return keys
         whole = 0
@@ -161,7 +174,7 @@ class JsonlWriter(RecordWriter):
                     view = _KEY.decode(line)
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     raise ConfigError(f"{self.path}: line {number} is not a rollout record: {exc}") from exc
-                keys.add((view.task_id, view.sample))
+                keys[(view.task_id, view.sample)] = (view.status, view.reward)
         size = self.path.stat().st_size
         if whole < size:
             logger.warning(
@@ -175,6 +188,10 @@ class JsonlWriter(RecordWriter):
     def finished(self) -> set[Key]:
         """Keys in the file."""
         return self._done
+
+    def outcomes(self) -> dict[Key, Outcome]:
+        """Status and reward of each record in the file when it was opened."""
+        return self._outcomes
 
     def write(self, record: RolloutRecord) -> None:
         """Append one line, in one ``write``."""
@@ -206,21 +223,28 @@ class ParquetWriter(RecordWriter):
         self.path.mkdir(parents=True, exist_ok=True)
         for leftover in self.path.glob("*.tmp"):
             leftover.unlink()  # a part being written when a run was killed: its records run again
-        self._done = self._scan()
+        self._outcomes = self._scan()
+        self._done = set(self._outcomes)
         self._buffer: list[RolloutRecord] = []
         self._parts = 0
         self._run = time.strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8]  # unique: runs never overwrite parts
 
-    def _scan(self) -> set[Key]:
-        keys: set[Key] = set()
+    def _scan(self) -> dict[Key, Outcome]:
+        keys: dict[Key, Outcome] = {}
         for part in sorted(self.path.glob("*.parquet")):
-            table = self._pq.read_table(part, columns=["task_id", "sample"])
-            keys.update(zip(table.column("task_id").to_pylist(), table.column("sample").to_pylist(), strict=True))
+            table = self._pq.read_table(part, columns=["task_id", "sample", "status", "reward"])
+            columns = [table.column(name).to_pylist() for name in ("task_id", "sample", "status", "reward")]
+            for task_id, sample, status, reward in zip(*columns, strict=True):
+                keys[(task_id, sample)] = (status, reward)
         return keys
 
     def finished(self) -> set[Key]:
         """Keys in the file."""
         return self._done
+
+    def outcomes(self) -> dict[Key, Outcome]:
+        """Status and reward of each record in the directory when it was opened."""
+        return self._outcomes
 
     def write(self, record: RolloutRecord) -> None:
         """Buffer one record; flush a part file when the row group is full."""

@@ -96,7 +96,7 @@ async def arollout(
         if (task.id, sample) not in done
     ]
     skipped = len(tasks) * settings.group_size - len(items)
-    stats = RunStats(str(output), planned=len(items), skipped=skipped)
+    stats = RunStats(str(output), planned=len(items), skipped=skipped, previous=writer.outcomes())
     reporter = reporter if reporter is not None else QuietReporter()
     sink = _Sink(writer, stats, reporter, worker.group_reward, items)
     runner = executor if executor is not None else LocalExecutor(settings.concurrency)

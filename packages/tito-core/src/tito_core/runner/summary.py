@@ -5,10 +5,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 
 import msgspec
 
-from .records import RolloutRecord
+from .records import Key, Outcome, RolloutRecord
 
 __all__ = ["GroupStats", "RunStats", "RunSummary"]
 
@@ -41,6 +42,11 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
         output_tokens_per_s: ``output_tokens / wall_s``.
         servers: Records per server.
         interrupted: True when the run stopped before every rollout was done (Ctrl-C, an error).
+        file_records: Records in the output file after the run: those it held before (a resumed run) and
+            those this run wrote.
+        file_statuses: Their statuses.
+        file_reward_mean: Their mean reward (over the records that have one).
+        file_reward_std: Its population standard deviation.
     """
 
     output: str
@@ -58,13 +64,18 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     output_tokens_per_s: float
     servers: dict[str, int]
     interrupted: bool = False
+    file_records: int = 0
+    file_statuses: dict[str, int] = msgspec.field(default_factory=dict)
+    file_reward_mean: float | None = None
+    file_reward_std: float | None = None
 
 
 class RunStats:
     """Counters updated as rollouts start and finish (one event loop; no locking)."""
 
-    def __init__(self, output: str, planned: int, skipped: int) -> None:
+    def __init__(self, output: str, planned: int, skipped: int, previous: Mapping[Key, Outcome] | None = None) -> None:
         self.output = output
+        self.previous = dict(previous or {})
         self.planned = planned
         self.skipped = skipped
         self.in_flight = 0
@@ -112,6 +123,8 @@ class RunStats:
     def summary(self, *, interrupted: bool = False) -> RunSummary:
         """Freeze the counters."""
         wall = self.elapsed
+        file_statuses = Counter(status for status, _ in self.previous.values()) + self.statuses
+        file_rewards = [reward for _, reward in self.previous.values() if reward is not None] + self.rewards
         groups = []
         for task_id, rewards in self.groups.items():
             values = [r for r in rewards if r is not None]
@@ -139,4 +152,8 @@ class RunStats:
             output_tokens_per_s=self.output_tokens / wall,
             servers=dict(sorted(self.servers.items())),
             interrupted=interrupted,
+            file_records=len(self.previous) + self.written,
+            file_statuses=dict(sorted(file_statuses.items())),
+            file_reward_mean=statistics.fmean(file_rewards) if file_rewards else None,
+            file_reward_std=statistics.pstdev(file_rewards) if file_rewards else None,
         )
