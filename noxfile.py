@@ -1,6 +1,7 @@
 """Developer tasks. `nox` runs the whole test suite: lint, type check, the unit and property tests of every
-package (with the example plugin), the fault suite, the trainers' own classes fed tito rollouts, the packaging
-checks, the docs site's strict build, and the real-server suites on vLLM and SGLang (CPU)."""
+package (with the example plugin), the fault suite, the trainers' own classes fed tito rollouts, strands-env on
+tito (Python 3.12), the packaging checks, the docs site's strict build, and the real-server suites on vLLM and
+SGLang (CPU)."""
 
 from __future__ import annotations
 

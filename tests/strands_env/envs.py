@@ -81,3 +81,20 @@ def looping_reply(request: GenerateRequest) -> str:
 REWARD = ExactAnswer()
 env = EnvironmentAdapter(AddEnv, reward_fn=REWARD, system_prompt=SYSTEM)
 limited = EnvironmentAdapter(AddEnv, reward_fn=REWARD, system_prompt=SYSTEM, max_tool_iters=2)
+
+
+def boxed_reply(request: GenerateRequest) -> str:
+    """An engine that boxes the sum of the last question."""
+    text = load_qwen_tokenizer("qwen3").decode(list(request.input_ids))
+    a, b = re.findall(r"What is (\d+) \+ (\d+)\?", text)[-1]
+    return f"The sum is \\boxed{{{int(a) + int(b)}}}."
+
+
+def math_env() -> EnvironmentAdapter:
+    """strands-env's own MathEnv (its MathVerifyReward, its system prompt), imported only when named."""
+    from strands_env.environments.math import MathEnv
+
+    return EnvironmentAdapter(MathEnv)
+
+
+math = math_env()

@@ -171,6 +171,18 @@ def test_the_environments_loop_limit_ends_tito_rollouts_truncated(tmp_path: Path
     assert result.termination_reason == TerminationReason.MAX_TOOL_ITERATIONS_REACHED
 
 
+def test_strands_envs_own_math_environment_scores_tito_rollouts(tmp_path: Path) -> None:
+    config = _config([envs.boxed_reply] * 10, adapter="math")
+    tasks = envs.math.tasks(
+        [task(1).model_copy(update={"ground_truth": "11"}), task(2).model_copy(update={"ground_truth": "99"})]
+    )
+    rollout(config, tasks, tmp_path / "out.jsonl")
+    records = sorted(read_records(tmp_path / "out.jsonl"), key=lambda r: r.task_id)
+    assert [(r.status, r.reward) for r in records] == [("completed", 1.0), ("completed", 0.0)]
+    prompt = load_qwen_tokenizer("qwen3").decode(records[0].trajectory.token_ids[:60])
+    assert envs.math.environment.system_prompt[:40] in prompt  # MathEnv's own system prompt, through prepare
+
+
 def test_written_tasks_are_a_dataset_file_for_the_command(tmp_path: Path) -> None:
     path = write_tasks([task(4)], tmp_path / "tasks.jsonl")
     summary = rollout(_config([adder_reply] * 10), path, tmp_path / "out.jsonl")
