@@ -183,6 +183,26 @@ def test_strands_envs_own_math_environment_scores_tito_rollouts(tmp_path: Path) 
     assert envs.math.environment.system_prompt[:40] in prompt  # MathEnv's own system prompt, through prepare
 
 
+def test_a_plain_tito_dataset_gets_the_environments_reward_with_the_task_built_from_its_row(tmp_path: Path) -> None:
+    envs.REWARD.seen.clear()
+    prompt = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "What is 3 + 10?"},
+    ]
+    row = {"id": "plain", "prompt": prompt, "answer": 13, "operands": [3, 10]}  # operands: a metadata column
+    rollout(_config([adder_reply] * 10), [row], tmp_path / "out.jsonl")
+    (record,) = read_records(tmp_path / "out.jsonl")
+    assert record.reward == 1.0
+    ((seen, result),) = envs.REWARD.seen
+    assert isinstance(seen, envs.AddTask) and (seen.id, seen.ground_truth, seen.operands) == ("plain", 13, [3, 10])
+    assert seen.message == "What is 3 + 10?" and [m["role"] for m in seen.conversation_history] == ["user", "assistant"]
+    first = result.messages[0]  # the prompt's history is left out, as strands-env's own rollouts do
+    assert (first["role"], first["content"]) == ("user", [{"text": "What is 3 + 10?"}])
+    assert len(result.rollout) == record.tokens.total
+
+
 def test_written_tasks_are_a_dataset_file_for_the_command(tmp_path: Path) -> None:
     path = write_tasks([task(4)], tmp_path / "tasks.jsonl")
     summary = rollout(_config([adder_reply] * 10), path, tmp_path / "out.jsonl")
