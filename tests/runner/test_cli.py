@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 from tito_core.cli import main
+from tito_core.runner import read_records
+from tito_core.trajectory import Trajectory
 
 from .helpers import lines, tasks, tokenizer_dir, write_jsonl
 
@@ -111,6 +113,16 @@ def test_export_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         assert row["task_id"] in ("t0", "t1") and row["reward"] in (0.0, 1.0)
     assert main(["export", "--to", "slime", str(out), str(tmp_path / "slime.jsonl")]) == 0
     assert {r["status"] for r in lines(tmp_path / "slime.jsonl")} == {"COMPLETED"}
+    assert main(["export", "--to", "agl", str(out), str(tmp_path / "agl.jsonl")]) == 0
+    records = {(r.task_id, r.sample): r for r in read_records(out)}
+    for row in lines(tmp_path / "agl.jsonl"):
+        traj = Trajectory.from_record(records[(row["task_id"], row["sample"])].trajectory)
+        events = row["model_request_events"]
+        assert len(events) == len(traj.turns) and row["rollout_id"] == traj.rollout_id
+        for event, turn in zip(events, traj.turns, strict=True):
+            start = turn.output_start
+            assert event["response"]["prompt_token_ids"] == traj.token_ids[:start]
+            assert event["response"]["choices"][0]["token_ids"] == traj.token_ids[start : start + turn.output_len]
     capsys.readouterr()
     assert main(["inspect", str(out), "--id", "t1", "--tokenizer", tokenizer_dir()]) == 0
     shown = capsys.readouterr().out

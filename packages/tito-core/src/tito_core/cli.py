@@ -69,7 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     output.add_argument("--log-json", action="store_true", help="JSON lines on stderr instead of a progress bar")
 
     export = commands.add_parser("export", help="convert a rollout file to a trainer's format (JSON lines)")
-    export.add_argument("--to", required=True, choices=["slime", "verl", "trl"], help="the trainer format")
+    export.add_argument(
+        "--to",
+        required=True,
+        choices=["slime", "verl", "trl", "agl"],
+        help="the trainer format (agl: Agent Lightning v1 model_request events)",
+    )
     export.add_argument("rollouts", help="the rollout file")
     export.add_argument("out", help="the output file (JSON lines, one rollout each)")
 
@@ -129,12 +134,14 @@ class _JsonFormatter(logging.Formatter):
 def _export(args: argparse.Namespace) -> int:
     from . import export
     from .runner import read_records
+    from .trainers.agentlightning import model_request_events
     from .trajectory import Trajectory
 
     converters: dict[str, Callable[[Trajectory], dict[str, Any]]] = {
         "slime": export.to_slime,
         "verl": export.to_verl,
         "trl": export.to_trl,
+        "agl": lambda traj: {"rollout_id": traj.rollout_id, "model_request_events": model_request_events(traj)},
     }
     convert = converters[args.to]
     count = 0
