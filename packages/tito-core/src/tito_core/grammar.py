@@ -29,6 +29,7 @@ __all__ = [
     "ToolChoiceError",
     "forced_tools",
     "input_schema",
+    "json_call_grammar",
     "literal",
     "one_call_of",
     "schema_rule",
@@ -324,6 +325,21 @@ def one_call_of(tools: Sequence[ToolSpec], call: Callable[[Ebnf, ToolSpec], str]
     ebnf = Ebnf()
     calls = [ebnf.rule(f"call_{spec['name']}", call(ebnf, spec)) for spec in tools]
     return ebnf.text(" | ".join(calls))
+
+
+def json_call_grammar(tools: Sequence[ToolSpec], arguments_key: str, *, before: str = "", after: str = "") -> str:
+    """One call written as the JSON object ``{"name": NAME, "<arguments_key>": ARGS}``.
+
+    ``before`` and ``after`` surround it (hermes: ``"arguments"`` inside the tool-call tags; Llama 3: bare
+    ``"parameters"``).
+    """
+
+    def call(ebnf: Ebnf, spec: ToolSpec) -> str:
+        head = f'{before}{{"name": {_dump(spec["name"])}, {_dump(arguments_key)}: '
+        args = schema_rule(ebnf, input_schema(spec), f"{spec['name']}_args")
+        return f"{literal(head)} {args} {literal('}' + after)}"
+
+    return one_call_of(tools, call)
 
 
 def tool_call_grammar(parser: object, tools: Sequence[ToolSpec]) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from strands.types.tools import ToolSpec
 
-from tito_core.grammar import Ebnf, input_schema, literal, one_call_of, schema_rule
+from tito_core.grammar import json_call_grammar
 from tito_core.tool_parsers._common import call_from_json_object, decode_call_object
 from tito_core.tool_parsers._reasoning import DelimitedToolParser, RawCall, index_past, skip_whitespace
 from tito_core.tool_parsers.base import (
@@ -59,13 +59,7 @@ class HermesToolParser(DelimitedToolParser):
 
     def call_grammar(self, tools: Sequence[ToolSpec]) -> str:
         """EBNF for one call as the format writes it: ``{"name": ..., "arguments": ...}`` between the tags."""
-
-        def call(ebnf: Ebnf, spec: ToolSpec) -> str:
-            head = f'{self.tool_start}\n{{"name": {json.dumps(spec["name"], ensure_ascii=False)}, "arguments": '
-            args = schema_rule(ebnf, input_schema(spec), f"{spec['name']}_args")
-            return f"{literal(head)} {args} {literal('}' + chr(10) + self.tool_end)}"
-
-        return one_call_of(tools, call)
+        return json_call_grammar(tools, "arguments", before=f"{self.tool_start}\n", after=f"\n{self.tool_end}")
 
     def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
         """Split ``text`` into reasoning, content and tool calls; ``tools`` is not needed."""

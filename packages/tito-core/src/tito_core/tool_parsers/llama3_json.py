@@ -7,12 +7,11 @@ Several calls are accepted one after another, separated by whitespace or ``;``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 from strands.types.tools import ToolSpec
 
-from tito_core.grammar import Ebnf, input_schema, literal, one_call_of, schema_rule
+from tito_core.grammar import json_call_grammar
 from tito_core.tool_parsers._common import call_from_json_object, decode_call_object, json_end, valid_name
 from tito_core.tool_parsers._reasoning import ThinkAwareParser, skip_whitespace
 from tito_core.tool_parsers.base import (
@@ -50,13 +49,7 @@ class Llama3JSONToolParser(ThinkAwareParser):
 
     def call_grammar(self, tools: Sequence[ToolSpec]) -> str:
         """EBNF for one call as the official template writes it: bare ``{"name": ..., "parameters": ...}``."""
-
-        def call(ebnf: Ebnf, spec: ToolSpec) -> str:
-            head = f'{{"name": {json.dumps(spec["name"], ensure_ascii=False)}, "parameters": '
-            args = schema_rule(ebnf, input_schema(spec), f"{spec['name']}_args")
-            return f'{literal(head)} {args} "}}"'
-
-        return one_call_of(tools, call)
+        return json_call_grammar(tools, "parameters")
 
     def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
         """Split ``text`` into reasoning, content and tool calls."""
