@@ -124,14 +124,21 @@ class RecordWriter(abc.ABC):
     """An append-only, resumable sink of :class:`RolloutRecord`; the same file format whoever writes it."""
 
     path: Path
+    _outcomes: dict[Key, Outcome]
+    _done: set[Key]
 
-    @abc.abstractmethod
+    def _opened(self, outcomes: dict[Key, Outcome]) -> None:
+        """Remember what the output held when it was opened."""
+        self._outcomes = outcomes
+        self._done = set(outcomes)
+
     def finished(self) -> set[Key]:
         """Keys of the records already in the output when it was opened (and written since)."""
+        return self._done
 
     def outcomes(self) -> dict[Key, Outcome]:
         """Status and reward of each record in the output when it was opened (for the whole file's summary)."""
-        return {}
+        return self._outcomes
 
     @abc.abstractmethod
     def write(self, record: RolloutRecord) -> None:
@@ -153,8 +160,7 @@ class JsonlWriter(RecordWriter):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self._outcomes = self._scan()
-        self._done = set(self._outcomes)
+        self._opened(self._scan())
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def _scan(self) -> dict[Key, Outcome]:
@@ -184,14 +190,6 @@ class JsonlWriter(RecordWriter):
             )
             os.truncate(self.path, whole)
         return keys
-
-    def finished(self) -> set[Key]:
-        """Keys in the file."""
-        return self._done
-
-    def outcomes(self) -> dict[Key, Outcome]:
-        """Status and reward of each record in the file when it was opened."""
-        return self._outcomes
 
     def write(self, record: RolloutRecord) -> None:
         """Append one line, in one ``write``."""
@@ -223,8 +221,7 @@ class ParquetWriter(RecordWriter):
         self.path.mkdir(parents=True, exist_ok=True)
         for leftover in self.path.glob("*.tmp"):
             leftover.unlink()  # a part being written when a run was killed: its records run again
-        self._outcomes = self._scan()
-        self._done = set(self._outcomes)
+        self._opened(self._scan())
         self._buffer: list[RolloutRecord] = []
         self._parts = 0
         self._run = time.strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:8]  # unique: runs never overwrite parts
@@ -237,14 +234,6 @@ class ParquetWriter(RecordWriter):
             for task_id, sample, status, reward in zip(*columns, strict=True):
                 keys[(task_id, sample)] = (status, reward)
         return keys
-
-    def finished(self) -> set[Key]:
-        """Keys in the file."""
-        return self._done
-
-    def outcomes(self) -> dict[Key, Outcome]:
-        """Status and reward of each record in the directory when it was opened."""
-        return self._outcomes
 
     def write(self, record: RolloutRecord) -> None:
         """Buffer one record; flush a part file when the row group is full."""
