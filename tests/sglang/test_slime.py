@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 import importlib.util
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,28 +12,9 @@ from typing import Any
 from tito_core.testing.scripted import ScriptedBackend
 from tito_sglang.slime import backend_from_slime_args, sampling_from_slime
 
+from ..slime_stand_in import Sample
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "slime" / "generate_with_tito.py"
-
-
-@dataclass
-class Sample:
-    """The fields of slime's Sample that a generate function sets."""
-
-    class Status(enum.Enum):
-        PENDING = "pending"
-        COMPLETED = "completed"
-        TRUNCATED = "truncated"
-        ABORTED = "aborted"
-        FAILED = "failed"
-
-    prompt: str = ""
-    tokens: list[int] = field(default_factory=list)
-    response_length: int = 0
-    response: str = ""
-    loss_mask: list[int] | None = None
-    rollout_log_probs: list[float] | None = None
-    rollout_id: str | None = None
-    status: Status = Status.PENDING
 
 
 def slime_args(**overrides: Any) -> SimpleNamespace:

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import importlib.util
 import struct
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -19,42 +17,11 @@ from tito_core.export import to_slime
 from tito_core.testing.scripted import ScriptedBackend
 from tito_core.trajectory import Turn, Usage
 
+from ..slime_stand_in import Sample
 from .helpers import call
 
 pytest.importorskip("tito_sglang.slime", reason="tito-sglang is not installed")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "slime" / "generate_with_tito.py"
-
-
-@dataclasses.dataclass(slots=True)
-class Sample:
-    """slime.utils.types.Sample's fields (slots: setting a field slime lacks raises AttributeError)."""
-
-    class Status(enum.Enum):
-        PENDING = "pending"
-        COMPLETED = "completed"
-        TRUNCATED = "truncated"
-        ABORTED = "aborted"
-        FAILED = "failed"
-
-    prompt: str = ""
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    response: str = ""
-    response_length: int = 0
-    reward: float | None = None
-    loss_mask: list[int] | None = None
-    rollout_log_probs: list[float] | None = None
-    rollout_routed_experts: Any = None
-    rollout_top_p_token_ids: list[int] | None = None
-    rollout_top_p_token_offsets: list[int] | None = None
-    teacher_log_probs: list[float] | None = None
-    status: Status = Status.PENDING
-    rollout_id: str | None = None
-    session_id: str | None = None
-    weight_versions: list[str] = dataclasses.field(default_factory=list)
-    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
-    train_metadata: dict[str, Any] | None = None
-    remove_sample: bool = False
-    generate_function_path: str | None = None
 
 
 def check_like_slime(sample: Sample, *, layers: int | None = None, top_k: int | None = None) -> None:
@@ -134,7 +101,7 @@ def test_fields_against_the_installed_slime():
     types = pytest.importorskip(
         "slime.utils.types",
         reason="slime is not on the package index: its Sample is checked against the source quoted in "
-        "research/rl_integrations.md §1.2 instead (the stand-in above)",
+        "research/rl_integrations.md §1.2 instead (the stand-in in tests/slime_stand_in.py)",
     )
     names = {f.name for f in dataclasses.fields(types.Sample)}
     traj = Trajectory("r1")

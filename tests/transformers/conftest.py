@@ -46,3 +46,19 @@ def tiny_backend(tiny_model_dir: Path) -> Iterator[Any]:
 async def backend(tiny_backend: Any) -> AsyncIterator[Any]:
     """The conformance kit's ``backend`` fixture."""
     yield tiny_backend
+
+
+@pytest.fixture
+def batch_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Rows in each batched decoding step of the embedded backend, recorded."""
+    from tito_transformers import backend as backend_module
+
+    seen: list[int] = []
+    step = backend_module._Batch.step
+
+    def recording(self: Any) -> None:
+        seen.append(len(self.rows))
+        step(self)
+
+    monkeypatch.setattr(backend_module._Batch, "step", recording)
+    return seen

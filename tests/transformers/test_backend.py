@@ -16,7 +16,6 @@ import pytest
 from tito_core.backend import GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import BackendError, ContextLengthError
 from tito_transformers import TransformersBackend
-from tito_transformers import backend as backend_module
 
 IM_END = 151645
 
@@ -63,20 +62,6 @@ def reference_processed(model: Any, prompt: list[int], output: list[int], temper
         assert token in kept.tolist()
         values.append(float(row[token] - torch.logsumexp(row[kept], -1)))
     return values
-
-
-@pytest.fixture
-def batch_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Rows in each batched decoding step, recorded."""
-    seen: list[int] = []
-    step = backend_module._Batch.step
-
-    def recording(self: Any) -> None:
-        seen.append(len(self.rows))
-        step(self)
-
-    monkeypatch.setattr(backend_module._Batch, "step", recording)
-    return seen
 
 
 def test_registered_by_name(tiny_model_dir: Path) -> None:

@@ -21,7 +21,6 @@ from tito_core.backend import GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import BackendRequestError
 from tito_core.tool_parsers.hermes import HermesToolParser
 from tito_transformers import TransformersBackend
-from tito_transformers import backend as backend_module
 
 pytest.importorskip("xgrammar")
 
@@ -57,20 +56,6 @@ def fp32(tiny_model_dir: Path) -> Iterator[TransformersBackend]:
     backend = TransformersBackend(tiny_model_dir, dtype="float32", max_context_length=512)
     yield backend
     backend.close()
-
-
-@pytest.fixture
-def batch_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Rows in each batched decoding step, recorded."""
-    seen: list[int] = []
-    step = backend_module._Batch.step
-
-    def recording(self: Any) -> None:
-        seen.append(len(self.rows))
-        step(self)
-
-    monkeypatch.setattr(backend_module._Batch, "step", recording)
-    return seen
 
 
 def request(
