@@ -455,6 +455,9 @@ class FaultServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _Conn(reader, writer, asyncio.current_task())
+        if self._server is None:  # accepted just before stop() closed the listener: a stopped server serves nothing
+            self._drop(conn, reset=True)
+            return
         self._conns.add(conn)
         try:
             while conn in self._conns:
