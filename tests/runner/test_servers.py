@@ -142,3 +142,26 @@ async def test_a_server_that_dies_mid_run_is_drained(tmp_path: Path) -> None:
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_forced_tool_calls_constrain_only_the_first_calls_of_each_rollout(tmp_path: Path) -> None:
+    server = await FaultServer(load_tokenizer(tokenizer_dir()), tool_turns=2).start()
+    try:
+        out = tmp_path / "out.jsonl"
+        cfg = _config([server.url], group_size=2, forced_tool_calls=1)
+        summary = await arollout(cfg, tasks(2), out)
+        assert summary.statuses == {"completed": 4}
+        for record in read_records(out):
+            assert [t.constrained for t in record.trajectory.turns] == [True, False, False]
+    finally:
+        await server.aclose()
+
+
+def test_forced_tool_calls_need_tools() -> None:
+    from tito_core.config import RolloutSettings
+    from tito_core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"forced_tool_calls` needs `rollout\.tools`"):
+        RolloutSettings(forced_tool_calls=1)
+    with pytest.raises(ConfigError, match="forced_tool_calls` must be >= 0"):
+        RolloutSettings(forced_tool_calls=-1, tools=["m:t"])

@@ -61,6 +61,9 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         max_model_calls: Model calls allowed per rollout; one more ends it ``truncated``.
         max_tool_calls: Tool calls allowed per rollout; one more ends it ``truncated``.
         max_messages: Messages allowed in the conversation before a model call; more end it ``truncated``.
+        forced_tool_calls: The first this many model calls of each rollout must call a tool
+            (``tool_choice="any"``, by the engine's constrained decoding); later calls use ``tool_choice``. For
+            small models that rarely call tools on their own. Needs ``tools`` and a backend with grammars.
         health_interval_s: Seconds between health checks of each server.
         row_group_size: Records per Parquet row group (flushed to disk as each fills).
     """
@@ -76,6 +79,7 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_model_calls: int | None = None
     max_tool_calls: int | None = None
     max_messages: int | None = None
+    forced_tool_calls: int = 0
     health_interval_s: float = 10.0
     row_group_size: int = 256
 
@@ -87,6 +91,10 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"`rollout.{name}` must be positive, got {value}")
+        if self.forced_tool_calls < 0:
+            raise ConfigError(f"`rollout.forced_tool_calls` must be >= 0, got {self.forced_tool_calls}")
+        if self.forced_tool_calls and not self.tools:
+            raise ConfigError("`rollout.forced_tool_calls` needs `rollout.tools`: there is no tool to call")
         for name in ("max_model_calls", "max_tool_calls", "max_messages"):
             value = getattr(self, name)
             if value is not None and value < 0:

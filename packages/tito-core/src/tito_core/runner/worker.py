@@ -26,6 +26,7 @@ from ..errors import BackendConnectionError, ConfigError, LoopLimitError
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory
 from .dataset import Task
+from .forcing import ForcedToolCalls
 from .limits import LoopLimiter
 from .records import FinalStatus, RolloutRecord, Timings, TokenCounts
 from .rewards import GroupRewardFn, RewardFn, Sample, call_maybe_async
@@ -144,7 +145,7 @@ class RolloutWorker:
             messages=history,
             callback_handler=None,
             conversation_manager=NullConversationManager(),
-            hooks=[limiter],
+            hooks=[limiter, ForcedToolCalls(settings.forced_tool_calls, self.config.tool_choice)],
         )
         text = ""
         forced: tuple[FinalStatus, str] | None = None
