@@ -370,6 +370,9 @@ class DriftSpan:
         rerendered: ``(start, end)`` in the re-rendered ids.
         recorded_text: Decoded recorded ids of the span.
         rerendered_text: Decoded re-rendered ids of the span.
+
+    :attr:`same_text` tells a pure token-split difference (the same text, other ids) from a changed text,
+    whatever the category: inside a tool call, a constrained decoder's splits are re-merged by a re-encode.
     """
 
     category: DriftCategory
@@ -380,10 +383,16 @@ class DriftSpan:
     recorded_text: str
     rerendered_text: str
 
+    @property
+    def same_text(self) -> bool:
+        """The two sides decode to the same text: only the token split differs."""
+        return self.recorded_text == self.rerendered_text
+
     def as_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict."""
         return {
             "category": self.category,
+            "same_text": self.same_text,
             "where": self.where,
             "turn": self.turn,
             "recorded": list(self.recorded),
