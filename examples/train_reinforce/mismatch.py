@@ -69,6 +69,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", dest="json_out", help="write the full report (per rollout, spans) here")
     parser.add_argument("--limit", type=int, help="measure at most this many rollouts")
     parser.add_argument("--examples", type=int, default=3, help="differing spans to print per category")
+    parser.add_argument(
+        "--tiny-qwen3",
+        action="store_true",
+        help="run and score on the tiny random Qwen3 of tito_core.testing with Qwen3's own template (think blocks)",
+    )
     collect = parser.add_argument_group("collect the rollouts first")
     collect.add_argument("--collect", metavar="TASKS", help="run these tasks into ROLLOUTS before measuring")
     collect.add_argument("--tasks", type=int, help="only the first N tasks")
@@ -92,6 +97,14 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     if args.max_new_tokens is not None:
         sampling["max_new_tokens"] = args.max_new_tokens
     overrides["sampling"] = sampling
+    if args.tiny_qwen3:
+        from tito_core.testing.tiny_model import build_tiny_qwen3
+
+        model_dir = build_tiny_qwen3()
+        options = dict(load_config(args.config).backend_options)
+        overrides["tokenizer"] = str(model_dir)
+        overrides["backend_options"] = {**options, "model_path": str(model_dir), "dtype": "float32"}
+        overrides["chat_template"] = (model_dir / "chat_template.jinja").read_text()
     return overrides
 
 
