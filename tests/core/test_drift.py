@@ -32,9 +32,10 @@ def _record(
     results: list[list[str]],
     *,
     closed: list[bool] | None = None,
+    stop: str = "<|im_end|>",
 ) -> Trajectory:
-    """A trajectory as tito records it: outputs (text or exact ids) each ended by <|im_end|> unless not closed."""
-    eot = renderer.encode("<|im_end|>")
+    """A trajectory as tito records it: outputs (text or exact ids) each ended by ``stop`` unless not closed."""
+    eot = renderer.encode(stop)
     chat = [{"role": "system", "content": "You add."}, {"role": "user", "content": "What is 2 + 3?"}]
     traj = Trajectory("t")
     traj.append("prompt", asyncio.run(renderer.initial_ids(chat, TOOLS)), turn=0)
@@ -52,6 +53,7 @@ def _record(
                 output_len=len(ids),
                 finish_reason="stop" if ended else "length",
                 stop_reason="end_turn",
+                matched_stop=eot[0] if ended else None,
                 usage=Usage(prompt_tokens=start, completion_tokens=len(ids)),
             )
         )
@@ -179,3 +181,15 @@ def test_output_regions_mark_tool_call_and_think_tokens(qwen3: ChatRenderer) -> 
     assert call_text == CALL
     assert think_text == "<think>\nhm\n</think>"
     assert not any(in_call[: out.start]) and not any(in_think[: out.start])
+
+
+def test_an_output_stopped_on_another_eos_is_closed_with_the_templates_end_of_turn(qwen25: ChatRenderer) -> None:
+    # the engine stopped on <|endoftext|> (reported as the matched stop): not part of the message, and the
+    # template closes the turn with <|im_end|> instead
+    traj = _record(qwen25, [CALL, "5"], [["5"]], stop="<|endoftext|>")
+    messages, _, cmp = _compare(qwen25, traj)
+    assert messages[-1]["content"] == "5"
+    assert "<|endoftext|>" not in str(messages)
+    special = [s for s in cmp.spans if s.category == "special_tokens"]
+    assert special and all("<|endoftext|>" in s.recorded_text for s in special)
+    assert all("<|im_end|>" in s.rerendered_text for s in special)

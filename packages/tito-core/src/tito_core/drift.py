@@ -282,6 +282,7 @@ def text_stack_messages(
     if not pairs:
         raise TemplateError("the trajectory has no output")
     end_of_turn = renderer.end_of_turn_ids
+    records = {t.index: t for t in traj.turns}
     system, user = _read_first_prompt(renderer, renderer.decode(pairs[0][0]), tools)
     messages: Messages = [{"role": "user", "content": [{"text": user}]}]
     calls = 0
@@ -299,7 +300,12 @@ def text_stack_messages(
                 for k, text in enumerate(results)
             ]
             messages.append({"role": "user", "content": blocks})
-        body = output[:-1] if output and output[-1] in end_of_turn else output
+        # the token the output stopped on is not part of the message (as when tito parses it at runtime):
+        # the template's end of turn, the EOS, or the stop id the engine reported
+        record = records.get(turn)
+        stopped_on = record.matched_stop if record is not None and record.finish_reason == "stop" else None
+        ended = bool(output) and (output[-1] in end_of_turn or output[-1] == stopped_on)
+        body = output[:-1] if ended else output
         parsed = parser.parse(renderer.decode(body), tool_specs)
         calls = len(parsed.calls)
         messages.append(_assistant_message(parsed, turn))
