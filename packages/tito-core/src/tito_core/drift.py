@@ -452,6 +452,10 @@ class IdComparison:
         }
 
 
+def _segment_at(kind_at: Sequence[tuple[str, int]], i: int) -> tuple[str, int] | None:
+    return kind_at[i] if i < len(kind_at) else None
+
+
 def _special_ids(renderer: ChatRenderer) -> frozenset[int]:
     tok = renderer.tokenizer
     ids = set(getattr(tok, "all_special_ids", ()) or ())
@@ -483,12 +487,28 @@ def compare_ids(
     matcher = SequenceMatcher(None, recorded, stack, autojunk=False)
     spans: list[DriftSpan] = []
     aligned = lost = added = 0
+    changes: list[list[int]] = []
+    gap: tuple[int, int] | None = None  # the equal run since the last change
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         if tag == "equal":
             aligned += sum(rec_mask[i1 + k] != stack_mask[j1 + k] for k in range(i2 - i1))
+            gap = (i1, i2)
             continue
         lost += sum(rec_mask[i1:i2])
         added += sum(stack_mask[j1:j2])
+        # one token in common between two changes of the same segment is one change, split by the alignment
+        # (``'`` + ``)`` re-encoded as ``')``): classify them together
+        if (
+            changes
+            and gap is not None
+            and gap[1] - gap[0] <= 1
+            and _segment_at(kind_at, changes[-1][0]) == (_segment_at(kind_at, i1))
+        ):
+            changes[-1][1], changes[-1][3] = i2, j2
+        else:
+            changes.append([i1, i2, j1, j2])
+        gap = None
+    for i1, i2, j1, j2 in changes:
         old_text = renderer.decode(recorded[i1:i2])
         new_text = renderer.decode(stack[j1:j2])
         # the recorded tokens of the span; for an insertion, the tokens on either side of it
