@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 __all__ = ["load_model", "token_logprobs", "token_logprobs_at"]
 
 
@@ -24,6 +22,7 @@ def load_model(model_path: str, *, dtype: str = "float32", device: str = "cpu", 
         device: A torch device.
         num_threads: ``torch.set_num_threads`` (None leaves torch's default).
     """
+    import torch
     from transformers import AutoModelForCausalLM
 
     if num_threads is not None:
@@ -41,21 +40,23 @@ def token_logprobs(model: Any, token_ids: Sequence[int], *, temperature: float =
     return token_logprobs_at(model, token_ids, (temperature,))[0]
 
 
-@torch.inference_mode()
 def token_logprobs_at(model: Any, token_ids: Sequence[int], temperatures: Sequence[float]) -> list[list[float | None]]:
     """:func:`token_logprobs` at several temperatures from one forward pass (one list per temperature)."""
+    import torch
+
     if any(t <= 0 for t in temperatures):
         raise ValueError(f"temperatures must be positive, got {list(temperatures)}")
     if not token_ids:
         return [[] for _ in temperatures]
     device = next(model.parameters()).device
     ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
-    logits = model(input_ids=ids).logits[0, :-1].float()
     out: list[list[float | None]] = []
-    for temperature in temperatures:
-        scaled = logits if temperature == 1.0 else logits / temperature
-        logprobs = torch.log_softmax(scaled, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
-        values: list[float | None] = [None]
-        values.extend(float(x) for x in logprobs.tolist())
-        out.append(values)
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0, :-1].float()
+        for temperature in temperatures:
+            scaled = logits if temperature == 1.0 else logits / temperature
+            logprobs = torch.log_softmax(scaled, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+            values: list[float | None] = [None]
+            values.extend(float(x) for x in logprobs.tolist())
+            out.append(values)
     return out
