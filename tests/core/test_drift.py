@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 
 from tito_core.chat import ChatRenderer, tool_specs_to_chat
-from tito_core.drift import compare_ids, logprob_gap, output_regions, text_stack_messages, text_stack_view
+from tito_core.drift import (
+    TextStackView,
+    compare_ids,
+    logprob_gap,
+    output_regions,
+    text_stack_messages,
+    text_stack_view,
+)
 from tito_core.tool_parsers.hermes import HermesToolParser
 from tito_core.trajectory import Trajectory, Turn, Usage
 
@@ -193,3 +200,25 @@ def test_an_output_stopped_on_another_eos_is_closed_with_the_templates_end_of_tu
     special = [s for s in cmp.spans if s.category == "special_tokens"]
     assert special and all("<|endoftext|>" in s.recorded_text for s in special)
     assert all("<|im_end|>" in s.rerendered_text for s in special)
+
+
+@pytest.mark.parametrize(("between", "spans"), [(1, 1), (2, 2)])
+def test_changes_split_by_one_shared_token_are_one_span(qwen25: ChatRenderer, between: int, spans: int) -> None:
+    word = lambda text: qwen25.encode(text)  # noqa: E731
+    shared = [t for w in [" dog", " ox"][:between] for t in word(w)]
+    assert len(shared) == between
+    prompt = word("Say:")
+    recorded = [*word("cat"), *shared, *word(" bird")]
+    stack = [*word("fish"), *shared, *word(" cow")]
+    traj = Trajectory("t")
+    traj.append("prompt", prompt, turn=0)
+    traj.append("output", recorded, [-1.0] * len(recorded), turn=0)
+    view = TextStackView(messages=[], text="", ids=[*prompt, *stack], loss_mask=[0] * len(prompt) + [1] * len(stack))
+    cmp = compare_ids(traj.close("completed"), view, qwen25)
+    assert len(cmp.spans) == spans
+    assert {s.category for s in cmp.spans} == {"content"}
+    if spans == 1:
+        assert cmp.spans[0].recorded_text == "cat dog bird"
+        assert cmp.spans[0].rerendered_text == "fish dog cow"
+    assert cmp.trained_lost == cmp.trained_added == 2  # the shared tokens stay aligned, with the same mask
+    assert cmp.mask_aligned_mismatch == 0
