@@ -32,6 +32,15 @@ def ray_cluster() -> Iterator[Any]:
         ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def executor(ray_cluster: Any) -> Iterator[Any]:
+    """One executor for the suite: its two workers start once (~20 s each on 2 shared cores) and are reused."""
+    from tito_core.runner.ray_executor import RayExecutor
+
+    with RayExecutor(2, concurrency=3, num_cpus=0.5) as shared:  # half a CPU each: Ray Data gets one too
+        yield shared
+
+
 @pytest.fixture(autouse=True)
 def _runner_logs(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="tito.runner")

@@ -22,13 +22,6 @@ from .helpers import comparable, sglang_config
 pytest.importorskip("tito_sglang")
 
 
-@pytest.fixture(scope="module")
-def executor(ray_cluster: Any) -> Any:
-    """One executor for the module: its two workers start once (~20 s each on 2 shared cores) and are reused."""
-    with RayExecutor(2, concurrency=3) as shared:
-        yield shared
-
-
 @pytest.fixture(autouse=True)
 def _defaults(executor: RayExecutor) -> None:
     executor.concurrency, executor.replacements = 3, 2

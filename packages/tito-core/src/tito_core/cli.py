@@ -133,6 +133,9 @@ def _rollout(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(f"tito rollout: interrupted; finished rollouts are in {args.output}: rerun to resume", file=sys.stderr)
         return 130
+    finally:
+        if executor is not None:
+            executor.close()  # the Ray workers (and the local Ray, if this run started one)
     return 0 if summary.written == summary.planned else 1
 
 

@@ -118,6 +118,8 @@ class RayExecutor(Executor):
         replacements: Workers that may be started during one run in place of lost ones (default: ``workers``).
         init_options: More keyword arguments for ``ray.init`` when this executor starts or joins Ray.
         actor_options: More Ray actor options for the workers (``resources``, ``runtime_env``, ...).
+        start_timeout_s: Seconds a worker may take to start and load its config (Ray schedules it only when the
+            cluster has the resources it asks for).
     """
 
     def __init__(
@@ -130,6 +132,7 @@ class RayExecutor(Executor):
         replacements: int | None = None,
         init_options: Mapping[str, Any] | None = None,
         actor_options: Mapping[str, Any] | None = None,
+        start_timeout_s: float = 300.0,
     ) -> None:
         if workers < 1:
             raise ConfigError(f"workers must be at least 1, got {workers}")
@@ -142,6 +145,7 @@ class RayExecutor(Executor):
         self.replacements = workers if replacements is None else replacements
         self.init_options = dict(init_options or {})
         self.actor_options = dict(actor_options or {})
+        self.start_timeout_s = start_timeout_s
         self.lost = 0  # workers lost during the last run
         self._slots: list[_Slot] = []
         self._started_ray = False
@@ -192,7 +196,14 @@ class RayExecutor(Executor):
 
         async def configure(slot: _Slot) -> _Slot:
             try:
-                await slot.handle.configure.remote(config_ref, base_dir)
+                async with asyncio.timeout(self.start_timeout_s):
+                    await slot.handle.configure.remote(config_ref, base_dir)
+            except TimeoutError:
+                raise TitoError(
+                    f"a Ray worker did not start within {self.start_timeout_s:g} s: does the cluster have "
+                    f"{self.num_cpus:g} CPU(s) free for each of the {self.workers} workers (and the actor options' "
+                    "resources)?"
+                ) from None
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else exc
                 raise ConfigError(f"a Ray worker could not start: {cause}") from exc
@@ -325,7 +336,7 @@ class RolloutBatches:
 
     Args:
         config: A TOML file, a mapping of config keys, or a :class:`~tito_core.config.TitoConfig`.
-        **overrides: Config keys replacing the file's, as for :func:`~tito_core.runner.run.rollout`.
+        **overrides: Config keys replacing the file's, as for ``tito_core.rollout``.
     """
 
     def __init__(self, config: Any, **overrides: Any) -> None:
