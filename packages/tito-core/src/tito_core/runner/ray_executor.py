@@ -181,12 +181,12 @@ class RayExecutor(Executor):
     ) -> None:
         """Run every item on the worker actors; ``emit`` (in this process) writes each record as it comes back."""
         ray = import_ray()
+        if not items:  # a rerun of a finished output: nothing to start
+            return
         if not ray.is_initialized():
             ray.init(address=self.address, **self.init_options)
             self._started_ray = True
             self._slots = []  # actors of an earlier Ray session are gone with it
-        if not items:
-            return
         config_ref = ray.put(_shippable(ray, worker.config))
         base_dir = None if worker.base_dir is None else str(worker.base_dir)
         concurrency = self.concurrency or worker.settings.concurrency
