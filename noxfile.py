@@ -28,6 +28,7 @@ nox.options.sessions = [
     "tests_transformers",
     "trainers",
     "strands_env",
+    "ray",
     "packaging",
     "docs",  # ~15 s on the 2-core CI machine: broken links and stale docstring references fail CI
     "integration_vllm",
@@ -172,6 +173,18 @@ def trainers(session: nox.Session) -> None:
     session.run(
         "pytest", "tests/trainers", *session.posargs, env={"HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
     )
+    release_env(session)
+
+
+@nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
+def ray(session: nox.Session) -> None:
+    """Rollouts on Ray (docs/scaling.md): a local 2-CPU Ray cluster started by the tests, 2 workers on fake SGLang
+    servers (sticky routing, killed workers, resume) and on the embedded backend (the Ray executor and the Ray
+    Data entry point against the local executor)."""
+    session.install(TORCH)  # pip, not uv: the local CPU wheel (see tests_transformers)
+    install_core(session, ADAPTERS["sglang"], EMBEDDED)
+    session.install("-e", f"{CORE}[ray]")
+    session.run("pytest", "tests/ray", *session.posargs, env={"HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"})
     release_env(session)
 
 
@@ -339,5 +352,7 @@ def bench(session: nox.Session) -> None:
         args = ["--no-peer", *args]
     session.run("python", "benchmarks/run.py", *args)
     session.run("python", "benchmarks/rollouts.py")  # the rollout runner at 64 and 512 concurrent rollouts
+    session.install("-e", f"{CORE}[ray]")
+    session.run("python", "benchmarks/ray_rollouts.py")  # local vs Ray with 1 and 2 workers (docs/scaling.md)
     if os.environ.get("TITO_BENCH_REAL", "1") != "0":
         session.run("python", "benchmarks/real_engines.py")

@@ -157,3 +157,15 @@ def test_ctrl_c_stops_with_130_and_keeps_what_was_written(tmp_path: Path) -> Non
     written = out.read_bytes()
     assert written.endswith(b"\n")  # a graceful stop leaves no torn line
     assert 4 <= len(lines(out)) < 80
+
+
+def test_ray_flags_need_the_ray_executor_and_ray_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(1))
+    assert main(_run(tmp_path, "--output", str(tmp_path / "out.jsonl"), "--workers", "2")) == 2
+    assert "--address and --workers go with --executor ray" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    assert main(_run(tmp_path, "--output", str(tmp_path / "out.jsonl"), "--executor", "ray")) == 2
+    assert 'pip install "tito-core[ray]"' in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()

@@ -1,6 +1,7 @@
 """The ``tito`` command: a thin layer over the library.
 
     tito rollout --config tito.toml --dataset tasks.jsonl --output rollouts.jsonl [--group-size 4 ...]
+    tito rollout ... --executor ray [--address auto] --workers 8
     tito export --to slime|verl|trl rollouts.jsonl out.jsonl
     tito inspect rollouts.jsonl [--id TASK_ID]
     tito demo
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .errors import TitoError
+from .errors import ConfigError, TitoError
 
 __all__ = ["main"]
 
@@ -64,6 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", help="backend name")
     run.add_argument("--tokenizer", help="tokenizer directory or name")
     run.add_argument("--server", action="append", dest="servers", metavar="URL", help="a server base URL (repeat)")
+    run.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help='where rollouts run: this process (default), or Ray actors (pip install "tito-core[ray]")',
+    )
+    run.add_argument("--address", help="with --executor ray: the Ray cluster to join (auto: this machine's)")
+    run.add_argument("--workers", type=int, help="with --executor ray: worker actors (default 2)")
     output = run.add_mutually_exclusive_group()
     output.add_argument("--quiet", action="store_true", help="print nothing but errors")
     output.add_argument("--log-json", action="store_true", help="JSON lines on stderr instead of a progress bar")
@@ -118,12 +127,30 @@ def _rollout(args: argparse.Namespace) -> int:
         "tokenizer": args.tokenizer,
         "backend_options": {"base_url": args.servers} if args.servers else None,
     }
+    executor = _executor(args)
     try:
-        summary = rollout(args.config, args.dataset, args.output, reporter=reporter, **overrides)
+        summary = rollout(args.config, args.dataset, args.output, reporter=reporter, executor=executor, **overrides)
     except KeyboardInterrupt:
         print(f"tito rollout: interrupted; finished rollouts are in {args.output}: rerun to resume", file=sys.stderr)
         return 130
+    finally:
+        if executor is not None:
+            executor.close()  # the Ray workers (and the local Ray, if this run started one)
     return 0 if summary.written == summary.planned else 1
+
+
+def _executor(args: argparse.Namespace) -> Any:
+    """None (the local executor) or a RayExecutor, from ``--executor``, ``--address`` and ``--workers``."""
+    if args.executor == "local":
+        if args.address is not None or args.workers is not None:
+            raise ConfigError("--address and --workers go with --executor ray")
+        return None
+    from .runner._optional import ray
+
+    ray()  # a clear error now, before the config and the servers are checked, when Ray is not installed
+    from .runner.ray_executor import RayExecutor
+
+    return RayExecutor(2 if args.workers is None else args.workers, address=args.address)
 
 
 class _JsonFormatter(logging.Formatter):

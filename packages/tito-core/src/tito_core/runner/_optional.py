@@ -15,3 +15,12 @@ def pyarrow() -> tuple[Any, Any]:
     except ImportError:
         raise ConfigError('Parquet files need pyarrow: pip install "tito-core[parquet]"') from None
     return pa, pq
+
+
+def ray() -> Any:
+    """The ``ray`` module, or a :class:`ConfigError` saying how to install it."""
+    try:
+        import ray as ray_module
+    except ImportError:
+        raise ConfigError('the Ray executor needs Ray: pip install "tito-core[ray]"') from None
+    return ray_module

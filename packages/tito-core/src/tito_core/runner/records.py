@@ -37,8 +37,11 @@ __all__ = [
     "RolloutRecord",
     "Timings",
     "TokenCounts",
+    "arrow_schema",
     "open_writer",
     "read_records",
+    "record_from_row",
+    "record_to_row",
 ]
 
 logger = logging.getLogger("tito.runner")
@@ -246,8 +249,8 @@ class ParquetWriter(RecordWriter):
         """Write the buffered records as one part file (one row group)."""
         if not self._buffer:
             return
-        rows = [_parquet_row(record) for record in self._buffer]
-        table = self._pa.Table.from_pylist(rows, schema=_parquet_schema(self._pa))
+        rows = [record_to_row(record) for record in self._buffer]
+        table = self._pa.Table.from_pylist(rows, schema=arrow_schema(self._pa))
         final = self.path / f"part-{self._run}-{self._parts:05d}.parquet"
         temporary = final.with_name(final.name + ".tmp")
         self._pq.write_table(table, temporary, row_group_size=len(rows))
@@ -273,8 +276,7 @@ def read_records(path: str | os.PathLike[str]) -> Iterator[RolloutRecord]:
     if source.suffix == ".parquet":
         _, pq = pyarrow()
         for row in pq.read_table(source).to_pylist():
-            row["trajectory"] = msgspec.json.decode(row["trajectory"], type=TrajectoryRecord)
-            yield msgspec.convert(row, RolloutRecord)
+            yield record_from_row(row)
         return
     with source.open("rb") as fh:
         for line in fh:
@@ -282,13 +284,22 @@ def read_records(path: str | os.PathLike[str]) -> Iterator[RolloutRecord]:
                 yield _RECORD.decode(line)
 
 
-def _parquet_row(record: RolloutRecord) -> dict[str, Any]:
+def record_to_row(record: RolloutRecord) -> dict[str, Any]:
+    """A record as one row of the Parquet file (and of a Ray Data batch): ``trajectory`` as its JSON text."""
     row: dict[str, Any] = msgspec.to_builtins(record)
     row["trajectory"] = _ENCODER.encode(record.trajectory).decode()
     return row
 
 
-def _parquet_schema(pa: Any) -> Any:
+def record_from_row(row: dict[str, Any]) -> RolloutRecord:
+    """The record of a row written by :func:`record_to_row` (a Parquet or Ray Data row)."""
+    fields = dict(row)
+    fields["trajectory"] = msgspec.json.decode(fields["trajectory"], type=TrajectoryRecord)
+    return msgspec.convert(fields, RolloutRecord)
+
+
+def arrow_schema(pa: Any) -> Any:
+    """The Arrow schema of the Parquet file's rows (``pa`` is the ``pyarrow`` module)."""
     timings = pa.struct([(name, pa.float64()) for name in Timings.__struct_fields__])
     tokens = pa.struct([(name, pa.int64()) for name in TokenCounts.__struct_fields__])
     return pa.schema(

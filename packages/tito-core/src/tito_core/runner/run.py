@@ -28,7 +28,7 @@ from .rewards import GroupRewardFn, call_maybe_async
 from .summary import RunStats, RunSummary
 from .worker import RolloutWorker, import_object
 
-__all__ = ["arollout", "prepare_config", "rollout"]
+__all__ = ["arollout", "group_advantages", "prepare_config", "rollout"]
 
 ConfigSource = str | os.PathLike[str] | TitoConfig | Mapping[str, Any]
 DatasetSource = str | os.PathLike[str] | Sequence[Task | Mapping[str, Any]]
@@ -158,6 +158,19 @@ def _tasks(dataset: DatasetSource) -> list[Task]:
     return tasks
 
 
+async def group_advantages(fn: GroupRewardFn, group: list[RolloutRecord]) -> list[RolloutRecord]:
+    """The records of one finished group with ``advantage`` set by ``fn``; all ``failed`` when ``fn`` raises."""
+    try:
+        values = list(await call_maybe_async(fn, [r.reward for r in group]))
+        if len(values) != len(group):
+            raise ValueError(f"returned {len(values)} values for a group of {len(group)}")
+        checked = [None if v is None else float(v) for v in values]
+    except Exception as exc:
+        reason = f"group reward function raised {type(exc).__name__}: {exc}"
+        return [msgspec.structs.replace(r, status="failed", status_reason=reason) for r in group]
+    return [msgspec.structs.replace(r, advantage=v) for r, v in zip(group, checked, strict=True)]
+
+
 class _Sink:
     """Writes records as they come; with a group reward, holds each group until its last rollout is done."""
 
@@ -189,20 +202,8 @@ class _Sink:
             return
         del self.pending[record.task_id]
         bucket.sort(key=lambda r: r.sample)
-        for done in await self._advantages(self.group_reward, bucket):
+        for done in await group_advantages(self.group_reward, bucket):
             self._write(done)
-
-    @staticmethod
-    async def _advantages(fn: GroupRewardFn, group: list[RolloutRecord]) -> list[RolloutRecord]:
-        try:
-            values = list(await call_maybe_async(fn, [r.reward for r in group]))
-            if len(values) != len(group):
-                raise ValueError(f"returned {len(values)} values for a group of {len(group)}")
-            checked = [None if v is None else float(v) for v in values]
-        except Exception as exc:
-            reason = f"group reward function raised {type(exc).__name__}: {exc}"
-            return [msgspec.structs.replace(r, status="failed", status_reason=reason) for r in group]
-        return [msgspec.structs.replace(r, advantage=v) for r, v in zip(group, checked, strict=True)]
 
     def _write(self, record: RolloutRecord) -> None:
         self.writer.write(record)

@@ -121,9 +121,29 @@ class ServerPool:
             self._set(server, error)
             self._changed.notify_all()
 
+    def server(self, name: str) -> Server:
+        """The server called ``name``."""
+        for server in self.servers:
+            if server.name == name:
+                return server
+        raise TitoError(f"no server {name!r} in this pool (it has {', '.join(s.name for s in self.servers)})")
+
     @contextlib.asynccontextmanager
-    async def lease(self) -> AsyncIterator[Server]:
-        """Hold the least-loaded healthy server for one rollout (waits while none is healthy)."""
+    async def lease(self, name: str | None = None) -> AsyncIterator[Server]:
+        """Hold the least-loaded healthy server for one rollout (waits while none is healthy).
+
+        With ``name``, hold that server whatever its health: the routing was done elsewhere (a distributed
+        executor's driver routes every rollout of the cluster with one pool and names the server to use).
+        """
+        if name is not None:
+            chosen = self.server(name)
+            chosen.in_flight += 1
+            chosen.leased += 1
+            try:
+                yield chosen
+            finally:
+                chosen.in_flight -= 1
+            return
         async with self._changed:
             while not any(s.healthy for s in self.servers):
                 try:

@@ -64,6 +64,7 @@ class RolloutWorker:
         tools: Strands tools given to every agent.
         reward: The reward function, or None.
         group_reward: The group reward function, or None.
+        base_dir: The directory import paths were resolved from (the config file's), for workers built elsewhere.
     """
 
     def __init__(
@@ -75,8 +76,10 @@ class RolloutWorker:
         tools: Sequence[Any] = (),
         reward: RewardFn | None = None,
         group_reward: GroupRewardFn | None = None,
+        base_dir: Path | None = None,
     ) -> None:
         self.config = config
+        self.base_dir = base_dir
         self.settings = config.rollout
         self.tokenizer = tokenizer
         self.pool = pool
@@ -111,22 +114,28 @@ class RolloutWorker:
             except BaseException:
                 await pool.aclose()
                 raise
-        return cls(config, tokenizer, pool, tools=tools, reward=reward, group_reward=group_reward)
+        return cls(config, tokenizer, pool, tools=tools, reward=reward, group_reward=group_reward, base_dir=base_dir)
 
     async def aclose(self) -> None:
         """Stop health checks and close the backends."""
         await self.pool.aclose()
 
-    async def run(self, task: Task, sample: int, on_start: Callable[[], None] | None = None) -> RolloutRecord:
-        """Run one rollout of ``task`` and return its record (rewarded, advantage not yet set)."""
-        async with self.pool.lease() as server:
+    async def run(
+        self, task: Task, sample: int, on_start: Callable[[], None] | None = None, *, server: str | None = None
+    ) -> RolloutRecord:
+        """Run one rollout of ``task`` and return its record (rewarded, advantage not yet set).
+
+        ``server`` names the pool's server to run on, when the rollout was routed elsewhere (see
+        :meth:`~tito_core.runner.servers.ServerPool.lease`); by default the pool picks the least-loaded healthy one.
+        """
+        async with self.pool.lease(server) as leased:
             if on_start is not None:
                 on_start()
             started = time.time()
             try:
-                return await self._run_on(server, task, sample)
+                return await self._run_on(leased, task, sample)
             except Exception as exc:  # a bug or a bad option met while building this rollout: it alone fails
-                return _failed(task, sample, server.name, started, exc)
+                return _failed(task, sample, leased.name, started, exc)
 
     async def _run_on(self, server: Server, task: Task, sample: int) -> RolloutRecord:
         settings = self.settings
