@@ -201,9 +201,10 @@ class TransformersBackend(Backend):
         self.batch_wait_s = max(batch_wait_ms, 0.0) / 1000.0
         self.logprobs_mode: LogprobsMode = logprobs_mode
         if model is None:
-            model = AutoModelForCausalLM.from_pretrained(
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
                 self.model_path, dtype=self.dtype, attn_implementation=attn_implementation or "sdpa"
-            ).to(self.device)
+            )
+            model = loaded.to(self.device)
         self.model: Any = model.eval()  # a shared model: the same module, put in eval mode (no dropout)
         config = self.model.config.get_text_config(decoder=True)
         self._context = max_context_length or getattr(config, "max_position_embeddings", None)
@@ -720,7 +721,9 @@ def _shared_model(
     if dtype is not None or attn is not None:
         raise ValueError("`dtype` and `attn_implementation` apply to a model loaded from `model_path`, not to `model`")
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
-        raise ValueError(f"`model` must be a loaded causal LM (a torch module with a config), not {type(model).__name__}")
+        raise ValueError(
+            f"`model` must be a loaded causal LM (a torch module with a config), not {type(model).__name__}"
+        )
     own = next(model.parameters()).device
     want = torch.device(device) if device is not None else own
     if want.type != own.type or want.index not in (None, own.index):
