@@ -127,11 +127,14 @@ def group_token_logprobs(model: Any, rollouts: Sequence[Rollout]) -> list[Any]:
     shared = _common_prefix([r.token_ids for r in rollouts])
     cut = min(shared, first_loss) - 1  # the prefix ends one token before the first scored position
     device = next(model.parameters()).device
-    prefix = torch.tensor([rollouts[0].token_ids[:cut]], device=device)
-    cache = body(input_ids=prefix, use_cache=True).past_key_values
     size = len(rollouts)
-    layers = [(layer.keys.expand(size, -1, -1, -1), layer.values.expand(size, -1, -1, -1)) for layer in cache.layers]
-    batch_cache = DynamicCache(layers, config=body.config)
+    batch_cache = None
+    if cut > 0:
+        prefix = torch.tensor([rollouts[0].token_ids[:cut]], device=device)
+        cache = body(input_ids=prefix, use_cache=True).past_key_values
+        layers = [(k.keys.expand(size, -1, -1, -1), k.values.expand(size, -1, -1, -1)) for k in cache.layers]
+        batch_cache = DynamicCache(layers, config=body.config)
+    cut = max(cut, 0)
     tails = [r.token_ids[cut:] for r in rollouts]
     width = max(len(t) for t in tails)
     inputs = torch.tensor([t + [0] * (width - len(t)) for t in tails], device=device)
