@@ -136,28 +136,26 @@ class ServerPool:
         executor's driver routes every rollout of the cluster with one pool and names the server to use).
         """
         if name is not None:
-            chosen = self.server(name)
-            chosen.in_flight += 1
-            chosen.leased += 1
-            try:
-                yield chosen
-            finally:
-                chosen.in_flight -= 1
-            return
+            server = self.server(name)
+        else:
+            server = await self._least_loaded()
+        # no await since the choice: no other rollout can choose before this one is counted
+        server.in_flight += 1
+        server.leased += 1
+        try:
+            yield server
+        finally:
+            server.in_flight -= 1
+
+    async def _least_loaded(self) -> Server:
+        """The healthy server with the fewest rollouts in flight; waits (and re-checks) while none is healthy."""
         async with self._changed:
             while not any(s.healthy for s in self.servers):
                 try:
                     await asyncio.wait_for(self._changed.wait(), timeout=self.interval)
                 except TimeoutError:
                     await self._recheck_locked()
-            healthy = [s for s in self.servers if s.healthy]
-            server = min(healthy, key=lambda s: (s.in_flight, s.leased))
-            server.in_flight += 1
-            server.leased += 1
-        try:
-            yield server
-        finally:
-            server.in_flight -= 1
+            return min((s for s in self.servers if s.healthy), key=lambda s: (s.in_flight, s.leased))
 
     async def _recheck_locked(self) -> None:
         for server in self.servers:
