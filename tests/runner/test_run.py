@@ -308,3 +308,16 @@ def test_an_output_line_that_is_not_a_record_is_an_error_naming_it(tmp_path: Pat
     out.write_bytes(out.read_bytes() + b'{"not": "a record"}\n')
     with pytest.raises(ConfigError, match=r"out.jsonl: line 3 is not a rollout record"):
         rollout(config(answer_with("4")), tasks(3), out)
+
+
+def test_an_output_in_a_missing_folder_makes_the_folder(tmp_path: Path) -> None:
+    out = tmp_path / "runs" / "deeper" / "out.jsonl"
+    summary = rollout(config(answer_with("4")), tasks(2), out)
+    assert summary.written == 2 and len(lines(out)) == 2
+
+
+def test_an_output_that_cannot_be_made_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=r"rollout output .*a-file/out.jsonl.*folder cannot be made"):
+        rollout(config(answer_with("4")), tasks(1), blocker / "out.jsonl")

@@ -263,11 +263,35 @@ class ParquetWriter(RecordWriter):
         self.flush()
 
 
+def check_output(path: str | os.PathLike[str]) -> None:
+    """Make the output's folder and check it can be written, without creating the output itself.
+
+    Raises:
+        ConfigError: The folder cannot be made, or the output (or its folder) is not writable; the path is named.
+    """
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"rollout output {str(path)!r}: its folder cannot be made: {exc.strerror or exc}") from exc
+    existing = target if target.exists() else target.parent
+    if not os.access(existing, os.W_OK):
+        raise ConfigError(f"rollout output {str(path)!r}: {str(existing)!r} is not writable")
+
+
 def open_writer(path: str | os.PathLike[str], *, row_group_size: int = 256) -> RecordWriter:
-    """The writer for ``path``: Parquet for a ``.parquet`` name, JSON lines otherwise."""
-    if Path(path).suffix == ".parquet":
-        return ParquetWriter(path, row_group_size=row_group_size)
-    return JsonlWriter(path)
+    """The writer for ``path``: Parquet for a ``.parquet`` name, JSON lines otherwise; missing folders are made.
+
+    Raises:
+        ConfigError: The file (or its folder) cannot be made or opened; the path and the reason are named.
+    """
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if Path(path).suffix == ".parquet":
+            return ParquetWriter(path, row_group_size=row_group_size)
+        return JsonlWriter(path)
+    except OSError as exc:
+        raise ConfigError(f"rollout output {str(path)!r} cannot be opened: {exc.strerror or exc}") from exc
 
 
 def read_records(path: str | os.PathLike[str]) -> Iterator[RolloutRecord]:

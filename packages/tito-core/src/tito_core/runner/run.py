@@ -23,7 +23,7 @@ from ..errors import ConfigError, DatasetError
 from .dataset import Task, load_tasks, task_from_row
 from .executor import Executor, LocalExecutor, WorkItem
 from .progress import QuietReporter, Reporter
-from .records import RecordWriter, RolloutRecord, open_writer
+from .records import RecordWriter, RolloutRecord, check_output, open_writer
 from .rewards import GroupRewardFn, call_maybe_async
 from .summary import RunStats, RunSummary
 from .worker import RolloutWorker, import_object
@@ -82,6 +82,7 @@ async def arollout(
     resolved, base_dir = await prepare_config(config, overrides)
     settings = resolved.rollout
     tasks = _tasks(dataset)
+    check_output(output)  # before a model loads or a server is asked: a bad path fails fast
     worker = await RolloutWorker.create(resolved, base_dir=base_dir)
     try:
         writer = open_writer(output, row_group_size=settings.row_group_size)
