@@ -315,7 +315,7 @@ def _root_refuses(session: nox.Session, env: Path) -> None:
     if not Path(python).is_file():
         _new_env(session, env)
     out = session.run(python, "-m", "pip", "install", "-e", ".", external=True, silent=True, success_codes=[1])
-    expected = 'python3 -m pip install -e "packages/tito-core[testing]" -e packages/tito-vllm -e packages/tito-sglang'
+    expected = 'python3 -m pip install -e "packages/tito-core[testing]" -e packages/tito-vllm -e packages/tito-sglang -e packages/tito-transformers'
     if expected not in str(out):
         session.error(f"`pip install -e .` at the root did not print {expected!r}:\n{out}")
     session.log("pip install -e . at the root refuses with the install command, as intended")

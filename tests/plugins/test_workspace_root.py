@@ -46,6 +46,7 @@ def test_every_build_hook_refuses_with_the_install_command(hook, tmp_path):
 def test_the_install_command_names_existing_packages_and_is_the_documented_one():
     backend = _backend()
     paths = [arg.split("[")[0] for arg in shlex.split(backend.INSTALL) if arg.startswith("packages/")]
-    assert paths == ["packages/tito-core", "packages/tito-vllm", "packages/tito-sglang"]
+    assert paths[0] == "packages/tito-core"
+    assert sorted(paths) == sorted(str(p.parent.relative_to(ROOT)) for p in ROOT.glob("packages/*/pyproject.toml"))
     assert all((ROOT / p / "pyproject.toml").is_file() for p in paths)
     assert backend.INSTALL in (ROOT / "README.md").read_text(encoding="utf-8")
