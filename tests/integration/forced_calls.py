@@ -9,7 +9,9 @@ engine's own samples, recorded verbatim.
 from __future__ import annotations
 
 import math
+import uuid
 import warnings
+from array import array
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -17,7 +19,7 @@ from strands import Agent, tool
 from strands.agent.conversation_manager import NullConversationManager
 
 from tito_core import TitoModel
-from tito_core.backend import Backend
+from tito_core.backend import Backend, GenerateRequest, SamplingParams
 
 EOS = (151645, 151643)  # <|im_end|>, <|endoftext|>: the tiny model's end-of-generation ids
 Small = Literal[1, 2, 3, 4, 5]
@@ -30,8 +32,14 @@ class Pair(BaseModel):
     b: Small
 
 
-async def forced_first_call(backend: Backend, tokenizer: Any, *, parser: str, answer_extra: dict[str, Any]) -> None:
-    """``tool_choice="any"`` forces the first call; after the tool ran, the answer is forced by ``answer_extra``."""
+async def forced_first_call(
+    backend: Backend, tokenizer: Any, *, parser: str, answer_extra: dict[str, Any]
+) -> tuple[float, float]:
+    """``tool_choice="any"`` forces the first call; after the tool ran, the answer is forced by ``answer_extra``.
+
+    Returns the largest and the mean absolute difference (nats) between the logprobs the engine reported for the
+    forced call and the same ids re-scored by the engine without the grammar (its prompt logprobs).
+    """
     seen: list[tuple[int, int]] = []
     sampling: dict[str, Any] = {"max_new_tokens": 96, "temperature": 1.0, "seed": 3}
     model = TitoModel(backend, tokenizer, tool_parser=parser, tool_choice="any", sampling=sampling)
@@ -67,6 +75,23 @@ async def forced_first_call(backend: Backend, tokenizer: Any, *, parser: str, an
     logprobs = traj.logprobs[first.output_start : first.output_start + first.output_len]
     assert all(lp is not None and math.isfinite(lp) and lp <= 0 for lp in logprobs)
     assert traj.loss_mask[first.output_start : first.output_start + first.output_len] == [1] * first.output_len
+
+    # The engine reports logprobs after the grammar's mask: re-scored without it, the same ids differ.
+    # Both at temperature 1.0, so the sampled distribution is the raw one the prompt logprobs report.
+    prompt = traj.token_ids[: first.output_start]
+    rescored = await backend.generate(
+        GenerateRequest(
+            rid=f"rescore-{uuid.uuid4().hex}",
+            input_ids=array("i", [*prompt, *output]),
+            prefix_len=len(prompt),
+            sampling=SamplingParams(max_new_tokens=1, temperature=1.0),
+            return_prompt_logprobs=True,
+        )
+    )
+    assert rescored.prompt_logprobs is not None and len(rescored.prompt_logprobs) == len(output)
+    gaps = [abs(lp - free) for lp, free in zip(logprobs, rescored.prompt_logprobs, strict=True) if free is not None]
+    assert gaps and max(gaps) > 1.0, f"a forced call re-scored without its grammar should differ, got {gaps}"
+    return max(gaps), sum(gaps) / len(gaps)
 
 
 async def forced_structured_output(backend: Backend, tokenizer: Any) -> None:

@@ -19,6 +19,7 @@ import textwrap
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -92,6 +93,14 @@ SERVER_FLAGS = [
 
 SERVER_PYTHON = os.environ.get("TITO_SGLANG_PYTHON") or sys.executable
 START_TIMEOUT = float(os.environ.get("TITO_SGLANG_START_TIMEOUT", "300"))
+REPORT: list[str] = []  # measurements the tests print at the end of the run
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if REPORT:
+        terminalreporter.section("SGLang integration measurements")
+        for line in REPORT:
+            terminalreporter.write_line(line)
 
 
 def _sglang_missing() -> str | None:

@@ -28,6 +28,7 @@ from tito_core.backend import GenerateRequest, SamplingParams
 from tito_sglang import SGLangBackend
 
 from ..forced_calls import forced_first_call, forced_structured_output
+from .conftest import REPORT
 
 pytestmark = pytest.mark.integration
 
@@ -382,7 +383,8 @@ async def test_same_greedy_ids_as_vllm(sglang_backend: SGLangBackend, sglang_mod
 async def test_tool_choice_forces_a_call_with_the_parsers_grammar(
     sglang_backend: SGLangBackend, tokenizer: Any, parser: str
 ) -> None:
-    await forced_first_call(sglang_backend, tokenizer, parser=parser, answer_extra={"regex": FINAL_RX})
+    largest, mean = await forced_first_call(sglang_backend, tokenizer, parser=parser, answer_extra={"regex": FINAL_RX})
+    REPORT.append(f"forced {parser} call re-scored without its grammar: max {largest:.2f}, mean {mean:.2f} nats")
 
 
 async def test_structured_output_is_forced(sglang_backend: SGLangBackend, tokenizer: Any) -> None:
