@@ -73,6 +73,10 @@ async def async_length(sample: Any) -> float:
     return float(len(sample.text))
 
 
+def sample_index(sample: Any) -> float:
+    return float(sample.sample)
+
+
 def raises_on_t1(sample: Any) -> float:
     if sample.task.id == "t1":
         raise ZeroDivisionError("boom")

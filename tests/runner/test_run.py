@@ -12,6 +12,7 @@ import pytest
 from tito_core import Trajectory, arollout, rollout
 from tito_core.errors import BackendConnectionError, ConfigError, DatasetError
 from tito_core.runner import read_records
+from tito_core.runner.rewards import group_normalized
 from tito_core.tokenizers import load_tokenizer
 
 from .helpers import answer_with, call, config, lines, tasks, tokenizer_dir, tool_turns, write_jsonl
@@ -158,6 +159,28 @@ def test_a_rerun_skips_finished_rollouts_and_adds_the_rest(tmp_path: Path) -> No
     assert (summary.skipped, summary.written) == (6, 4)
     again = rollout(config(answer_with("4"), group_size=2), tasks(5), out)
     assert (again.skipped, again.written) == (10, 0) and len(lines(out)) == 10
+
+
+def test_a_resumed_half_written_group_gets_advantages_over_the_whole_group(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    cfg = config(
+        answer_with("4"),
+        group_size=4,
+        reward="tests.runner.helpers:sample_index",
+        group_reward="tito_core.runner.rewards:group_normalized",
+    )
+    rollout(cfg, tasks(1), out)
+    whole = out.read_bytes().splitlines(keepends=True)
+    kept = sorted(whole, key=lambda line: json.loads(line)["sample"])[:2]
+    out.write_bytes(b"".join(kept))  # as a kill after two records of the group leaves it
+    summary = rollout(cfg, tasks(1), out)
+    assert (summary.skipped, summary.written) == (2, 2)
+    assert out.read_bytes().startswith(b"".join(kept))  # the earlier records are not rewritten
+    records = sorted(read_records(out), key=lambda r: r.sample)
+    assert [r.reward for r in records] == [0.0, 1.0, 2.0, 3.0]
+    expected = group_normalized([0.0, 1.0, 2.0, 3.0])
+    assert [r.advantage for r in records[2:]] == pytest.approx(expected[2:])
+    assert [r.advantage for r in records[:2]] == pytest.approx(expected[:2])  # as the first run wrote them
 
 
 @pytest.mark.parametrize("name", ["out.jsonl", "out.parquet"])

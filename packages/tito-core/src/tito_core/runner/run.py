@@ -98,7 +98,7 @@ async def arollout(
     skipped = len(tasks) * settings.group_size - len(items)
     stats = RunStats(str(output), planned=len(items), skipped=skipped, previous=writer.outcomes())
     reporter = reporter if reporter is not None else QuietReporter()
-    sink = _Sink(writer, stats, reporter, worker.group_reward, items)
+    sink = _Sink(writer, stats, reporter, worker.group_reward, items, writer.outcomes())
     runner = executor if executor is not None else LocalExecutor(settings.concurrency)
     reporter.start(stats)
     interrupted = True
@@ -158,21 +158,35 @@ def _tasks(dataset: DatasetSource) -> list[Task]:
     return tasks
 
 
-async def group_advantages(fn: GroupRewardFn, group: list[RolloutRecord]) -> list[RolloutRecord]:
-    """The records of one finished group with ``advantage`` set by ``fn``; all ``failed`` when ``fn`` raises."""
+async def group_advantages(
+    fn: GroupRewardFn, group: list[RolloutRecord], *, earlier: Mapping[int, float | None]
+) -> list[RolloutRecord]:
+    """The new records of one finished group with ``advantage`` set by ``fn``; all ``failed`` when ``fn`` raises.
+
+    ``fn`` sees the rewards of the whole group in sample order: ``earlier`` (sample to reward) are the group's
+    records already in the output (a resumed, half-written group), ``group`` the new ones. Only the new records
+    are returned: written records are never rewritten.
+    """
+    rewards = dict(earlier)
+    rewards.update((r.sample, r.reward) for r in group)
+    order = sorted(rewards)
     try:
-        values = list(await call_maybe_async(fn, [r.reward for r in group]))
-        if len(values) != len(group):
-            raise ValueError(f"returned {len(values)} values for a group of {len(group)}")
-        checked = [None if v is None else float(v) for v in values]
+        values = list(await call_maybe_async(fn, [rewards[s] for s in order]))
+        if len(values) != len(order):
+            raise ValueError(f"returned {len(values)} values for a group of {len(order)}")
+        by_sample = {s: None if v is None else float(v) for s, v in zip(order, values, strict=True)}
     except Exception as exc:
         reason = f"group reward function raised {type(exc).__name__}: {exc}"
         return [msgspec.structs.replace(r, status="failed", status_reason=reason) for r in group]
-    return [msgspec.structs.replace(r, advantage=v) for r, v in zip(group, checked, strict=True)]
+    return [msgspec.structs.replace(r, advantage=by_sample[r.sample]) for r in group]
 
 
 class _Sink:
-    """Writes records as they come; with a group reward, holds each group until its last rollout is done."""
+    """Writes records as they come; with a group reward, holds each group until its last rollout is done.
+
+    ``previous`` holds the outcomes of the records already in the output: the group reward function sees the
+    rewards of a resumed group's earlier records together with the new ones.
+    """
 
     def __init__(
         self,
@@ -181,6 +195,7 @@ class _Sink:
         reporter: Reporter,
         group_reward: GroupRewardFn | None,
         items: Sequence[WorkItem],
+        previous: Mapping[tuple[str, int], tuple[str, float | None]],
     ) -> None:
         self.writer = writer
         self.stats = stats
@@ -190,6 +205,10 @@ class _Sink:
         for item in items:
             self.expected[item.task.id] += 1
         self.pending: dict[str, list[RolloutRecord]] = defaultdict(list)
+        self.earlier: dict[str, dict[int, float | None]] = defaultdict(dict)
+        for (task_id, sample), (_, reward) in previous.items():
+            if task_id in self.expected:
+                self.earlier[task_id][sample] = reward
 
     async def emit(self, record: RolloutRecord) -> None:
         self.stats.in_flight -= 1
@@ -202,7 +221,7 @@ class _Sink:
             return
         del self.pending[record.task_id]
         bucket.sort(key=lambda r: r.sample)
-        for done in await group_advantages(self.group_reward, bucket):
+        for done in await group_advantages(self.group_reward, bucket, earlier=self.earlier.pop(record.task_id, {})):
             self._write(done)
 
     def _write(self, record: RolloutRecord) -> None:
