@@ -83,5 +83,11 @@ def raises_on_t1(sample: Any) -> float:
     return 1.0
 
 
+def raises_on_t1_sample_1(sample: Any) -> float:
+    if (sample.task.id, sample.sample) == ("t1", 1):
+        raise ZeroDivisionError("boom")
+    return float(sample.sample)
+
+
 def group_fails(rewards: list[float | None]) -> list[float | None]:
     raise RuntimeError("group boom")

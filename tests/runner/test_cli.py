@@ -101,6 +101,21 @@ def test_a_killed_run_loses_no_written_rollout_and_a_rerun_completes_it(tmp_path
     assert len(keys) == len(set(keys)) == 80
 
 
+def test_retry_failed_flag_reruns_failed_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(2))
+    out = tmp_path / "out.jsonl"
+    assert main(_run(tmp_path, "--output", str(out), "--quiet")) == 0
+    rows = lines(out)
+    rows[1].update(status="failed", status_reason="server lost")
+    write_jsonl(out, rows)
+    assert main(_run(tmp_path, "--output", str(out), "--log-json", "--retry-failed")) == 0
+    summary = json.loads(capsys.readouterr().err.splitlines()[-1])
+    assert (summary["skipped"], summary["written"]) == (3, 1)
+    assert sorted((r["task_id"], r["sample"], r["status"]) for r in lines(out)) == [
+        (f"t{i}", s, "completed") for i in range(2) for s in range(2)
+    ]
+
+
 def test_export_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_jsonl(tmp_path / "t.jsonl", tasks(2))
     out = tmp_path / "out.jsonl"

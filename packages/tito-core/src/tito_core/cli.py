@@ -2,6 +2,7 @@
 
     tito rollout --config tito.toml --dataset tasks.jsonl --output rollouts.jsonl [--group-size 4 ...]
     tito rollout ... --executor ray [--address auto] --workers 8
+    tito rollout ... --retry-failed
     tito export --to slime|verl|trl rollouts.jsonl out.jsonl
     tito inspect rollouts.jsonl [--id TASK_ID]
     tito demo
@@ -64,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--reward", help="reward function, module:attribute")
     run.add_argument("--backend", help="backend name")
     run.add_argument("--tokenizer", help="tokenizer directory or name")
+    run.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="remove the output's failed records (with a group reward: their whole groups) and run them again",
+    )
     run.add_argument("--server", action="append", dest="servers", metavar="URL", help="a server base URL (repeat)")
     run.add_argument(
         "--executor",
@@ -126,6 +132,7 @@ def _rollout(args: argparse.Namespace) -> int:
         "backend": args.backend,
         "tokenizer": args.tokenizer,
         "backend_options": {"base_url": args.servers} if args.servers else None,
+        "retry_failed": True if args.retry_failed else None,
     }
     executor = _executor(args)
     try:

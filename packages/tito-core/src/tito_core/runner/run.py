@@ -3,13 +3,15 @@
 Everything that can be wrong is checked before the first rollout: the config (keys, values, import paths),
 every dataset row, the tokenizer, and every server's health. Then each rollout runs on a fresh agent and
 model, and its record is written as soon as it is done (with a group reward function: as soon as its
-group is done). A rerun on the same output skips the rollouts already there.
+group is done). A rerun on the same output skips the rollouts already there (with ``rollout.retry_failed``,
+it first removes the ``failed`` records and runs them again).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -23,12 +25,14 @@ from ..errors import ConfigError, DatasetError
 from .dataset import Task, load_tasks, task_from_row
 from .executor import Executor, LocalExecutor, WorkItem
 from .progress import QuietReporter, Reporter
-from .records import RecordWriter, RolloutRecord, open_writer
+from .records import Key, Outcome, RecordWriter, RolloutRecord, open_writer
 from .rewards import GroupRewardFn, call_maybe_async
 from .summary import RunStats, RunSummary
 from .worker import RolloutWorker, import_object
 
-__all__ = ["arollout", "group_advantages", "prepare_config", "rollout"]
+__all__ = ["arollout", "failed_keys", "group_advantages", "prepare_config", "rollout"]
+
+logger = logging.getLogger("tito.runner")
 
 ConfigSource = str | os.PathLike[str] | TitoConfig | Mapping[str, Any]
 DatasetSource = str | os.PathLike[str] | Sequence[Task | Mapping[str, Any]]
@@ -65,7 +69,7 @@ async def arollout(
         config: A TOML file, a mapping of config keys, or a :class:`~tito_core.config.TitoConfig`.
         dataset: A ``.jsonl`` / ``.parquet`` file of tasks, or the tasks (``Task`` objects or rows).
         output: The rollout file: ``.parquet`` for Parquet, JSON lines otherwise. Existing records are kept
-            and their rollouts skipped.
+            and their rollouts skipped (``retry_failed`` removes the failed ones first, to run again).
         reporter: Progress reporting (default: none; the CLI uses a rich progress bar).
         executor: Who runs the rollouts (default: :class:`LocalExecutor` at ``rollout.concurrency``).
         **overrides: Config keys replacing the file's: model keys (``backend``, ``tokenizer``, ``sampling``,
@@ -88,6 +92,16 @@ async def arollout(
     except BaseException:
         await worker.aclose()
         raise
+    if settings.retry_failed:
+        retry = failed_keys(writer.outcomes(), {t.id for t in tasks}, whole_groups=worker.group_reward is not None)
+        if retry:
+            logger.warning("%s: removing %d failed records (retry_failed): they run again", output, len(retry))
+            try:
+                writer.remove(retry)
+            except BaseException:
+                writer.close()
+                await worker.aclose()
+                raise
     done = writer.finished()
     items = [
         WorkItem(task, sample)
@@ -158,6 +172,19 @@ def _tasks(dataset: DatasetSource) -> list[Task]:
     return tasks
 
 
+def failed_keys(outcomes: Mapping[Key, Outcome], task_ids: set[str], *, whole_groups: bool) -> set[Key]:
+    """The records ``retry_failed`` removes: ``failed`` ones of these tasks (``aborted`` ones stay).
+
+    With ``whole_groups`` (a group reward function), every record of a task that has a failed one: its
+    advantages were computed with the failed rollout, so the whole group runs again.
+    """
+    failed = {key for key, (status, _) in outcomes.items() if status == "failed" and key[0] in task_ids}
+    if not whole_groups:
+        return failed
+    groups = {task_id for task_id, _ in failed}
+    return {key for key in outcomes if key[0] in groups}
+
+
 async def group_advantages(
     fn: GroupRewardFn, group: list[RolloutRecord], *, earlier: Mapping[int, float | None]
 ) -> list[RolloutRecord]:
@@ -195,7 +222,7 @@ class _Sink:
         reporter: Reporter,
         group_reward: GroupRewardFn | None,
         items: Sequence[WorkItem],
-        previous: Mapping[tuple[str, int], tuple[str, float | None]],
+        previous: Mapping[Key, Outcome],
     ) -> None:
         self.writer = writer
         self.stats = stats
