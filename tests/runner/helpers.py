@@ -89,5 +89,12 @@ def raises_on_t1_sample_1(sample: Any) -> float:
     return float(sample.sample)
 
 
+PREPARED: list[str] = []
+
+
+def prepare_records_call() -> None:
+    PREPARED.append("called")
+
+
 def group_fails(rewards: list[float | None]) -> list[float | None]:
     raise RuntimeError("group boom")

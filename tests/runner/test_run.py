@@ -16,7 +16,7 @@ from tito_core.runner.rewards import group_normalized
 from tito_core.runner.run import failed_keys
 from tito_core.tokenizers import load_tokenizer
 
-from .helpers import answer_with, call, config, lines, tasks, tokenizer_dir, tool_turns, write_jsonl
+from .helpers import PREPARED, answer_with, call, config, lines, tasks, tokenizer_dir, tool_turns, write_jsonl
 
 REWARD = "tests.runner.helpers:contains_answer"
 
@@ -333,6 +333,17 @@ def test_a_row_without_prompt_is_an_error_naming_it_before_any_work(tmp_path: Pa
     with pytest.raises(DatasetError, match=r"tasks.jsonl: row 2: no `prompt`"):
         rollout(config(answer_with("4")), dataset, tmp_path / "out.jsonl")
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_dataset_rows_are_checked_before_the_prepare_hook_runs(tmp_path: Path) -> None:
+    PREPARED.clear()
+    dataset = write_jsonl(tmp_path / "tasks.jsonl", [*tasks(2), {"id": "x"}])
+    cfg = config(answer_with("4"), prepare="tests.runner.helpers:prepare_records_call")
+    with pytest.raises(DatasetError, match="row 3: no `prompt`"):
+        rollout(cfg, dataset, tmp_path / "out.jsonl")
+    assert PREPARED == []  # the hook (which may build a model) never ran
+    rollout(cfg, tasks(1), tmp_path / "out.jsonl")
+    assert PREPARED == ["called"]
 
 
 @pytest.mark.parametrize(

@@ -83,9 +83,10 @@ async def arollout(
         DatasetError: An unreadable dataset or a bad row (the row is named).
         BackendConnectionError: An inference server does not answer its health check.
     """
-    resolved, base_dir = await prepare_config(config, overrides)
+    loaded, base_dir = _load_config(config, overrides)
+    tasks = _tasks(dataset)  # every row checked before the prepare hook (which may build a model)
+    resolved = await _run_prepare(loaded, base_dir, overrides)
     settings = resolved.rollout
-    tasks = _tasks(dataset)
     worker = await RolloutWorker.create(resolved, base_dir=base_dir)
     try:
         writer = open_writer(output, row_group_size=settings.row_group_size)
@@ -135,6 +136,12 @@ async def arollout(
 
 async def prepare_config(source: ConfigSource, overrides: Mapping[str, Any]) -> tuple[TitoConfig, Path | None]:
     """The config with ``overrides`` applied and its ``prepare`` hook run, and the directory import paths may use."""
+    config, base_dir = _load_config(source, overrides)
+    return await _run_prepare(config, base_dir, overrides), base_dir
+
+
+def _load_config(source: ConfigSource, overrides: Mapping[str, Any]) -> tuple[TitoConfig, Path | None]:
+    """The config with ``overrides`` applied (not yet its ``prepare`` hook), and the directory of its file."""
     base_dir: Path | None = None
     if isinstance(source, TitoConfig):
         config = source
@@ -142,7 +149,11 @@ async def prepare_config(source: ConfigSource, overrides: Mapping[str, Any]) -> 
         if not isinstance(source, Mapping):
             base_dir = Path(source).resolve().parent
         config = load_config(source)
-    config = with_overrides(config, overrides)  # first: an override may name the prepare hook itself
+    return with_overrides(config, overrides), base_dir  # first: an override may name the prepare hook itself
+
+
+async def _run_prepare(config: TitoConfig, base_dir: Path | None, overrides: Mapping[str, Any]) -> TitoConfig:
+    """``config`` after its ``prepare`` hook's changes (explicit ``overrides`` still win)."""
     if config.rollout.prepare:
         hook = import_object(config.rollout.prepare, search=base_dir)
         if inspect.iscoroutinefunction(hook):
@@ -154,7 +165,7 @@ async def prepare_config(source: ConfigSource, overrides: Mapping[str, Any]) -> 
                 raise ConfigError(f"`rollout.prepare` must return a mapping of config keys or None, not {changes!r}")
             config = with_overrides(config, changes, origin=f"the result of {config.rollout.prepare}")
             config = with_overrides(config, overrides)  # explicit overrides win over the hook's values
-    return config, base_dir
+    return config
 
 
 def _tasks(dataset: DatasetSource) -> list[Task]:
