@@ -144,6 +144,11 @@ def test_export_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert ": 2 rollouts" in shown and "│ t1 " in shown and "│ t0 " not in shown
     assert "completed" in shown and "The answer is 4.<|im_end|>" in shown  # the model's output, decoded
     assert main(["inspect", str(out), "--id", "nope"]) == 1
+    assert main(["inspect", str(out), "--id", "t1", "--config", str(tmp_path / "tito.toml")]) == 0
+    assert "The answer is 4.<|im_end|>" in capsys.readouterr().out  # the config's tokenizer decodes it
+    (tmp_path / "bare.toml").write_text('backend = "scripted"\n')
+    assert main(["inspect", str(out), "--id", "t1", "--config", str(tmp_path / "bare.toml")]) == 2
+    assert "bare.toml: no `tokenizer`" in capsys.readouterr().err
 
 
 def test_demo_delegates_to_the_demo_module(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,7 @@
     tito rollout ... --executor ray [--address auto] --workers 8
     tito rollout ... --retry-failed
     tito export --to slime|verl|trl rollouts.jsonl out.jsonl
-    tito inspect rollouts.jsonl [--id TASK_ID]
+    tito inspect rollouts.jsonl [--id TASK_ID [--tokenizer DIR | --config tito.toml]]
     tito demo
 
 Errors found before any work (a bad config, dataset row, tokenizer or server) print one line and exit 2.
@@ -96,7 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="show a rollout file's records")
     inspect.add_argument("rollouts", help="the rollout file")
     inspect.add_argument("--id", dest="task_id", help="show the rollouts of this task in full")
-    inspect.add_argument("--tokenizer", help="decode the tokens as text with this tokenizer (else token ids)")
+    decode = inspect.add_mutually_exclusive_group()
+    decode.add_argument("--tokenizer", help="decode the tokens as text with this tokenizer (else token ids)")
+    decode.add_argument("--config", help="decode the tokens as text with this TOML config's tokenizer")
 
     commands.add_parser("demo", help="run the demo rollout (python -m tito_core.demo)", add_help=False)
     return parser
@@ -219,14 +221,26 @@ def _inspect(args: argparse.Namespace) -> int:
         )
     console.print(table)
     if args.task_id is not None:
-        tokenizer = None
-        if args.tokenizer:
-            from .tokenizers import load_tokenizer
-
-            tokenizer = load_tokenizer(args.tokenizer)
+        tokenizer = _inspect_tokenizer(args)
         for r in records:
             _show_segments(console, r, tokenizer)
     return 0
+
+
+def _inspect_tokenizer(args: argparse.Namespace) -> Any:
+    """The tokenizer of ``--tokenizer``, or of ``--config``'s ``tokenizer`` (loaded as the runner does); or None."""
+    from .tokenizers import load_tokenizer
+
+    if args.tokenizer:
+        return load_tokenizer(args.tokenizer)
+    if not args.config:
+        return None
+    from .config import load_config
+
+    config = load_config(args.config)
+    if config.tokenizer is None:
+        raise ConfigError(f"{args.config}: no `tokenizer` to decode with (if a prepare hook sets it, give --tokenizer)")
+    return load_tokenizer(config.tokenizer)
 
 
 def _show_segments(console: Any, record: Any, tokenizer: Any) -> None:
