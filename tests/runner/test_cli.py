@@ -189,3 +189,22 @@ def test_ray_flags_need_the_ray_executor_and_ray_itself(
     assert main(_run(tmp_path, "--output", str(tmp_path / "out.jsonl"), "--executor", "ray")) == 2
     assert 'pip install "tito-core[ray]"' in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_the_summary_lists_the_first_groups_and_states_the_spread_over_all() -> None:
+    from rich.console import Console
+
+    from tito_core.runner.progress import summary_table
+    from tito_core.runner.summary import GroupStats, RunSummary
+
+    groups = [GroupStats(task_id=f"t{i}", rollouts=2, reward_mean=0.5, reward_std=0.5 * (i % 2)) for i in range(25)]
+    summary = RunSummary(
+        output="out.jsonl", planned=50, skipped=0, written=50, statuses={"completed": 50}, reward_mean=0.5,
+        reward_std=0.5, groups=groups, total_tokens=1, output_tokens=1, wall_s=1.0, rollouts_per_s=50.0,
+        output_tokens_per_s=1.0, servers={},
+    )  # fmt: skip
+    console = Console(record=True, width=120)
+    console.print(summary_table(summary))
+    text = console.export_text()
+    assert "│ t19 " in text and "│ t20 " not in text and "… 5 more groups" in text
+    assert "25 groups: per-group reward std mean 0.240; 13 with equal rewards" in text
