@@ -126,6 +126,11 @@ def test_export_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     for row in exported:
         assert len(row["completion_ids"]) == len(row["env_mask"]) == len(row["logprobs"]) and sum(row["env_mask"]) > 0
         assert row["task_id"] in ("t0", "t1") and row["reward"] in (0.0, 1.0)
+    assert main(["export", "--to", "verl", str(out), str(tmp_path / "verl.jsonl")]) == 0
+    timings = {(r.task_id, r.sample): r.timings for r in read_records(out)}
+    for row in lines(tmp_path / "verl.jsonl"):  # no tool calls: the agent loop's time was all generation
+        agent_s = timings[(row["task_id"], row["sample"])].agent_s
+        assert row["metrics"] == {"generate_sequences": agent_s, "tool_calls": 0.0, "num_preempted": -1} and agent_s > 0
     assert main(["export", "--to", "slime", str(out), str(tmp_path / "slime.jsonl")]) == 0
     assert {r["status"] for r in lines(tmp_path / "slime.jsonl")} == {"COMPLETED"}
     assert main(["export", "--to", "agl", str(out), str(tmp_path / "agl.jsonl")]) == 0

@@ -169,21 +169,21 @@ class _JsonFormatter(logging.Formatter):
 
 def _export(args: argparse.Namespace) -> int:
     from . import export
-    from .runner import read_records
+    from .runner import RolloutRecord, read_records
     from .trainers.agentlightning import model_request_events
     from .trajectory import Trajectory
 
-    converters: dict[str, Callable[[Trajectory], dict[str, Any]]] = {
-        "slime": export.to_slime,
-        "verl": export.to_verl,
-        "trl": export.to_trl,
-        "agl": lambda traj: {"rollout_id": traj.rollout_id, "model_request_events": model_request_events(traj)},
+    converters: dict[str, Callable[[Trajectory, RolloutRecord], dict[str, Any]]] = {
+        "slime": lambda traj, _: export.to_slime(traj),
+        "verl": lambda traj, record: export.to_verl(traj, metrics=_verl_metrics(record)),
+        "trl": lambda traj, _: export.to_trl(traj),
+        "agl": lambda traj, _: {"rollout_id": traj.rollout_id, "model_request_events": model_request_events(traj)},
     }
     convert = converters[args.to]
     count = 0
     with open(args.out, "w", encoding="utf-8") as out:
         for record in read_records(args.rollouts):
-            fields = convert(Trajectory.from_record(record.trajectory))
+            fields = convert(Trajectory.from_record(record.trajectory), record)
             fields.update(task_id=record.task_id, sample=record.sample, group=record.group, reward=record.reward)
             if record.advantage is not None:
                 fields["advantage"] = record.advantage
@@ -191,6 +191,18 @@ def _export(args: argparse.Namespace) -> int:
             count += 1
     print(f"tito export: {count} rollouts as {args.to} -> {args.out}", file=sys.stderr)
     return 0
+
+
+def _verl_metrics(record: Any) -> dict[str, float]:
+    """The ``AgentLoopMetrics`` of verl from a record's timings, where they map.
+
+    The record times the whole agent loop (``agent_s``: model calls and tools together). A rollout that called
+    no tool spent it in model calls (generation, with prompt rendering): ``generate_sequences = agent_s``,
+    ``tool_calls = 0``. With tool calls the two cannot be told apart, and verl's defaults stay.
+    """
+    if record.tokens.tool_calls == 0:
+        return {"generate_sequences": record.timings.agent_s, "tool_calls": 0.0}
+    return {}
 
 
 def _inspect(args: argparse.Namespace) -> int:
