@@ -73,10 +73,27 @@ async def async_length(sample: Any) -> float:
     return float(len(sample.text))
 
 
+def sample_index(sample: Any) -> float:
+    return float(sample.sample)
+
+
 def raises_on_t1(sample: Any) -> float:
     if sample.task.id == "t1":
         raise ZeroDivisionError("boom")
     return 1.0
+
+
+def raises_on_t1_sample_1(sample: Any) -> float:
+    if (sample.task.id, sample.sample) == ("t1", 1):
+        raise ZeroDivisionError("boom")
+    return float(sample.sample)
+
+
+PREPARED: list[str] = []
+
+
+def prepare_records_call() -> None:
+    PREPARED.append("called")
 
 
 def group_fails(rewards: list[float | None]) -> list[float | None]:

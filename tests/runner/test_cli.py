@@ -101,6 +101,21 @@ def test_a_killed_run_loses_no_written_rollout_and_a_rerun_completes_it(tmp_path
     assert len(keys) == len(set(keys)) == 80
 
 
+def test_retry_failed_flag_reruns_failed_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(2))
+    out = tmp_path / "out.jsonl"
+    assert main(_run(tmp_path, "--output", str(out), "--quiet")) == 0
+    rows = lines(out)
+    rows[1].update(status="failed", status_reason="server lost")
+    write_jsonl(out, rows)
+    assert main(_run(tmp_path, "--output", str(out), "--log-json", "--retry-failed")) == 0
+    summary = json.loads(capsys.readouterr().err.splitlines()[-1])
+    assert (summary["skipped"], summary["written"]) == (3, 1)
+    assert sorted((r["task_id"], r["sample"], r["status"]) for r in lines(out)) == [
+        (f"t{i}", s, "completed") for i in range(2) for s in range(2)
+    ]
+
+
 def test_export_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_jsonl(tmp_path / "t.jsonl", tasks(2))
     out = tmp_path / "out.jsonl"
@@ -111,6 +126,11 @@ def test_export_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     for row in exported:
         assert len(row["completion_ids"]) == len(row["env_mask"]) == len(row["logprobs"]) and sum(row["env_mask"]) > 0
         assert row["task_id"] in ("t0", "t1") and row["reward"] in (0.0, 1.0)
+    assert main(["export", "--to", "verl", str(out), str(tmp_path / "verl.jsonl")]) == 0
+    timings = {(r.task_id, r.sample): r.timings for r in read_records(out)}
+    for row in lines(tmp_path / "verl.jsonl"):  # no tool calls: the agent loop's time was all generation
+        agent_s = timings[(row["task_id"], row["sample"])].agent_s
+        assert row["metrics"] == {"generate_sequences": agent_s, "tool_calls": 0.0, "num_preempted": -1} and agent_s > 0
     assert main(["export", "--to", "slime", str(out), str(tmp_path / "slime.jsonl")]) == 0
     assert {r["status"] for r in lines(tmp_path / "slime.jsonl")} == {"COMPLETED"}
     assert main(["export", "--to", "agl", str(out), str(tmp_path / "agl.jsonl")]) == 0
@@ -129,6 +149,11 @@ def test_export_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert ": 2 rollouts" in shown and "│ t1 " in shown and "│ t0 " not in shown
     assert "completed" in shown and "The answer is 4.<|im_end|>" in shown  # the model's output, decoded
     assert main(["inspect", str(out), "--id", "nope"]) == 1
+    assert main(["inspect", str(out), "--id", "t1", "--config", str(tmp_path / "tito.toml")]) == 0
+    assert "The answer is 4.<|im_end|>" in capsys.readouterr().out  # the config's tokenizer decodes it
+    (tmp_path / "bare.toml").write_text('backend = "scripted"\n')
+    assert main(["inspect", str(out), "--id", "t1", "--config", str(tmp_path / "bare.toml")]) == 2
+    assert "bare.toml: no `tokenizer`" in capsys.readouterr().err
 
 
 def test_demo_delegates_to_the_demo_module(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,3 +194,22 @@ def test_ray_flags_need_the_ray_executor_and_ray_itself(
     assert main(_run(tmp_path, "--output", str(tmp_path / "out.jsonl"), "--executor", "ray")) == 2
     assert 'pip install "tito-core[ray]"' in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_the_summary_lists_the_first_groups_and_states_the_spread_over_all() -> None:
+    from rich.console import Console
+
+    from tito_core.runner.progress import summary_table
+    from tito_core.runner.summary import GroupStats, RunSummary
+
+    groups = [GroupStats(task_id=f"t{i}", rollouts=2, reward_mean=0.5, reward_std=0.5 * (i % 2)) for i in range(25)]
+    summary = RunSummary(
+        output="out.jsonl", planned=50, skipped=0, written=50, statuses={"completed": 50}, reward_mean=0.5,
+        reward_std=0.5, groups=groups, total_tokens=1, output_tokens=1, wall_s=1.0, rollouts_per_s=50.0,
+        output_tokens_per_s=1.0, servers={},
+    )  # fmt: skip
+    console = Console(record=True, width=120)
+    console.print(summary_table(summary))
+    text = console.export_text()
+    assert "│ t19 " in text and "│ t20 " not in text and "… 5 more groups" in text
+    assert "25 groups: per-group reward std mean 0.240; 13 with equal rewards" in text

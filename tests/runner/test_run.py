@@ -12,9 +12,11 @@ import pytest
 from tito_core import Trajectory, arollout, rollout
 from tito_core.errors import BackendConnectionError, ConfigError, DatasetError
 from tito_core.runner import read_records
+from tito_core.runner.rewards import group_normalized
+from tito_core.runner.run import failed_keys
 from tito_core.tokenizers import load_tokenizer
 
-from .helpers import answer_with, call, config, lines, tasks, tokenizer_dir, tool_turns, write_jsonl
+from .helpers import PREPARED, answer_with, call, config, lines, tasks, tokenizer_dir, tool_turns, write_jsonl
 
 REWARD = "tests.runner.helpers:contains_answer"
 
@@ -160,6 +162,28 @@ def test_a_rerun_skips_finished_rollouts_and_adds_the_rest(tmp_path: Path) -> No
     assert (again.skipped, again.written) == (10, 0) and len(lines(out)) == 10
 
 
+def test_a_resumed_half_written_group_gets_advantages_over_the_whole_group(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    cfg = config(
+        answer_with("4"),
+        group_size=4,
+        reward="tests.runner.helpers:sample_index",
+        group_reward="tito_core.runner.rewards:group_normalized",
+    )
+    rollout(cfg, tasks(1), out)
+    whole = out.read_bytes().splitlines(keepends=True)
+    kept = sorted(whole, key=lambda line: json.loads(line)["sample"])[:2]
+    out.write_bytes(b"".join(kept))  # as a kill after two records of the group leaves it
+    summary = rollout(cfg, tasks(1), out)
+    assert (summary.skipped, summary.written) == (2, 2)
+    assert out.read_bytes().startswith(b"".join(kept))  # the earlier records are not rewritten
+    records = sorted(read_records(out), key=lambda r: r.sample)
+    assert [r.reward for r in records] == [0.0, 1.0, 2.0, 3.0]
+    expected = group_normalized([0.0, 1.0, 2.0, 3.0])
+    assert [r.advantage for r in records[2:]] == pytest.approx(expected[2:])
+    assert [r.advantage for r in records[:2]] == pytest.approx(expected[:2])  # as the first run wrote them
+
+
 @pytest.mark.parametrize("name", ["out.jsonl", "out.parquet"])
 def test_a_resumed_runs_summary_also_covers_the_whole_file(tmp_path: Path, name: str) -> None:
     if name.endswith(".parquet"):
@@ -208,6 +232,74 @@ async def test_cancelling_a_run_keeps_every_written_record_whole(tmp_path: Path)
     assert len(keys) == len(set(keys)) == 20
 
 
+# ------------------------------------------------------------------------------------------ retry_failed
+def test_retry_failed_reruns_the_failed_records_and_keeps_the_others_byte_for_byte(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "out.jsonl"
+    rollout(config(answer_with("4"), group_size=2, reward="tests.runner.helpers:raises_on_t1"), tasks(3), out)
+    kept = [line for line in out.read_bytes().splitlines(keepends=True) if b'"task_id":"t1"' not in line]
+    again = config(answer_with("4"), group_size=2, reward=REWARD)  # the reward service is back
+    assert rollout(again, tasks(3), out).written == 0  # off by default: failed records count as done
+    summary = rollout(again, tasks(3), out, retry_failed=True)
+    assert (summary.skipped, summary.written) == (4, 2) and "removing 2 failed records" in caplog.text
+    assert out.read_bytes().startswith(b"".join(kept))  # the other records, byte for byte, in their order
+    records = list(read_records(out))
+    assert sorted(r.key for r in records) == [(f"t{i}", s) for i in range(3) for s in range(2)]  # no duplicates
+    assert {r.status for r in records} == {"completed"}
+    assert summary.file_statuses == {"completed": 6}
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_retry_failed_with_a_group_reward_reruns_the_whole_group(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    group = "tito_core.runner.rewards:group_normalized"
+    first = config(answer_with("4"), group_size=2, reward="tests.runner.helpers:raises_on_t1_sample_1")
+    rollout({**first, "rollout": {**first["rollout"], "group_reward": group}}, tasks(3), out)
+    before = {r.key: r.status for r in read_records(out)}
+    assert before[("t1", 0)] == "completed" and before[("t1", 1)] == "failed"
+    again = config(answer_with("4"), group_size=2, reward="tests.runner.helpers:sample_index", group_reward=group)
+    summary = rollout(again, tasks(3), out, retry_failed=True)
+    assert (summary.skipped, summary.written) == (4, 2)  # t1's completed sample 0 runs again too
+    records = [r for r in read_records(out) if r.task_id == "t1"]
+    assert sorted(r.sample for r in records) == [0, 1]
+    assert [r.advantage for r in sorted(records, key=lambda r: r.sample)] == pytest.approx([-1.0, 1.0], abs=1e-5)
+
+
+def test_failed_keys_keeps_aborted_records_and_tasks_not_in_the_dataset() -> None:
+    outcomes = {
+        ("a", 0): ("completed", 1.0),
+        ("a", 1): ("failed", None),
+        ("b", 0): ("aborted", None),
+        ("b", 1): ("completed", 0.0),
+        ("gone", 0): ("failed", None),
+    }
+    assert failed_keys(outcomes, {"a", "b"}, whole_groups=False) == {("a", 1)}
+    assert failed_keys(outcomes, {"a", "b"}, whole_groups=True) == {("a", 0), ("a", 1)}
+
+
+def test_retry_failed_rewrites_only_the_parquet_parts_holding_failed_records(tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    out = tmp_path / "out.parquet"
+    cfg = config(answer_with("4"), group_size=2, row_group_size=3, reward="tests.runner.helpers:raises_on_t1")
+    rollout({**cfg, "rollout": {**cfg["rollout"], "concurrency": 1}}, tasks(4), out)
+    parts = {p.name: pq.read_table(p).column("task_id").to_pylist() for p in out.glob("*.parquet")}
+    assert sorted(parts.values()) == [["t0", "t0", "t1"], ["t1", "t2", "t2"], ["t3", "t3"]]  # one rollout at a time
+    data = {p.name: p.read_bytes() for p in out.glob("*.parquet")}
+    again = config(answer_with("4"), group_size=2, row_group_size=3, reward=REWARD)
+    summary = rollout(again, tasks(4), out, retry_failed=True)
+    assert (summary.skipped, summary.written) == (6, 2)
+    after = {p.name: pq.read_table(p).column("task_id").to_pylist() for p in out.glob("*.parquet")}
+    for name, ids in parts.items():
+        if "t1" in ids:
+            assert after[name] == [i for i in ids if i != "t1"]  # rewritten without t1's records
+        else:
+            assert (out / name).read_bytes() == data[name]  # untouched
+    records = list(read_records(out))
+    assert sorted(r.key for r in records) == [(f"t{i}", s) for i in range(4) for s in range(2)]
+    assert {r.status for r in records} == {"completed"} and not list(out.glob("*.tmp"))
+
+
 # --------------------------------------------------------------------------------------------- Parquet
 def test_parquet_output_flushes_row_groups_and_resumes(tmp_path: Path) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
@@ -241,6 +333,17 @@ def test_a_row_without_prompt_is_an_error_naming_it_before_any_work(tmp_path: Pa
     with pytest.raises(DatasetError, match=r"tasks.jsonl: row 2: no `prompt`"):
         rollout(config(answer_with("4")), dataset, tmp_path / "out.jsonl")
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_dataset_rows_are_checked_before_the_prepare_hook_runs(tmp_path: Path) -> None:
+    PREPARED.clear()
+    dataset = write_jsonl(tmp_path / "tasks.jsonl", [*tasks(2), {"id": "x"}])
+    cfg = config(answer_with("4"), prepare="tests.runner.helpers:prepare_records_call")
+    with pytest.raises(DatasetError, match="row 3: no `prompt`"):
+        rollout(cfg, dataset, tmp_path / "out.jsonl")
+    assert PREPARED == []  # the hook (which may build a model) never ran
+    rollout(cfg, tasks(1), tmp_path / "out.jsonl")
+    assert PREPARED == ["called"]
 
 
 @pytest.mark.parametrize(

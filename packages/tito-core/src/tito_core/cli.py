@@ -2,8 +2,9 @@
 
     tito rollout --config tito.toml --dataset tasks.jsonl --output rollouts.jsonl [--group-size 4 ...]
     tito rollout ... --executor ray [--address auto] --workers 8
-    tito export --to slime|verl|trl rollouts.jsonl out.jsonl
-    tito inspect rollouts.jsonl [--id TASK_ID]
+    tito rollout ... --retry-failed
+    tito export --to slime|verl|trl|agl rollouts.jsonl out.jsonl
+    tito inspect rollouts.jsonl [--id TASK_ID [--tokenizer DIR | --config tito.toml]]
     tito demo
 
 Errors found before any work (a bad config, dataset row, tokenizer or server) print one line and exit 2.
@@ -64,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--reward", help="reward function, module:attribute")
     run.add_argument("--backend", help="backend name")
     run.add_argument("--tokenizer", help="tokenizer directory or name")
+    run.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="remove the output's failed records (with a group reward: their whole groups) and run them again",
+    )
     run.add_argument("--server", action="append", dest="servers", metavar="URL", help="a server base URL (repeat)")
     run.add_argument(
         "--executor",
@@ -90,7 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser("inspect", help="show a rollout file's records")
     inspect.add_argument("rollouts", help="the rollout file")
     inspect.add_argument("--id", dest="task_id", help="show the rollouts of this task in full")
-    inspect.add_argument("--tokenizer", help="decode the tokens as text with this tokenizer (else token ids)")
+    decode = inspect.add_mutually_exclusive_group()
+    decode.add_argument("--tokenizer", help="decode the tokens as text with this tokenizer (else token ids)")
+    decode.add_argument("--config", help="decode the tokens as text with this TOML config's tokenizer")
 
     commands.add_parser("demo", help="run the demo rollout (python -m tito_core.demo)", add_help=False)
     return parser
@@ -126,6 +134,7 @@ def _rollout(args: argparse.Namespace) -> int:
         "backend": args.backend,
         "tokenizer": args.tokenizer,
         "backend_options": {"base_url": args.servers} if args.servers else None,
+        "retry_failed": True if args.retry_failed else None,
     }
     executor = _executor(args)
     try:
@@ -160,21 +169,21 @@ class _JsonFormatter(logging.Formatter):
 
 def _export(args: argparse.Namespace) -> int:
     from . import export
-    from .runner import read_records
+    from .runner import RolloutRecord, read_records
     from .trainers.agentlightning import model_request_events
     from .trajectory import Trajectory
 
-    converters: dict[str, Callable[[Trajectory], dict[str, Any]]] = {
-        "slime": export.to_slime,
-        "verl": export.to_verl,
-        "trl": export.to_trl,
-        "agl": lambda traj: {"rollout_id": traj.rollout_id, "model_request_events": model_request_events(traj)},
+    converters: dict[str, Callable[[Trajectory, RolloutRecord], dict[str, Any]]] = {
+        "slime": lambda traj, _: export.to_slime(traj),
+        "verl": lambda traj, record: export.to_verl(traj, metrics=_verl_metrics(record)),
+        "trl": lambda traj, _: export.to_trl(traj),
+        "agl": lambda traj, _: {"rollout_id": traj.rollout_id, "model_request_events": model_request_events(traj)},
     }
     convert = converters[args.to]
     count = 0
     with open(args.out, "w", encoding="utf-8") as out:
         for record in read_records(args.rollouts):
-            fields = convert(Trajectory.from_record(record.trajectory))
+            fields = convert(Trajectory.from_record(record.trajectory), record)
             fields.update(task_id=record.task_id, sample=record.sample, group=record.group, reward=record.reward)
             if record.advantage is not None:
                 fields["advantage"] = record.advantage
@@ -182,6 +191,18 @@ def _export(args: argparse.Namespace) -> int:
             count += 1
     print(f"tito export: {count} rollouts as {args.to} -> {args.out}", file=sys.stderr)
     return 0
+
+
+def _verl_metrics(record: Any) -> dict[str, float]:
+    """The ``AgentLoopMetrics`` of verl from a record's timings, where they map.
+
+    The record times the whole agent loop (``agent_s``: model calls and tools together). A rollout that called
+    no tool spent it in model calls (generation, with prompt rendering): ``generate_sequences = agent_s``,
+    ``tool_calls = 0``. With tool calls the two cannot be told apart, and verl's defaults stay.
+    """
+    if record.tokens.tool_calls == 0:
+        return {"generate_sequences": record.timings.agent_s, "tool_calls": 0.0}
+    return {}
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -212,14 +233,26 @@ def _inspect(args: argparse.Namespace) -> int:
         )
     console.print(table)
     if args.task_id is not None:
-        tokenizer = None
-        if args.tokenizer:
-            from .tokenizers import load_tokenizer
-
-            tokenizer = load_tokenizer(args.tokenizer)
+        tokenizer = _inspect_tokenizer(args)
         for r in records:
             _show_segments(console, r, tokenizer)
     return 0
+
+
+def _inspect_tokenizer(args: argparse.Namespace) -> Any:
+    """The tokenizer of ``--tokenizer``, or of ``--config``'s ``tokenizer`` (loaded as the runner does); or None."""
+    from .tokenizers import load_tokenizer
+
+    if args.tokenizer:
+        return load_tokenizer(args.tokenizer)
+    if not args.config:
+        return None
+    from .config import load_config
+
+    config = load_config(args.config)
+    if config.tokenizer is None:
+        raise ConfigError(f"{args.config}: no `tokenizer` to decode with (if a prepare hook sets it, give --tokenizer)")
+    return load_tokenizer(config.tokenizer)
 
 
 def _show_segments(console: Any, record: Any, tokenizer: Any) -> None:

@@ -66,6 +66,9 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             small models that rarely call tools on their own. Needs ``tools`` and a backend with grammars.
         health_interval_s: Seconds between health checks of each server.
         row_group_size: Records per Parquet row group (flushed to disk as each fills).
+        retry_failed: On resume, remove the output's ``failed`` records of the dataset's tasks (with a
+            ``group_reward``, every record of a group that has one) and run them again. ``aborted`` records
+            are kept. Off by default: it rewrites the output, which a run otherwise never does.
     """
 
     group_size: int = 1
@@ -82,6 +85,7 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     forced_tool_calls: int = 0
     health_interval_s: float = 10.0
     row_group_size: int = 256
+    retry_failed: bool = False
 
     def __post_init__(self) -> None:
         for name in ("group_size", "concurrency", "row_group_size"):

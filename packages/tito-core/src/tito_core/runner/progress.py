@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import sys
 from typing import IO, Any, Protocol
 
@@ -11,6 +12,9 @@ from .records import RolloutRecord
 from .summary import RunStats, RunSummary
 
 __all__ = ["JsonReporter", "QuietReporter", "Reporter", "RichReporter", "summary_table"]
+
+GROUP_ROWS = 20
+"""Groups shown in the summary's table; the rest are counted (the caption covers every group)."""
 
 
 class Reporter(Protocol):
@@ -139,6 +143,7 @@ def summary_table(summary: RunSummary) -> Any:
     """The end-of-run summary as a rich renderable."""
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     def num(value: float | None, digits: int = 3) -> str:
         return "-" if value is None else f"{value:.{digits}f}"
@@ -174,10 +179,18 @@ def summary_table(summary: RunSummary) -> Any:
             servers.add_row(name, str(count), f"{100 * count / total:.0f}%")
         parts.append(servers)
     if summary.groups:
+        stds = [g.reward_std for g in summary.groups if g.reward_std is not None]
+        flat = sum(1 for g in summary.groups if g.rollouts > 1 and g.reward_std == 0)
         groups = Table(title="groups")
         for column in ("task", "rollouts", "reward mean", "reward std"):
             groups.add_column(column, justify="left" if column == "task" else "right")
-        for g in summary.groups:
+        for g in summary.groups[:GROUP_ROWS]:
             groups.add_row(g.task_id, str(g.rollouts), num(g.reward_mean), num(g.reward_std))
-        parts.append(groups)
+        if len(summary.groups) > GROUP_ROWS:
+            groups.add_row(f"… {len(summary.groups) - GROUP_ROWS} more groups", "", "", "")
+        spread = (
+            f"{len(summary.groups)} groups: per-group reward std mean {num(statistics.fmean(stds) if stds else None)}"
+            f"; {flat} with equal rewards (no GRPO signal)"
+        )
+        parts.extend([groups, Text(spread)])
     return Group(*parts)

@@ -376,8 +376,9 @@ class RolloutBatches:
         if worker.group_reward is None:
             return done
         out: list[RolloutRecord] = []
-        for task in tasks:
-            out.extend(await group_advantages(worker.group_reward, [r for r in done if r.task_id == task.id]))
+        for task in tasks:  # every group runs whole here: nothing earlier
+            group = [r for r in done if r.task_id == task.id]
+            out.extend(await group_advantages(worker.group_reward, group, earlier={}))
         return out
 
     def __del__(self) -> None:

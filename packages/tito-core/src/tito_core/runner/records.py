@@ -10,6 +10,10 @@ existing output reports the keys already there (:meth:`RecordWriter.finished`), 
   renamed when ``row_group_size`` records have gathered (and on close). A kill loses at most the records not
   yet flushed; every renamed part is whole. ``pyarrow.parquet.read_table(path)`` reads the directory. The
   ``trajectory`` column holds the trajectory's JSON (:class:`~tito_core.trajectory.TrajectoryRecord`).
+
+Records are never rewritten, with one opt-in exception: :meth:`RecordWriter.remove` (``rollout.retry_failed``)
+drops records so that they run again, by rewriting the file (JSONL) or the part files holding them (Parquet)
+under a temporary name, synced, then renamed over the old one: a kill leaves either the old or the new file.
 """
 
 from __future__ import annotations
@@ -143,6 +147,23 @@ class RecordWriter(abc.ABC):
         """Status and reward of each record in the output when it was opened (for the whole file's summary)."""
         return self._outcomes
 
+    def remove(self, keys: set[Key]) -> None:
+        """Drop these records from the output so that their rollouts run again (call it before any write).
+
+        Each rewritten file is written under a temporary name, synced and renamed over the old one.
+        """
+        keys = keys & self._done
+        if not keys:
+            return
+        self._remove(keys)
+        for key in keys:
+            del self._outcomes[key]
+            self._done.discard(key)
+
+    @abc.abstractmethod
+    def _remove(self, keys: set[Key]) -> None:
+        """Rewrite the output without the records of ``keys``."""
+
     @abc.abstractmethod
     def write(self, record: RolloutRecord) -> None:
         """Append one record (durable on return for JSONL; at the next row-group flush for Parquet)."""
@@ -164,7 +185,10 @@ class JsonlWriter(RecordWriter):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._opened(self._scan())
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd: int | None = self._open()
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def _scan(self) -> dict[Key, Outcome]:
         """Outcomes of the whole lines, read line by line (files can be large); a torn last line is cut off."""
@@ -193,6 +217,29 @@ class JsonlWriter(RecordWriter):
             )
             os.truncate(self.path, whole)
         return keys
+
+    def _remove(self, keys: set[Key]) -> None:
+        """Copy the other lines, byte for byte, to a temporary file beside this one; sync it; rename it over."""
+        if self._fd is not None:
+            os.close(self._fd)  # the rename replaces the file: append to the new one
+            self._fd = None
+        temporary = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            with self.path.open("rb") as old, temporary.open("wb") as new:
+                for line in old:
+                    if line.strip():
+                        view = _KEY.decode(line)  # every line was checked by the scan on open
+                        if (view.task_id, view.sample) in keys:
+                            continue
+                    new.write(line)
+                new.flush()
+                os.fsync(new.fileno())
+            os.replace(temporary, self.path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.path.parent)
+        self._fd = self._open()
 
     def write(self, record: RolloutRecord) -> None:
         """Append one line, in one ``write``."""
@@ -238,6 +285,24 @@ class ParquetWriter(RecordWriter):
                 keys[(task_id, sample)] = (status, reward)
         return keys
 
+    def _remove(self, keys: set[Key]) -> None:
+        """Rewrite each part file holding one of ``keys`` without those rows (a part left empty is deleted)."""
+        for part in sorted(self.path.glob("*.parquet")):
+            table = self._pq.read_table(part)
+            ids, samples = table.column("task_id").to_pylist(), table.column("sample").to_pylist()
+            keep = [n for n, key in enumerate(zip(ids, samples, strict=True)) if key not in keys]
+            if len(keep) == table.num_rows:
+                continue
+            if not keep:
+                part.unlink()
+                continue
+            temporary = part.with_name(part.name + ".tmp")  # a leftover is deleted on the next open
+            self._pq.write_table(table.take(keep), temporary, row_group_size=len(keep))
+            with temporary.open("rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(temporary, part)
+        _fsync_dir(self.path)
+
     def write(self, record: RolloutRecord) -> None:
         """Buffer one record; flush a part file when the row group is full."""
         self._buffer.append(record)
@@ -277,6 +342,20 @@ def check_output(path: str | os.PathLike[str]) -> None:
     existing = target if target.exists() else target.parent
     if not os.access(existing, os.W_OK):
         raise ConfigError(f"rollout output {str(path)!r}: {str(existing)!r} is not writable")
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make renames and deletions in ``path`` durable (where the platform allows syncing a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def open_writer(path: str | os.PathLike[str], *, row_group_size: int = 256) -> RecordWriter:

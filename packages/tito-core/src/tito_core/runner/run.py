@@ -3,13 +3,15 @@
 Everything that can be wrong is checked before the first rollout: the config (keys, values, import paths),
 every dataset row, the tokenizer, and every server's health. Then each rollout runs on a fresh agent and
 model, and its record is written as soon as it is done (with a group reward function: as soon as its
-group is done). A rerun on the same output skips the rollouts already there.
+group is done). A rerun on the same output skips the rollouts already there (with ``rollout.retry_failed``,
+it first removes the ``failed`` records and runs them again).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import os
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -23,12 +25,14 @@ from ..errors import ConfigError, DatasetError
 from .dataset import Task, load_tasks, task_from_row
 from .executor import Executor, LocalExecutor, WorkItem
 from .progress import QuietReporter, Reporter
-from .records import RecordWriter, RolloutRecord, check_output, open_writer
+from .records import Key, Outcome, RecordWriter, RolloutRecord, check_output, open_writer
 from .rewards import GroupRewardFn, call_maybe_async
 from .summary import RunStats, RunSummary
 from .worker import RolloutWorker, import_object
 
-__all__ = ["arollout", "group_advantages", "prepare_config", "rollout"]
+__all__ = ["arollout", "failed_keys", "group_advantages", "prepare_config", "rollout"]
+
+logger = logging.getLogger("tito.runner")
 
 ConfigSource = str | os.PathLike[str] | TitoConfig | Mapping[str, Any]
 DatasetSource = str | os.PathLike[str] | Sequence[Task | Mapping[str, Any]]
@@ -65,7 +69,7 @@ async def arollout(
         config: A TOML file, a mapping of config keys, or a :class:`~tito_core.config.TitoConfig`.
         dataset: A ``.jsonl`` / ``.parquet`` file of tasks, or the tasks (``Task`` objects or rows).
         output: The rollout file: ``.parquet`` for Parquet, JSON lines otherwise. Existing records are kept
-            and their rollouts skipped.
+            and their rollouts skipped (``retry_failed`` removes the failed ones first, to run again).
         reporter: Progress reporting (default: none; the CLI uses a rich progress bar).
         executor: Who runs the rollouts (default: :class:`LocalExecutor` at ``rollout.concurrency``).
         **overrides: Config keys replacing the file's: model keys (``backend``, ``tokenizer``, ``sampling``,
@@ -79,16 +83,27 @@ async def arollout(
         DatasetError: An unreadable dataset or a bad row (the row is named).
         BackendConnectionError: An inference server does not answer its health check.
     """
-    resolved, base_dir = await prepare_config(config, overrides)
+    loaded, base_dir = _load_config(config, overrides)
+    tasks = _tasks(dataset)  # every row checked before the prepare hook (which may build a model)
+    check_output(output)  # and the output's folder: a bad path fails before any model loads
+    resolved = await _run_prepare(loaded, base_dir, overrides)
     settings = resolved.rollout
-    tasks = _tasks(dataset)
-    check_output(output)  # before a model loads or a server is asked: a bad path fails fast
     worker = await RolloutWorker.create(resolved, base_dir=base_dir)
     try:
         writer = open_writer(output, row_group_size=settings.row_group_size)
     except BaseException:
         await worker.aclose()
         raise
+    if settings.retry_failed:
+        retry = failed_keys(writer.outcomes(), {t.id for t in tasks}, whole_groups=worker.group_reward is not None)
+        if retry:
+            logger.warning("%s: removing %d failed records (retry_failed): they run again", output, len(retry))
+            try:
+                writer.remove(retry)
+            except BaseException:
+                writer.close()
+                await worker.aclose()
+                raise
     done = writer.finished()
     items = [
         WorkItem(task, sample)
@@ -99,7 +114,7 @@ async def arollout(
     skipped = len(tasks) * settings.group_size - len(items)
     stats = RunStats(str(output), planned=len(items), skipped=skipped, previous=writer.outcomes())
     reporter = reporter if reporter is not None else QuietReporter()
-    sink = _Sink(writer, stats, reporter, worker.group_reward, items)
+    sink = _Sink(writer, stats, reporter, worker.group_reward, items, writer.outcomes())
     runner = executor if executor is not None else LocalExecutor(settings.concurrency)
     reporter.start(stats)
     interrupted = True
@@ -122,6 +137,12 @@ async def arollout(
 
 async def prepare_config(source: ConfigSource, overrides: Mapping[str, Any]) -> tuple[TitoConfig, Path | None]:
     """The config with ``overrides`` applied and its ``prepare`` hook run, and the directory import paths may use."""
+    config, base_dir = _load_config(source, overrides)
+    return await _run_prepare(config, base_dir, overrides), base_dir
+
+
+def _load_config(source: ConfigSource, overrides: Mapping[str, Any]) -> tuple[TitoConfig, Path | None]:
+    """The config with ``overrides`` applied (not yet its ``prepare`` hook), and the directory of its file."""
     base_dir: Path | None = None
     if isinstance(source, TitoConfig):
         config = source
@@ -129,7 +150,11 @@ async def prepare_config(source: ConfigSource, overrides: Mapping[str, Any]) -> 
         if not isinstance(source, Mapping):
             base_dir = Path(source).resolve().parent
         config = load_config(source)
-    config = with_overrides(config, overrides)  # first: an override may name the prepare hook itself
+    return with_overrides(config, overrides), base_dir  # first: an override may name the prepare hook itself
+
+
+async def _run_prepare(config: TitoConfig, base_dir: Path | None, overrides: Mapping[str, Any]) -> TitoConfig:
+    """``config`` after its ``prepare`` hook's changes (explicit ``overrides`` still win)."""
     if config.rollout.prepare:
         hook = import_object(config.rollout.prepare, search=base_dir)
         if inspect.iscoroutinefunction(hook):
@@ -141,7 +166,7 @@ async def prepare_config(source: ConfigSource, overrides: Mapping[str, Any]) -> 
                 raise ConfigError(f"`rollout.prepare` must return a mapping of config keys or None, not {changes!r}")
             config = with_overrides(config, changes, origin=f"the result of {config.rollout.prepare}")
             config = with_overrides(config, overrides)  # explicit overrides win over the hook's values
-    return config, base_dir
+    return config
 
 
 def _tasks(dataset: DatasetSource) -> list[Task]:
@@ -159,21 +184,48 @@ def _tasks(dataset: DatasetSource) -> list[Task]:
     return tasks
 
 
-async def group_advantages(fn: GroupRewardFn, group: list[RolloutRecord]) -> list[RolloutRecord]:
-    """The records of one finished group with ``advantage`` set by ``fn``; all ``failed`` when ``fn`` raises."""
+def failed_keys(outcomes: Mapping[Key, Outcome], task_ids: set[str], *, whole_groups: bool) -> set[Key]:
+    """The records ``retry_failed`` removes: ``failed`` ones of these tasks (``aborted`` ones stay).
+
+    With ``whole_groups`` (a group reward function), every record of a task that has a failed one: its
+    advantages were computed with the failed rollout, so the whole group runs again.
+    """
+    failed = {key for key, (status, _) in outcomes.items() if status == "failed" and key[0] in task_ids}
+    if not whole_groups:
+        return failed
+    groups = {task_id for task_id, _ in failed}
+    return {key for key in outcomes if key[0] in groups}
+
+
+async def group_advantages(
+    fn: GroupRewardFn, group: list[RolloutRecord], *, earlier: Mapping[int, float | None]
+) -> list[RolloutRecord]:
+    """The new records of one finished group with ``advantage`` set by ``fn``; all ``failed`` when ``fn`` raises.
+
+    ``fn`` sees the rewards of the whole group in sample order: ``earlier`` (sample to reward) are the group's
+    records already in the output (a resumed, half-written group), ``group`` the new ones. Only the new records
+    are returned: written records are never rewritten.
+    """
+    rewards = dict(earlier)
+    rewards.update((r.sample, r.reward) for r in group)
+    order = sorted(rewards)
     try:
-        values = list(await call_maybe_async(fn, [r.reward for r in group]))
-        if len(values) != len(group):
-            raise ValueError(f"returned {len(values)} values for a group of {len(group)}")
-        checked = [None if v is None else float(v) for v in values]
+        values = list(await call_maybe_async(fn, [rewards[s] for s in order]))
+        if len(values) != len(order):
+            raise ValueError(f"returned {len(values)} values for a group of {len(order)}")
+        by_sample = {s: None if v is None else float(v) for s, v in zip(order, values, strict=True)}
     except Exception as exc:
         reason = f"group reward function raised {type(exc).__name__}: {exc}"
         return [msgspec.structs.replace(r, status="failed", status_reason=reason) for r in group]
-    return [msgspec.structs.replace(r, advantage=v) for r, v in zip(group, checked, strict=True)]
+    return [msgspec.structs.replace(r, advantage=by_sample[r.sample]) for r in group]
 
 
 class _Sink:
-    """Writes records as they come; with a group reward, holds each group until its last rollout is done."""
+    """Writes records as they come; with a group reward, holds each group until its last rollout is done.
+
+    ``previous`` holds the outcomes of the records already in the output: the group reward function sees the
+    rewards of a resumed group's earlier records together with the new ones.
+    """
 
     def __init__(
         self,
@@ -182,6 +234,7 @@ class _Sink:
         reporter: Reporter,
         group_reward: GroupRewardFn | None,
         items: Sequence[WorkItem],
+        previous: Mapping[Key, Outcome],
     ) -> None:
         self.writer = writer
         self.stats = stats
@@ -191,6 +244,10 @@ class _Sink:
         for item in items:
             self.expected[item.task.id] += 1
         self.pending: dict[str, list[RolloutRecord]] = defaultdict(list)
+        self.earlier: dict[str, dict[int, float | None]] = defaultdict(dict)
+        for (task_id, sample), (_, reward) in previous.items():
+            if task_id in self.expected:
+                self.earlier[task_id][sample] = reward
 
     async def emit(self, record: RolloutRecord) -> None:
         self.stats.in_flight -= 1
@@ -203,7 +260,7 @@ class _Sink:
             return
         del self.pending[record.task_id]
         bucket.sort(key=lambda r: r.sample)
-        for done in await group_advantages(self.group_reward, bucket):
+        for done in await group_advantages(self.group_reward, bucket, earlier=self.earlier.pop(record.task_id, {})):
             self._write(done)
 
     def _write(self, record: RolloutRecord) -> None:
