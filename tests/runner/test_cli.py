@@ -168,6 +168,18 @@ def test_demo_delegates_to_the_demo_module(monkeypatch: pytest.MonkeyPatch) -> N
     assert seen == [["--json", "x.json"]]
 
 
+def test_scripted_demo_shows_the_model_the_conversation_and_the_saved_trajectory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "demo.json"
+    assert main(["demo", "--scripted", "--out", str(out)]) == 0
+    shown = capsys.readouterr().out.replace("\n", "")
+    assert "model: scripted replies" in shown and "calls multiply(a=12, b=7)" in shown
+    assert "model calls    2: tool_use, end_turn" in shown and f"trajectory saved to {out.resolve()}" in shown
+    traj = Trajectory.from_json(out.read_bytes())
+    assert traj.status == "completed" and [t.stop_reason for t in traj.turns] == ["tool_use", "end_turn"]
+
+
 def test_ctrl_c_stops_with_130_and_keeps_what_was_written(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "t.jsonl", tasks(40))
     out = tmp_path / "out.jsonl"

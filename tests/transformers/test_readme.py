@@ -57,6 +57,7 @@ def test_demo_runs_a_forced_tool_call_on_smollm2(tmp_path: Path) -> None:
     assert "calls multiply(a=" in done.stdout
     assert "tool_use (forced)" in done.stdout
     assert f"trajectory saved to {out.resolve()}" in done.stdout.replace("\n", "")
+    assert "model: SmolLM2-135M-Instruct" in done.stdout and "smollm2-135m-instruct" in done.stdout.replace("\n", "")
     traj = Trajectory.from_json(out.read_bytes())
     assert traj.status == "completed" and traj.turns[0].constrained and not traj.turns[-1].constrained
     assert len(traj.logprobs) == len(traj.token_ids) == len(traj.loss_mask)

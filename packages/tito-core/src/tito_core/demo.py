@@ -46,8 +46,8 @@ def multiply(a: int, b: int) -> int:
     return a * b
 
 
-def _embedded_model() -> TitoModel:
-    """SmolLM2-135M-Instruct on the embedded backend, with a tool-capable template."""
+def _embedded_model() -> tuple[TitoModel, str]:
+    """SmolLM2-135M-Instruct on the embedded backend, with a tool-capable template; and where the model is."""
     try:
         from transformers import AutoTokenizer
 
@@ -59,7 +59,7 @@ def _embedded_model() -> TitoModel:
 
     path = build_smollm2()
     backend = get_backend("transformers", model_path=str(path))
-    return TitoModel(
+    model = TitoModel(
         backend,
         AutoTokenizer.from_pretrained(str(path)),
         tool_parser="hermes",
@@ -67,9 +67,10 @@ def _embedded_model() -> TitoModel:
         sampling={"temperature": 0.0, "max_new_tokens": 96},
         tool_choice="any",
     )
+    return model, f"SmolLM2-135M-Instruct, in-process (transformers backend), built offline at {path}"
 
 
-def _scripted_model() -> TitoModel:
+def _scripted_model() -> tuple[TitoModel, str]:
     """Scripted replies as real Qwen3 token ids (no model, no torch)."""
     from .testing.scripted import ScriptedBackend
     from .testing.tokenizers import load_qwen_tokenizer
@@ -77,9 +78,10 @@ def _scripted_model() -> TitoModel:
     call = json.dumps({"name": "multiply", "arguments": {"a": 12, "b": 7}})
     script = [f"<tool_call>\n{call}\n</tool_call>", "12 x 7 = 84."]
     tokenizer = load_qwen_tokenizer("qwen3")
-    return TitoModel(
+    model = TitoModel(
         ScriptedBackend(tokenizer, script), tokenizer, tool_parser="hermes", sampling={"max_new_tokens": 96}
     )
+    return model, "scripted replies on the Qwen3 tokenizer (no model)"
 
 
 async def run(model: TitoModel, question: str) -> tuple[Agent, Trajectory]:
@@ -160,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.perf_counter()
     with console.status("loading the model (first run: converting SmolLM2-135M-Instruct into the tito cache)"):
-        model = _scripted_model() if args.scripted else _embedded_model()
+        model, where = _scripted_model() if args.scripted else _embedded_model()
+    console.print(f"model: {where}")
     with console.status("running the agent"):
         agent, traj = asyncio.run(run(model, args.question))
     elapsed = time.perf_counter() - started
