@@ -7,6 +7,7 @@ boundary and tool results from the incremental render), with outputs chosen to s
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from typing import Any
 
@@ -118,6 +119,9 @@ def test_canonical_rollout_differs_only_by_the_trailing_separator(qwen25: ChatRe
     assert cmp.trained_added == 1
     assert cmp.trained_lost == 0
     assert cmp.mask_raw_mismatch == 2
+    row = json.loads(json.dumps(cmp.as_dict()))  # JSON-ready, derived fields included
+    assert row["same_ids"] is False and row["by_category"] == {"whitespace": 1}
+    assert row["first_mismatch"] == len(traj) and row["spans"][0]["same_text"] is False
 
 
 def test_tool_call_json_spacing_is_rewritten(qwen25: ChatRenderer) -> None:

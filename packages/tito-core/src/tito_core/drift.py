@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from typing import Any, Literal
 
+import msgspec
 from strands.types.content import ContentBlock, Message, Messages
 
 from .chat import ChatMessage, ChatRenderer, first_difference, to_chat_messages
@@ -68,8 +69,7 @@ DRIFT_CATEGORIES: tuple[DriftCategory, ...] = (
 
 
 # ------------------------------------------------------------------------------------------- logprobs
-@dataclass(frozen=True)
-class LogprobGap:
+class LogprobGap(msgspec.Struct, frozen=True):
     """Recorded vs recomputed logprobs over a set of tokens.
 
     Attributes:
@@ -89,13 +89,7 @@ class LogprobGap:
 
     def as_dict(self) -> dict[str, float | int]:
         """The fields as a JSON-ready dict."""
-        return {
-            "tokens": self.tokens,
-            "mean_abs": self.mean_abs,
-            "max_abs": self.max_abs,
-            "k3": self.k3,
-            "mean_diff": self.mean_diff,
-        }
+        return msgspec.structs.asdict(self)
 
 
 def logprob_gap(pairs: Iterable[tuple[float, float]]) -> LogprobGap:
@@ -234,8 +228,7 @@ def _assistant_message(parsed: Any, turn: int) -> Message:
     return {"role": "assistant", "content": content}
 
 
-@dataclass
-class TextStackView:
+class TextStackView(msgspec.Struct, frozen=True):
     """A rollout as a text-based stack would feed it to a trainer.
 
     Attributes:
@@ -363,8 +356,7 @@ def _encode_with_offsets(renderer: ChatRenderer, text: str) -> tuple[list[int], 
 
 
 # ------------------------------------------------------------------------------------- comparison
-@dataclass(frozen=True)
-class DriftSpan:
+class DriftSpan(msgspec.Struct, frozen=True):
     """One place where the re-rendered ids differ from the recorded ones.
 
     Attributes:
@@ -395,25 +387,14 @@ class DriftSpan:
         return self.recorded_text == self.rerendered_text
 
     def as_dict(self) -> dict[str, Any]:
-        """The fields as a JSON-ready dict."""
-        return {
-            "category": self.category,
-            "same_text": self.same_text,
-            "where": self.where,
-            "turn": self.turn,
-            "recorded": list(self.recorded),
-            "rerendered": list(self.rerendered),
-            "recorded_text": self.recorded_text,
-            "rerendered_text": self.rerendered_text,
-        }
+        """The fields, and :attr:`same_text`, as a JSON-ready dict."""
+        return {**msgspec.to_builtins(self), "same_text": self.same_text}
 
 
-@dataclass
-class IdComparison:
+class IdComparison(msgspec.Struct, frozen=True):
     """Recorded ids and mask against a text stack's.
 
     Attributes:
-        same_ids: The id sequences are equal.
         spans: Every differing span, classified.
         recorded_tokens: Length of the recorded sequence.
         rerendered_tokens: Length of the re-rendered sequence.
@@ -425,7 +406,6 @@ class IdComparison:
         first_mismatch: First position where the ids differ (None when equal).
     """
 
-    same_ids: bool
     spans: list[DriftSpan]
     recorded_tokens: int
     rerendered_tokens: int
@@ -434,22 +414,22 @@ class IdComparison:
     trained_lost: int
     trained_added: int
     first_mismatch: int | None
-    by_category: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def same_ids(self) -> bool:
+        """The id sequences are equal."""
+        return self.first_mismatch is None
+
+    @property
+    def by_category(self) -> dict[str, int]:
+        """How many spans of each category, in the order they first occur."""
+        return dict(Counter(span.category for span in self.spans))
 
     def as_dict(self) -> dict[str, Any]:
-        """The fields as a JSON-ready dict."""
-        return {
-            "same_ids": self.same_ids,
-            "recorded_tokens": self.recorded_tokens,
-            "rerendered_tokens": self.rerendered_tokens,
-            "first_mismatch": self.first_mismatch,
-            "mask_raw_mismatch": self.mask_raw_mismatch,
-            "mask_aligned_mismatch": self.mask_aligned_mismatch,
-            "trained_lost": self.trained_lost,
-            "trained_added": self.trained_added,
-            "by_category": dict(self.by_category),
-            "spans": [s.as_dict() for s in self.spans],
-        }
+        """The fields, :attr:`same_ids` and :attr:`by_category` as a JSON-ready dict."""
+        fields = msgspec.to_builtins(self)
+        fields["spans"] = [span.as_dict() for span in self.spans]
+        return {"same_ids": self.same_ids, **fields, "by_category": self.by_category}
 
 
 def _segment_at(kind_at: Sequence[tuple[str, int]], i: int) -> tuple[str, int] | None:
@@ -538,12 +518,8 @@ def compare_ids(
     raw = sum(
         (rec_mask[i] if i < len(recorded) else 0) != (stack_mask[i] if i < len(stack) else 0) for i in range(longest)
     )
-    by_category: dict[str, int] = {}
-    for span in spans:
-        by_category[span.category] = by_category.get(span.category, 0) + 1
     first = None if recorded == stack else first_difference(recorded, stack)
     return IdComparison(
-        same_ids=recorded == stack,
         spans=spans,
         recorded_tokens=len(recorded),
         rerendered_tokens=len(stack),
@@ -552,5 +528,4 @@ def compare_ids(
         trained_lost=lost,
         trained_added=added,
         first_mismatch=first,
-        by_category=by_category,
     )
