@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import socket
 import threading
@@ -376,9 +377,9 @@ class RolloutBatches:
         if worker.group_reward is None:
             return done
         out: list[RolloutRecord] = []
-        for task in tasks:  # every group runs whole here: nothing earlier
-            group = [r for r in done if r.task_id == task.id]
-            out.extend(await group_advantages(worker.group_reward, group, earlier={}))
+        # sorted by task, so each group is one run of records; every group runs whole here: nothing earlier
+        for _, group in itertools.groupby(done, key=lambda r: r.task_id):
+            out.extend(await group_advantages(worker.group_reward, list(group), earlier={}))
         return out
 
     def __del__(self) -> None:
