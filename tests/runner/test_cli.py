@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -225,3 +226,14 @@ def test_the_summary_lists_the_first_groups_and_states_the_spread_over_all() -> 
     text = console.export_text()
     assert "│ t19 " in text and "│ t20 " not in text and "… 5 more groups" in text
     assert "25 groups: per-group reward std mean 0.240; 13 with equal rewards" in text
+
+
+def test_strands_truncation_notices_stay_out_of_the_progress_output() -> None:
+    from tito_core.cli import _drop_truncation_notices
+
+    def record(name: str) -> logging.LogRecord:
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, "replacing with error message", None, None)
+
+    assert not _drop_truncation_notices(record("strands.event_loop._recover_message_on_max_tokens_reached"))
+    assert _drop_truncation_notices(record("strands.event_loop.event_loop"))
+    assert _drop_truncation_notices(record("tito"))

@@ -116,12 +116,15 @@ def _rollout(args: argparse.Namespace) -> int:
         reporter = JsonReporter()
         handler = logging.StreamHandler()
         handler.setFormatter(_JsonFormatter())
+        handler.addFilter(_drop_truncation_notices)
         logging.basicConfig(level=logging.WARNING, handlers=[handler])
     else:
         from rich.logging import RichHandler
 
         reporter = RichReporter()
-        logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[RichHandler(show_path=False)])
+        rich_handler = RichHandler(show_path=False)
+        rich_handler.addFilter(_drop_truncation_notices)
+        logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[rich_handler])
     overrides: dict[str, Any] = {
         "group_size": args.group_size,
         "concurrency": args.concurrency,
@@ -160,6 +163,11 @@ def _executor(args: argparse.Namespace) -> Any:
     from .runner.ray_executor import RayExecutor
 
     return RayExecutor(2 if args.workers is None else args.workers, address=args.address)
+
+
+def _drop_truncation_notices(record: logging.LogRecord) -> bool:
+    """Strands warns once per tool call cut by the token limit; the record already says so (``truncated``)."""
+    return not record.name.startswith("strands.event_loop._recover_message_on_max_tokens_reached")
 
 
 class _JsonFormatter(logging.Formatter):
