@@ -6,7 +6,8 @@ Hypothesis writes multi-turn tool conversations (parallel calls, error results, 
 results, control-token text such as ``[INST]`` or ``</s>`` inside user and tool messages); each is replayed
 through a real :class:`~tito_core.recording.Rollout` whose engine answers every assistant turn with the ids
 mistral-common gives it. Measured divergence: tokenizer v3 encodes the tools block and the system prompt
-with the *last* user message (v7: the tools block), so a later user message moves them.
+with the *last* user message (v7 and v11: the tools block), so a later user message moves them. v11
+(``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}``) is the real Tekken vocabulary loaded as v11.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ pytest.importorskip("mistral_common")
 
 EXAMPLES = int(os.environ.get("TITO_FIDELITY_EXAMPLES", "30"))
 COUNTS: Counter[str] = Counter()
-FAMILIES = ("mistral", "mistral_v7")
+FAMILIES = ("mistral", "mistral_v7", "mistral_v11")
 SYSTEM = "Be brief."
 TOOLS: list[ToolSpec] = [
     {

