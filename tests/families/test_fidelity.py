@@ -49,9 +49,12 @@ TOOLS: list[ToolSpec] = [
 EQUAL = {"qwen2.5", "llama3", "deepseek_v3", "kimi_k2"}
 DROPS_REASONING = {"qwen3", "qwen3_5", "glm"}  # earlier reasoning (or Qwen3's empty think block) is dropped
 NOT_INCREMENTAL = {"gemma4", "gpt_oss"}  # tool results cannot be rendered after tito's dummy prefix
+# llama.cpp's copy of Kimi-K2-Thinking's template appends to a list, which transformers' sandbox refuses: any
+# conversation with a tool call fails to render (in vLLM / SGLang too); earlier reasoning is emptied as in GLM
+REFUSES_TOOL_CALLS = {"kimi_k2_thinking"}
 SPLIT_THINK_NEWLINES = {"qwen3_5"}  # equal text; the ids differ at an empty think block (see check)
-MAX_CALLS = {"llama3": 1, "gpt_oss": 1}  # their templates refuse parallel calls
-HF_FAMILIES = sorted(EQUAL | DROPS_REASONING | NOT_INCREMENTAL)
+MAX_CALLS = {"llama3": 1, "gpt_oss": 1, "kimi_k2_thinking": 0}  # parallel calls refused; no calls (see below)
+HF_FAMILIES = sorted(EQUAL | DROPS_REASONING | NOT_INCREMENTAL | REFUSES_TOOL_CALLS)
 SYSTEM = "Be brief."
 
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=12)
@@ -152,6 +155,16 @@ def test_gguf_vocabularies_reproduce_llama_cpp_reference_ids() -> None:
         assert [tok.encode(t, add_special_tokens=False) for t in texts] == ids, name
 
 
+def test_kimi_k2_thinking_template_refuses_tool_calls() -> None:
+    """Its list.append is refused by transformers' sandbox: the matrix runs it on plain (reasoning) chat only."""
+    call: Messages = [
+        {"role": "user", "content": [{"text": "hi"}]},
+        {"role": "assistant", "content": [{"toolUse": {"toolUseId": "c1", "name": "search", "input": {"q": "x"}}}]},
+    ]
+    report = check("kimi_k2_thinking", call)
+    assert explain("kimi_k2_thinking", call, report) == "refused: the template appends to a list (tool calls)"
+
+
 def run(family: str) -> Any:
     thinking = bool(FAMILIES[family].thinking)
 
@@ -179,7 +192,10 @@ def explain(family: str, messages: Messages, report: PrefixReport) -> str:
         assert at is not None and mine.startswith("<think>", at) and not reference.startswith("<think>", at), report
         assert reference[:at].endswith("<|im_start|>assistant\n") and "drops the reasoning" in report.reason, report
         return "earlier <think> dropped"
-    if family == "glm":  # an earlier turn's reasoning is rendered as an empty <think></think>
+    if family in REFUSES_TOOL_CALLS and any("toolUse" in block for m in messages for block in m["content"]):
+        assert at is None and "access to attribute 'append' of 'list' object is unsafe" in report.reason, report
+        return "refused: the template appends to a list (tool calls)"
+    if family in ("glm", *REFUSES_TOOL_CALLS):  # an earlier turn's reasoning is rendered as an empty <think></think>
         assert at is not None and mine[:at].endswith("<think>") and reference.startswith("</think>", at), report
         assert "empties the reasoning" in report.reason, report
         return "earlier reasoning emptied"

@@ -105,6 +105,11 @@ _TOOL_TOKENS_DEEPSEEK = tuple(
     )
 )  # fmt: skip
 
+_TOKENS_KIMI = (
+    "<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+)  # fmt: skip
+
 # Qwen's markup tokens (added, not special, as in Qwen3's tokenizer.json); the qwen35 vocabulary GGUF has only
 # <|endoftext|>, <|im_start|> and <|im_end|>, so they are added after its last id (their ids are not Qwen3.5's).
 _QWEN_MARKUP = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
@@ -132,10 +137,10 @@ FAMILIES: dict[str, Family] = {
                eos="<|user|>"),
         Family("kimi_k2", "kimi_k2", "surrogate: Qwen3 BPE + Kimi control tokens", "fixture:kimi_k2.jinja",
                "moonshotai/Kimi-K2-Instruct", "<|im_end|>", "", surrogate=True,
-               special_tokens=("<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>",
-                               "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
-                               "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
-               eos="<|im_end|>"),
+               special_tokens=_TOKENS_KIMI, eos="<|im_end|>"),
+        Family("kimi_k2_thinking", "kimi_k2", "surrogate: Qwen3 BPE + Kimi control tokens",
+               "fixture:kimi_k2_thinking.jinja", "moonshotai/Kimi-K2-Thinking", "<|im_end|>", "", "<think>...</think>",
+               surrogate=True, special_tokens=_TOKENS_KIMI, eos="<|im_end|>"),
         Family("deepseek_v3", "deepseek_v3", "surrogate: Qwen3 BPE + DeepSeek control tokens",
                "fixture:deepseek_v3_1.jinja", "deepseek-ai/DeepSeek-V3.1", "<｜end▁of▁sentence｜>", "",  # noqa: RUF001
                "<think>...</think>", surrogate=True, special_tokens=_TOOL_TOKENS_DEEPSEEK,
