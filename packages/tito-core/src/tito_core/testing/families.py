@@ -12,7 +12,7 @@ and returns a Hugging Face tokenizer for one family. Vocabularies come only from
   not the real model's (the built tokenizer reproduces the file's own ``.inp`` / ``.out`` reference ids);
 - Mistral: the Tekken tokenizer files shipped inside ``mistral-common`` (``mistral_common/data/``), loaded
   as transformers' ``MistralCommonBackend``; both shipped Tekken files are tokenizer v3 (Mistral NeMo), and
-  ``mistral_v7`` / ``mistral_v11`` are the same file with its version set to v7 / v11, to exercise
+  ``mistral_v7`` / ``mistral_v11`` / ``mistral_v13`` are the same file with its version set, to exercise
   mistral-common's layouts (past v7 mistral-common needs the control tokens listed in the file: they are
   written in the order of its ``SpecialTokens`` enum, so their ids are not a released model's);
 - GLM, Kimi-K2, DeepSeek V3.x and gpt-oss: **no offline vocabulary exists** on PyPI. Their templates are
@@ -160,6 +160,9 @@ FAMILIES: dict[str, Family] = {
                "v11 layout; mistral-common's control tokens listed in their enum order)", "mistral-common",
                "mistral-common's v11 encoder", "</s>", "", bos="<s>", eos="</s>", tekken="tekken_240911.json",
                tekken_version="v11"),
+        Family("mistral_v13", "mistral", "mistral-common tekken_240911.json loaded as tokenizer v13 (real vocabulary, "
+               "v13 layout; control tokens as mistral_v11)", "mistral-common", "mistral-common's v13 encoder", "</s>",
+               "", "[THINK]...[/THINK]", bos="<s>", eos="</s>", tekken="tekken_240911.json", tekken_version="v13"),
     )
 }  # fmt: skip
 
