@@ -28,6 +28,7 @@ from strands.types.tools import ToolSpec
 
 from tito_core.chat import ChatRenderer, first_difference, to_chat_messages, tool_specs_to_chat
 from tito_core.errors import TemplateError
+from tito_core.plugins import get_tool_parser
 from tito_core.prefix_check import PrefixReport, check_prefix_preservation
 from tito_core.testing.families import FAMILIES, llama_cpp_sdist, load_family_tokenizer
 from tito_core.testing.tokenizers import chat_template
@@ -163,6 +164,66 @@ def test_kimi_k2_thinking_template_refuses_tool_calls() -> None:
     ]
     report = check("kimi_k2_thinking", call)
     assert explain("kimi_k2_thinking", call, report) == "refused: the template appends to a list (tool calls)"
+
+
+def test_deepseek_v3_2_dsml_is_read_back_and_its_divergences_explained() -> None:
+    """DeepSeek V3.2's DSML as llama.cpp's template renders it (thinking mode), through the ``deepseek_v3`` parser.
+
+    Every assistant turn as the template writes it when last parses back to its reasoning, text and calls. The
+    template is not incremental: tool results rendered after tito's dummy prefix lose their
+    ``<function_results>`` wrapper (it looks back for the calling turn), and turns before the last user
+    message lose their reasoning. Without thinking its generation prompt ``<think></think>`` is not even a
+    prefix of the turn it renders (``</think>`` alone), so no output can be placed after it.
+    """
+    family, kwargs = "deepseek_v3_2", {"thinking": True}
+    tok = load_family_tokenizer(family)
+    renderer = ChatRenderer(tok, template_kwargs=kwargs)
+    parser = get_tool_parser(FAMILIES[family].parser)
+    tools = tool_specs_to_chat(TOOLS)
+
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(conversations(thinking=True))
+    def body(messages: Messages) -> None:
+        COUNTS[f"{family} (thinking)"] += 1
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            chat = to_chat_messages(messages[:i], system_prompt=SYSTEM)
+            before = renderer.render(chat, tools=tools, add_generation_prompt=True)
+            after = renderer.render(
+                to_chat_messages(messages[: i + 1], system_prompt=SYSTEM), tools=tools, add_generation_prompt=False
+            )
+            assert after.startswith(before), (i, before[-80:], after[-80:])
+            parsed = parser.parse(after[len(before) :].removesuffix(FAMILIES[family].end_of_turn), TOOLS)
+            want = [(b["toolUse"]["name"], b["toolUse"]["input"]) for b in message["content"] if "toolUse" in b]
+            assert [(c.name, c.input) for c in parsed.calls] == want and not any(c.error for c in parsed.calls)
+            text = [b["text"] for b in message["content"] if "text" in b]
+            assert (parsed.content or "").strip() == "".join(text).strip(), parsed
+            thought = [
+                b["reasoningContent"]["reasoningText"]["text"] for b in message["content"] if "reasoningContent" in b
+            ]
+            assert (parsed.reasoning or "") == "".join(thought), parsed
+        report = check_prefix_preservation(
+            tok, messages, tools=TOOLS, system_prompt=SYSTEM, chat_template_kwargs=kwargs
+        )
+        if report.ok:
+            return
+        at, mine, reference = report.position, report.incremental_text, report.canonical_text
+        assert at is not None, report
+        at = mine.rfind("<", 0, at + 1) if "<" in mine[at - 1 : at + 1] else at  # "<think>" vs "</think>"
+        if "<function_results>" in reference[at : at + 20] and "<function_results>" not in mine[at : at + 20]:
+            assert has_tool_results(messages), report
+            COUNTS[f"{family}: tool results lose <function_results>"] += 1
+        else:  # reasoning of a turn before the last user message: "</think>" alone
+            assert mine.startswith("<think>", at) and reference.startswith("</think>", at), report
+            COUNTS[f"{family}: earlier <think> dropped"] += 1
+
+    body()
+    plain = check_prefix_preservation(tok, [{"role": "user", "content": [{"text": "hi"}]},
+                                            {"role": "assistant", "content": [{"text": "ok"}]}])  # fmt: skip
+    assert not plain.ok and "generation prompt is not a prefix" in plain.reason, plain
+    assert plain.incremental_excerpt.endswith("<think></think>"), plain
+    assert plain.canonical_excerpt.endswith("</think>ok<｜end▁of▁sentence｜>"), plain
 
 
 def run(family: str) -> Any:

@@ -145,6 +145,10 @@ FAMILIES: dict[str, Family] = {
                "fixture:deepseek_v3_1.jinja", "deepseek-ai/DeepSeek-V3.1", "<｜end▁of▁sentence｜>", "",  # noqa: RUF001
                "<think>...</think>", surrogate=True, special_tokens=_TOOL_TOKENS_DEEPSEEK,
                bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>"),  # noqa: RUF001
+        Family("deepseek_v3_2", "deepseek_v3", "surrogate: Qwen3 BPE + DeepSeek control tokens",
+               "fixture:deepseek_v3_2.jinja", "deepseek-ai/DeepSeek-V3.2 (llama.cpp's template)",
+               "<｜end▁of▁sentence｜>", "", "<think>...</think>", surrogate=True,  # noqa: RUF001
+               special_tokens=_TOOL_TOKENS_DEEPSEEK, bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>"),  # noqa: RUF001
         Family("gpt_oss", "gpt_oss", "surrogate: Qwen3 BPE + harmony control tokens", "fixture:gpt_oss.jinja",
                "openai/gpt-oss-120b", "<|return|>", "", "<|channel|>analysis<|message|>...<|end|>", surrogate=True,
                special_tokens=("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>",
