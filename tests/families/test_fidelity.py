@@ -156,6 +156,37 @@ def test_gguf_vocabularies_reproduce_llama_cpp_reference_ids() -> None:
         assert [tok.encode(t, add_special_tokens=False) for t in texts] == ids, name
 
 
+REASONED: Messages = [
+    {"role": "user", "content": [{"text": "hi"}]},
+    {"role": "assistant", "content": [{"reasoningContent": {"reasoningText": {"text": "plan"}}}, {"text": "a"}]},
+    {"role": "user", "content": [{"text": "more"}]},
+    {"role": "assistant", "content": [{"text": "b"}]},
+]
+TOOL_LOOP: Messages = [
+    {"role": "user", "content": [{"text": "hi"}]},
+    {"role": "assistant", "content": [{"toolUse": {"toolUseId": "c1", "name": "search", "input": {"q": "x"}}}]},
+    {"role": "user", "content": [{"toolResult": {"toolUseId": "c1", "status": "success", "content": [{"text": "r"}]}}]},
+    {"role": "assistant", "content": [{"text": "b"}]},
+]
+
+
+@pytest.mark.parametrize(
+    ("family", "messages", "kind"),
+    [
+        ("qwen3", REASONED, "earlier <think> dropped"),
+        ("qwen3_5", REASONED, "earlier <think> dropped"),
+        ("glm", REASONED, "earlier reasoning emptied"),
+        ("gpt_oss", REASONED, "earlier analysis dropped"),
+        ("gpt_oss", TOOL_LOOP, "refused: tool results after tito's dummy prefix"),
+        ("gemma4", TOOL_LOOP, "tool response inside the model turn"),
+    ],
+)
+def test_each_documented_divergence_on_a_fixed_conversation(family: str, messages: Messages, kind: str) -> None:
+    """Each kind of divergence explain() accepts, on a fixed conversation (hypothesis may not draw every kind)."""
+    report = check(family, messages)
+    assert not report.ok and explain(family, messages, report) == kind, report
+
+
 def test_kimi_k2_thinking_template_refuses_tool_calls() -> None:
     """Its list.append is refused by transformers' sandbox: the matrix runs it on plain (reasoning) chat only."""
     call: Messages = [
