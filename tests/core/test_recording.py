@@ -405,7 +405,12 @@ def test_full_render_forks_where_the_template_rewrites_earlier_turns(qwen3_token
     model, backend = _two_user_turns(tok, render_mode="full", template=None, replies=replies)
     traj = model.trajectory
     assert traj.branch == 1 and "full render differs" in (traj.fork_reason or "")
-    assert "<think>" in caplog.text or "think" in (traj.fork_reason or "")
+    # the warning (and the fork reason) name the first differing token: the model's <think>, where the re-render
+    # of the first turn (now before the last user message) goes straight to its answer
+    think = tok.convert_tokens_to_ids("<think>")
+    first = tok.encode("first", add_special_tokens=False)[0]
+    named = f"recorded {think} ('<think>'), rendered {first} ({tok.decode([first])!r})"
+    assert named in (traj.fork_reason or "") and named in caplog.text
     (old,) = traj.branches
     assert old.closed and len(old.turns) == 1
     assert len(traj.turns) == 1 and traj.status == "completed"

@@ -6,7 +6,9 @@ Hypothesis writes multi-turn tool conversations (parallel calls, error results, 
 results, control-token text such as ``[INST]`` or ``</s>`` inside user and tool messages); each is replayed
 through a real :class:`~tito_core.recording.Rollout` whose engine answers every assistant turn with the ids
 mistral-common gives it. Measured divergence: tokenizer v3 encodes the tools block and the system prompt
-with the *last* user message (v7: the tools block), so a later user message moves them.
+with the *last* user message (v7 and v11: the tools block), so a later user message moves them. v11
+(``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}``) and v13 (no call ids, tools block first, ``[THINK]``) are the
+real Tekken vocabulary loaded as those versions; v13 moves nothing and matches token for token.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ pytest.importorskip("mistral_common")
 
 EXAMPLES = int(os.environ.get("TITO_FIDELITY_EXAMPLES", "30"))
 COUNTS: Counter[str] = Counter()
-FAMILIES = ("mistral", "mistral_v7")
+FAMILIES = ("mistral", "mistral_v7", "mistral_v11", "mistral_v13")
+MOVES_TOOLS = {"mistral", "mistral_v7", "mistral_v11"}  # v13 writes the tools block before the first user message
+NO_CALL_IDS = {"mistral_v13"}  # v13 encodes calls and results without ids: tito's parser gives new ones
 SYSTEM = "Be brief."
 TOOLS: list[ToolSpec] = [
     {
@@ -58,8 +62,11 @@ def report_counts() -> Iterator[None]:
 
 
 @st.composite
-def conversations(draw: st.DrawFn) -> Messages:
-    """Tool conversations in the shapes mistral-common accepts: an assistant turn is text or calls, not both."""
+def conversations(draw: st.DrawFn, thinking: bool = False) -> Messages:
+    """Tool conversations in the shapes mistral-common accepts: an assistant turn is text or calls, not both.
+
+    With ``thinking`` (v13), text turns may start with reasoning (``[THINK]...[/THINK]``).
+    """
     messages: Messages = [{"role": "user", "content": [{"text": draw(TEXT) or "hi"}]}]
     for turn in range(draw(st.integers(1, 4))):
         n_calls = draw(st.integers(0, 2))
@@ -81,6 +88,8 @@ def conversations(draw: st.DrawFn) -> Messages:
             ]
         else:  # the model's own text: no control-token text (its decoded output would read as markup)
             content = [{"text": draw(PLAIN).strip() or "ok"}]
+            if thinking and draw(st.booleans()):
+                content.insert(0, {"reasoningContent": {"reasoningText": {"text": draw(PLAIN).strip() or "hmm"}}})
         messages.append({"role": "assistant", "content": content})
         if ids:
             results = [
@@ -107,6 +116,13 @@ def openai_messages(messages: Messages, system: str | None) -> list[dict[str, An
     """The conversation as an OpenAI chat request, as an engine's chat endpoint receives it."""
     out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     for message in messages:
+        blocks = message["content"]
+        reasoning = [b["reasoningContent"]["reasoningText"]["text"] for b in blocks if "reasoningContent" in b]
+        if reasoning:  # v13: a text turn with its reasoning, as one message of thinking and text parts
+            parts = [{"type": "thinking", "thinking": text} for text in reasoning]
+            parts += [{"type": "text", "text": b["text"]} for b in message["content"] if "text" in b]
+            out.append({"role": message["role"], "content": parts})
+            continue
         for block in message["content"]:
             if "text" in block:
                 out.append({"role": message["role"], "content": block["text"]})
@@ -177,6 +193,42 @@ def without_moving_parts(tok: Any, ids: list[int]) -> str:
     return tok.decode(kept, skip_special_tokens=False).replace(f"[INST]{SYSTEM}\n\n", "[INST]")
 
 
+def without_ids(messages: Messages) -> list[Any]:
+    """The conversation without its call ids (v13 encodes none)."""
+    out: list[Any] = []
+    for message in messages:
+        blocks: list[Any] = []
+        for block in message["content"]:
+            if "toolUse" in block:
+                block = {"toolUse": {k: v for k, v in block["toolUse"].items() if k != "toolUseId"}}
+            elif "toolResult" in block:
+                block = {"toolResult": {k: v for k, v in block["toolResult"].items() if k != "toolUseId"}}
+            blocks.append(block)
+        out.append({"role": message["role"], "content": blocks})
+    return out
+
+
+def test_v13_reasoning_is_read_back_and_encoded_as_mistral_common_does() -> None:
+    """v13 (Magistral's layout) keeps earlier [THINK] blocks: incremental ids equal mistral-common's every call."""
+
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(conversations(thinking=True))
+    def body(messages: Messages) -> None:
+        COUNTS["mistral_v13 incremental, [THINK] + tools + system"] += 1
+        thinks = any("reasoningContent" in b for m in messages for b in m["content"])
+        COUNTS["mistral_v13 [THINK] examples with reasoning"] += thinks
+        ref = Reference("mistral_v13", messages, TOOLS, SYSTEM)
+        sent, traj, history = replay(
+            ref.tok, messages, ref.output, parser="mistral", tools=TOOLS, system=SYSTEM, render_mode="incremental"
+        )
+        assert traj.branch == 0, traj.fork_reason
+        assert without_ids(history) == without_ids(messages)  # reasoning, text and calls read back
+        for request, i in zip(sent, calls(messages), strict=True):
+            assert request == ref.prompt(i), f"call before message {i}"
+
+    body()
+
+
 def calls(messages: Messages) -> list[int]:
     return [i for i, m in enumerate(messages) if m["role"] == "assistant"]
 
@@ -194,7 +246,10 @@ def test_incremental_equals_mistral_common_without_moving_parts(family: str) -> 
             ref.tok, messages, ref.output, parser="mistral", tools=None, system=None, render_mode="incremental"
         )
         assert traj.branch == 0, traj.fork_reason
-        assert history == messages  # the parser reads back every turn as it was written
+        if family in NO_CALL_IDS:
+            assert without_ids(history) == without_ids(messages)
+        else:
+            assert history == messages  # the parser reads back every turn as it was written
         for request, i in zip(sent, calls(messages), strict=True):
             assert request == ref.prompt(i), f"call before message {i}"
 
@@ -216,7 +271,7 @@ def test_incremental_diverges_only_by_the_moving_tools_block(family: str) -> Non
         assert traj.branch == 0, traj.fork_reason  # one consistent branch: the model's own tokens are kept
         for request, i in zip(sent, calls(messages), strict=True):
             expected = ref.prompt(i)
-            if user_turns(messages, i) == 1:
+            if user_turns(messages, i) == 1 or family not in MOVES_TOOLS:
                 assert request == expected, f"call before message {i}"
             else:
                 COUNTS[f"{family} calls after a second user turn"] += 1

