@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-INSTALL = 'python3 -m pip install -e "packages/tito-core[testing]" -e packages/tito-vllm -e packages/tito-sglang -e packages/tito-transformers'
+INSTALL = (
+    'python3 -m pip install -e "packages/tito-core[testing]" -e packages/tito-vllm -e packages/tito-sglang'
+    " -e packages/tito-transformers"
+)
 MESSAGE = f"""
 The root of the tito repository is a workspace, not a package: there is nothing to install here.
 The packages live in packages/. From the repository root, install core and the adapters editable with:
