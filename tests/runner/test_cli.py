@@ -237,3 +237,35 @@ def test_strands_truncation_notices_stay_out_of_the_progress_output() -> None:
     assert not _drop_truncation_notices(record("strands.event_loop._recover_message_on_max_tokens_reached"))
     assert _drop_truncation_notices(record("strands.event_loop.event_loop"))
     assert _drop_truncation_notices(record("tito"))
+
+
+def test_set_overrides_any_config_key_dotted_into_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(2))
+    out = tmp_path / "out.jsonl"
+    sets = ["--set", "sampling.max_new_tokens=2", "--set", "rollout.group_size=1", "--set", "tool_parser=qwen_xml"]
+    assert main(_run(tmp_path, "--output", str(out), "--quiet", *sets)) == 0
+    records = lines(out)
+    assert len(records) == 2  # rollout.group_size=1 replaced the file's 2
+    assert all(r["status"] == "truncated" and r["tokens"]["output"] == 2 for r in records)  # sampling.max_new_tokens
+    out.unlink()
+    assert main(_run(tmp_path, "--output", str(out), "--quiet", *sets, "--group-size", "3")) == 0
+    assert len(lines(out)) == 6  # a flag wins over --set
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("sampling", "expected KEY=VALUE"),
+        ("tool_parser.name=x", "'tool_parser' is not a table"),
+        ("sampling.temprature=1", "temperature"),
+        ("rollout.group_sise=1", "group_sise"),
+    ],
+)
+def test_bad_set_is_an_error_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], setting: str, message: str
+) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(1))
+    assert main(_run(tmp_path, "--output", str(tmp_path / "out.jsonl"), "--quiet", "--set", setting)) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()

@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import sys
+import tomllib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,6 +73,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--server", action="append", dest="servers", metavar="URL", help="a server base URL (repeat)")
     run.add_argument(
+        "--set",
+        action="append",
+        dest="settings",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any config key, dotted into tables, the value in TOML (repeat): --set sampling.temperature=0.5 "
+        "--set rollout.forced_tool_calls=1 --set tool_parser=qwen_xml; the flags above win over it",
+    )
+    run.add_argument(
         "--executor",
         choices=["local", "ray"],
         default="local",
@@ -125,7 +135,8 @@ def _rollout(args: argparse.Namespace) -> int:
         rich_handler = RichHandler(show_path=False)
         rich_handler.addFilter(_drop_truncation_notices)
         logging.basicConfig(level=logging.WARNING, format="%(message)s", handlers=[rich_handler])
-    overrides: dict[str, Any] = {
+    overrides: dict[str, Any] = _settings(args.settings)
+    flags: dict[str, Any] = {
         "group_size": args.group_size,
         "concurrency": args.concurrency,
         "timeout_s": args.timeout_s,
@@ -139,6 +150,7 @@ def _rollout(args: argparse.Namespace) -> int:
         "backend_options": {"base_url": args.servers} if args.servers else None,
         "retry_failed": True if args.retry_failed else None,
     }
+    overrides.update((key, value) for key, value in flags.items() if value is not None)
     executor = _executor(args)
     try:
         summary = rollout(args.config, args.dataset, args.output, reporter=reporter, executor=executor, **overrides)
@@ -149,6 +161,21 @@ def _rollout(args: argparse.Namespace) -> int:
         if executor is not None:
             executor.close()  # the Ray workers (and the local Ray, if this run started one)
     return 0 if summary.written == summary.planned else 1
+
+
+def _settings(items: Sequence[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as config overrides: the value read as TOML, else taken as a plain string."""
+    settings: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set sampling.temperature=0.5")
+        try:
+            settings[key] = tomllib.loads(f"value = {text}")["value"]
+        except tomllib.TOMLDecodeError:
+            settings[key] = text  # a bare word: tool_parser=qwen_xml
+    return settings
 
 
 def _executor(args: argparse.Namespace) -> Any:

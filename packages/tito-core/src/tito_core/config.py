@@ -261,7 +261,8 @@ def with_overrides(config: TitoConfig, overrides: Mapping[str, Any], *, origin: 
 
     Keys of :class:`TitoConfig`, or of :class:`RolloutSettings` (which go into the ``rollout`` table). None
     values are ignored, so unset command-line flags change nothing; ``backend_options`` are merged into the
-    config's own.
+    config's own. A dotted key sets one entry inside a table: ``sampling.temperature``,
+    ``backend_options.retry.max_attempts``, ``rollout.forced_tool_calls``.
 
     Raises:
         ConfigError: An unknown key or a bad value, named.
@@ -272,13 +273,30 @@ def with_overrides(config: TitoConfig, overrides: Mapping[str, Any], *, origin: 
     for key, value in overrides.items():
         if value is None:
             continue
-        if key in rollout_keys and key not in TitoConfig.__struct_fields__:
+        if "." in key:
+            head, *path = key.split(".")
+            if head not in data or not isinstance(data[head], dict):
+                tables = sorted(k for k, v in data.items() if isinstance(v, dict))
+                raise ConfigError(f"{origin}: cannot set {key!r}: {head!r} is not a table ({', '.join(tables)})")
+            data[head] = _set_in(data[head], path, value, key, origin)
+        elif key in rollout_keys and key not in TitoConfig.__struct_fields__:
             data["rollout"][key] = value
         elif key == "backend_options" and isinstance(value, Mapping):
             data[key] = {**data[key], **value}
         else:
             data[key] = value
     return _build(data, origin, "")
+
+
+def _set_in(table: dict[str, Any], path: list[str], value: Any, key: str, origin: str) -> dict[str, Any]:
+    """A copy of ``table`` with ``value`` at ``path`` (dotted key parts), making missing inner tables."""
+    name, rest = path[0], path[1:]
+    if not rest:
+        return {**table, name: value}
+    inner = table.get(name, {})
+    if not isinstance(inner, dict):
+        raise ConfigError(f"{origin}: cannot set {key!r}: {name!r} holds {inner!r}, not a table")
+    return {**table, name: _set_in(inner, rest, value, key, origin)}
 
 
 def _read_toml(path: Path) -> tuple[dict[str, Any], str]:
