@@ -155,6 +155,10 @@ def test_export_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     (tmp_path / "bare.toml").write_text('backend = "scripted"\n')
     assert main(["inspect", str(out), "--id", "t1", "--config", str(tmp_path / "bare.toml")]) == 2
     assert "bare.toml: no `tokenizer`" in capsys.readouterr().err
+    (tmp_path / "prep.py").write_text(f"def prepare():\n    return {{'tokenizer': {tokenizer_dir()!r}}}\n")
+    (tmp_path / "prepared.toml").write_text('backend = "scripted"\n[rollout]\nprepare = "prep:prepare"\n')
+    assert main(["inspect", str(out), "--id", "t1", "--config", str(tmp_path / "prepared.toml")]) == 0
+    assert "The answer is 4.<|im_end|>" in capsys.readouterr().out  # the prepare hook named the tokenizer
 
 
 def test_demo_delegates_to_the_demo_module(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -275,18 +275,26 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _inspect_tokenizer(args: argparse.Namespace) -> Any:
-    """The tokenizer of ``--tokenizer``, or of ``--config``'s ``tokenizer`` (loaded as the runner does); or None."""
+    """The tokenizer of ``--tokenizer``, or of ``--config``'s ``tokenizer`` (loaded as the runner does); or None.
+
+    A config without ``tokenizer`` whose ``prepare`` hook sets it (the arithmetic example) has the hook run.
+    """
     from .tokenizers import load_tokenizer
 
     if args.tokenizer:
         return load_tokenizer(args.tokenizer)
     if not args.config:
         return None
+    import asyncio
+
     from .config import load_config
+    from .runner.run import prepare_config
 
     config = load_config(args.config)
+    if config.tokenizer is None and config.rollout.prepare:
+        config, _ = asyncio.run(prepare_config(args.config, {}))
     if config.tokenizer is None:
-        raise ConfigError(f"{args.config}: no `tokenizer` to decode with (if a prepare hook sets it, give --tokenizer)")
+        raise ConfigError(f"{args.config}: no `tokenizer` to decode with (give --tokenizer)")
     return load_tokenizer(config.tokenizer)
 
 
