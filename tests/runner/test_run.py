@@ -424,3 +424,26 @@ def test_an_output_that_cannot_be_made_is_a_config_error_naming_it(tmp_path: Pat
     blocker.write_text("")
     with pytest.raises(ConfigError, match=r"rollout output .*a-file/out.jsonl.*folder cannot be made"):
         rollout(config(answer_with("4")), tasks(1), blocker / "out.jsonl")
+
+
+def test_a_rerun_with_nothing_left_loads_no_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out.jsonl"
+    rollout(config(answer_with("4"), group_size=2), tasks(2), out)
+    before = out.read_bytes()
+
+    async def no_worker(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a rerun with every rollout done built a worker (model, tokenizer, servers)")
+
+    monkeypatch.setattr("tito_core.runner.run.RolloutWorker.create", no_worker)
+    summary = rollout(config(answer_with("4"), group_size=2), tasks(2), out)
+    assert summary.planned == summary.written == 0 and summary.skipped == 4
+    assert out.read_bytes() == before
+
+
+def test_a_config_error_on_a_new_output_leaves_no_file(tmp_path: Path) -> None:
+    missing = config(answer_with("4"))
+    missing["tokenizer"] = str(tmp_path / "no-tokenizer")
+    for name in ("out.jsonl", "out.parquet"):
+        with pytest.raises(ConfigError, match="no-tokenizer"):
+            rollout(missing, tasks(1), tmp_path / name)
+        assert not (tmp_path / name).exists()

@@ -10,6 +10,7 @@ it first removes the ``failed`` records and runs them again).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
@@ -88,51 +89,64 @@ async def arollout(
     check_output(output)  # and the output's folder: a bad path fails before any model loads
     resolved = await _run_prepare(loaded, base_dir, overrides)
     settings = resolved.rollout
-    worker = await RolloutWorker.create(resolved, base_dir=base_dir)
+    fresh = not Path(output).exists()
+    writer = open_writer(output, row_group_size=settings.row_group_size)
+    worker: RolloutWorker | None = None
     try:
-        writer = open_writer(output, row_group_size=settings.row_group_size)
-    except BaseException:
-        await worker.aclose()
-        raise
-    if settings.retry_failed:
-        retry = failed_keys(writer.outcomes(), {t.id for t in tasks}, whole_groups=worker.group_reward is not None)
-        if retry:
-            logger.warning("%s: removing %d failed records (retry_failed): they run again", output, len(retry))
-            try:
+        if settings.retry_failed:
+            retry = failed_keys(
+                writer.outcomes(), {t.id for t in tasks}, whole_groups=settings.group_reward is not None
+            )
+            if retry:
+                logger.warning("%s: removing %d failed records (retry_failed): they run again", output, len(retry))
                 writer.remove(retry)
-            except BaseException:
-                writer.close()
-                await worker.aclose()
-                raise
-    done = writer.finished()
-    items = [
-        WorkItem(task, sample)
-        for task in tasks
-        for sample in range(settings.group_size)
-        if (task.id, sample) not in done
-    ]
+        done = writer.finished()
+        items = [
+            WorkItem(task, sample)
+            for task in tasks
+            for sample in range(settings.group_size)
+            if (task.id, sample) not in done
+        ]
+        if items:  # a rerun with nothing left to do loads no model and asks no server
+            worker = await RolloutWorker.create(resolved, base_dir=base_dir)
+    except BaseException:
+        writer.close()
+        if fresh:
+            _discard_if_empty(Path(output))  # a config error leaves no empty output behind
+        raise
     skipped = len(tasks) * settings.group_size - len(items)
     stats = RunStats(str(output), planned=len(items), skipped=skipped, previous=writer.outcomes())
     reporter = reporter if reporter is not None else QuietReporter()
-    sink = _Sink(writer, stats, reporter, worker.group_reward, items, writer.outcomes())
-    runner = executor if executor is not None else LocalExecutor(settings.concurrency)
     reporter.start(stats)
     interrupted = True
     try:
-        worker.pool.start()
+        if worker is not None:
+            sink = _Sink(writer, stats, reporter, worker.group_reward, items, writer.outcomes())
+            runner = executor if executor is not None else LocalExecutor(settings.concurrency)
+            worker.pool.start()
 
-        def started() -> None:
-            stats.start()
-            reporter.started(stats)
+            def started() -> None:
+                stats.start()
+                reporter.started(stats)
 
-        await runner.run(items, worker, sink.emit, started)
+            await runner.run(items, worker, sink.emit, started)
         interrupted = False
     finally:
         writer.close()
-        await worker.aclose()
+        if worker is not None:
+            await worker.aclose()
         summary = stats.summary(interrupted=interrupted)
         reporter.finish(summary)
     return summary
+
+
+def _discard_if_empty(path: Path) -> None:
+    """Remove an output this run created and wrote nothing to (an empty file, or a Parquet folder of no parts)."""
+    with contextlib.suppress(OSError):
+        if path.is_dir():
+            path.rmdir()  # only when empty
+        elif path.stat().st_size == 0:
+            path.unlink()
 
 
 async def prepare_config(source: ConfigSource, overrides: Mapping[str, Any]) -> tuple[TitoConfig, Path | None]:
