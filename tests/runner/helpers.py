@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +99,18 @@ def prepare_records_call() -> None:
 
 def group_fails(rewards: list[float | None]) -> list[float | None]:
     raise RuntimeError("group boom")
+
+
+REWARD_THREADS: list[str] = []
+
+
+def thread_reward(sample: Any) -> float:
+    """Notes the thread it runs in."""
+    REWARD_THREADS.append(threading.current_thread().name)
+    return 1.0
+
+
+async def async_thread_reward(sample: Any) -> float:
+    """Notes the thread it runs in (the event loop's)."""
+    REWARD_THREADS.append(threading.current_thread().name)
+    return 1.0

@@ -447,3 +447,14 @@ def test_a_config_error_on_a_new_output_leaves_no_file(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match="no-tokenizer"):
             rollout(missing, tasks(1), tmp_path / name)
         assert not (tmp_path / name).exists()
+
+
+def test_a_sync_reward_runs_off_the_event_loop_thread_and_an_async_one_on_it(tmp_path: Path) -> None:
+    from . import helpers
+
+    helpers.REWARD_THREADS.clear()
+    rollout(config(answer_with("4"), reward="tests.runner.helpers:thread_reward"), tasks(3), tmp_path / "a.jsonl")
+    assert len(helpers.REWARD_THREADS) == 3 and "MainThread" not in helpers.REWARD_THREADS
+    helpers.REWARD_THREADS.clear()
+    rollout(config(answer_with("4"), reward="tests.runner.helpers:async_thread_reward"), tasks(3), tmp_path / "b.jsonl")
+    assert helpers.REWARD_THREADS == ["MainThread"] * 3

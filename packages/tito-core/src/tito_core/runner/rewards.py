@@ -1,12 +1,14 @@
 """Reward functions: what they receive, how they are called, and a group-normalised advantage.
 
-A reward function takes a :class:`Sample` and returns a number (or awaits one). A group reward function
-takes the rewards of one finished group (None where a rollout has none) and returns one value per rollout,
-written as ``advantage``. Either may be sync or async; an exception marks only the rollout (or group) at hand.
+A reward function takes a :class:`Sample` and returns a number (or awaits one); a sync one runs in a worker
+thread (so it must be thread-safe), an async one on the event loop. A group reward function takes the rewards
+of one finished group (None where a rollout has none) and returns one value per rollout, written as
+``advantage``. Either may be sync or async; an exception marks only the rollout (or group) at hand.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import statistics
@@ -50,9 +52,16 @@ RewardFn = Callable[[Sample], float | Awaitable[float]]
 GroupRewardFn = Callable[[list[float | None]], Sequence[float | None] | Awaitable[Sequence[float | None]]]
 
 
-async def call_maybe_async(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call ``fn``; await its result when it is awaitable."""
-    result = fn(*args)
+async def call_maybe_async(fn: Callable[..., Any], *args: Any, in_thread: bool = False) -> Any:
+    """Call ``fn``; await its result when it is awaitable.
+
+    With ``in_thread``, a plain (not ``async def``) function runs in a worker thread, so that a slow one (a
+    verifier, a sandbox) does not stall the rollouts in flight on the event loop.
+    """
+    if in_thread and not inspect.iscoroutinefunction(fn):
+        result = await asyncio.to_thread(fn, *args)
+    else:
+        result = fn(*args)
     if inspect.isawaitable(result):
         result = await result
     return result

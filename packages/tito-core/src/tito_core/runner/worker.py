@@ -190,7 +190,7 @@ class RolloutWorker:
         if self.reward is not None:
             view = Sample(task, sample, text, agent.messages, traj, status, reason)
             try:
-                reward = _number(await call_maybe_async(self.reward, view))
+                reward = _number(await call_maybe_async(self.reward, view, in_thread=True))
             except Exception as exc:
                 status, reason = "failed", f"reward function raised {type(exc).__name__}: {exc}"
         now = time.perf_counter()
