@@ -2,7 +2,7 @@
 
     tito rollout --config tito.toml --dataset tasks.jsonl --output rollouts.jsonl [--group-size 4 ...]
     tito rollout ... --executor ray [--address auto] --workers 8
-    tito rollout ... --retry-failed
+    tito rollout ... --retry-failed --set sampling.temperature=0.5
     tito export --to slime|verl|trl|agl rollouts.jsonl out.jsonl
     tito inspect rollouts.jsonl [--id TASK_ID [--tokenizer DIR | --config tito.toml]]
     tito demo
