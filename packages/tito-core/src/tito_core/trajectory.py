@@ -221,10 +221,22 @@ class Trajectory:
     @property
     def prompt_length(self) -> int:
         """Length of the first prompt (system, tools, first user turn, generation header)."""
+        return self.first_output_from(0)
+
+    def first_output_from(self, start: int) -> int:
+        """Offset of the first generated token at or after ``start`` (the length when there is none)."""
         for seg in self._segments:
-            if seg.kind == "output":
-                return seg.start
+            if seg.kind == "output" and seg.end > start:
+                return max(seg.start, start)
         return len(self._ids)
+
+    @property
+    def all_branches(self) -> list[Trajectory]:
+        """Every branch of the rollout, oldest first, ending with this one.
+
+        Branch ``n + 1`` was forked from branch ``n`` and starts with a copy of its first ``fork_at`` tokens.
+        """
+        return [*self.branches, self]
 
     def ids_array(self, start: int = 0) -> array[int]:
         """The token ids from ``start`` on as an ``array('i')`` (a copy: cheap, 4 bytes per token)."""
