@@ -241,6 +241,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from .runner import read_records
+    from .runner.samples import generated_tokens
 
     console = Console()
     records = [r for r in read_records(args.rollouts) if args.task_id is None or r.task_id == args.task_id]
@@ -248,6 +249,12 @@ def _inspect(args: argparse.Namespace) -> int:
         console.print(f"no rollout of task {args.task_id!r} in {args.rollouts}")
         return 1
     title = f"{args.rollouts}: {len(records)} rollouts"
+    counts = generated_tokens(records)
+    if counts.branches > counts.rollouts:
+        title += (
+            f", {counts.branches} branches: {counts.all_branches} tokens generated, "
+            f"{counts.final_branch / max(counts.all_branches, 1):.0%} of them in the final branches"
+        )
     if console.width >= _WIDE:
         console.print(_records_table(title, records))
     else:  # a narrow terminal: a table would wrap every cell one word per line

@@ -12,13 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, get_args
 
+import msgspec
+
 from .. import export
 from ..errors import ConfigError
 from ..export import BranchReward, TrainingBranch, training_branches
 from ..trajectory import Trajectory
 from .records import RolloutRecord
 
-__all__ = ["ExportFormat", "training_rows", "verl_metrics"]
+__all__ = ["ExportFormat", "GeneratedTokens", "generated_tokens", "training_rows", "verl_metrics"]
 
 ExportFormat = Literal["slime", "verl", "trl", "agl"]
 """``slime`` (``Sample`` fields), ``verl`` (``AgentLoopOutput``), ``trl`` (``rollout_func`` columns), ``agl``
@@ -87,3 +89,37 @@ def verl_metrics(record: RolloutRecord) -> dict[str, float]:
     if record.tokens.tool_calls == 0:
         return {"generate_sequences": record.timings.agent_s, "tool_calls": 0.0}
     return {}
+
+
+class GeneratedTokens(msgspec.Struct, frozen=True, kw_only=True):
+    """How many tokens the model generated, over every branch and in the final branches alone.
+
+    Attributes:
+        rollouts: Records counted.
+        branches: Their branches.
+        all_branches: Tokens generated in any branch, each counted once (in the branch that generated it).
+        final_branch: Generated tokens in the final branches (what ``branch_reward="last"`` trains).
+    """
+
+    rollouts: int
+    branches: int
+    all_branches: int
+    final_branch: int
+
+    @property
+    def final_share(self) -> float:
+        """The share of generated tokens that exporting only the final branch keeps (1.0 when nothing forked)."""
+        return self.final_branch / self.all_branches if self.all_branches else 1.0
+
+
+def generated_tokens(records: Iterable[RolloutRecord]) -> GeneratedTokens:
+    """Count what ``records`` generated in all branches and in their final branches."""
+    rollouts = branches = everything = final = 0
+    for record in records:
+        traj = Trajectory.from_record(record.trajectory)
+        rollouts += 1
+        for branch in training_branches(traj):
+            everything += sum(branch.trajectory.loss_mask[branch.prompt_length :])
+        branches += len(traj.all_branches)
+        final += sum(traj.loss_mask)
+    return GeneratedTokens(rollouts=rollouts, branches=branches, all_branches=everything, final_branch=final)
