@@ -344,3 +344,18 @@ def test_hub_names_and_paths_are_told_apart() -> None:
         assert not looks_like_path(name), name
     for path in ("/models/q", "./q", "../q", "~/q", "~q", "a/b/c", "org/", "/", ".", "..", os.path.join("a", "b", "c")):
         assert looks_like_path(path), path
+
+
+def test_the_cache_follows_tito_cache_dir_then_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tito_core.testing.tokenizers import cache_root
+
+    monkeypatch.delenv("TITO_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "tito"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/path")  # not absolute: ignored, as the XDG spec says
+    assert cache_root() == Path.home() / ".cache" / "tito"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_root() == Path.home() / ".cache" / "tito"
+    monkeypatch.setenv("TITO_CACHE_DIR", str(tmp_path / "tito"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "tito"

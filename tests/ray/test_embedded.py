@@ -63,3 +63,26 @@ async def test_ray_workers_and_ray_data_match_the_local_executor(
     ).take_all()
     assert len(out) == 8
     assert {r.key: comparable(r) for r in map(record_from_row, out)} == expected
+
+
+async def test_the_driver_builds_no_embedded_model_and_prestarted_workers_run_the_rollouts(
+    tmp_path: Path, config: dict[str, Any], ray_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tito_transformers import backend as embedded
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the driver built the embedded model")
+
+    monkeypatch.setattr(embedded.TransformersBackend, "__init__", refuse)  # in this process: the driver only
+    with RayExecutor(1, concurrency=2, num_cpus=0.5) as executor:
+        started: list[Any] = []
+        prestart = executor.prestart
+
+        def spy(settings: Any) -> None:
+            prestart(settings)
+            started.extend(executor.actors)
+
+        monkeypatch.setattr(executor, "prestart", spy)
+        summary = await arollout(config, tasks(2), tmp_path / "out.jsonl", executor=executor)
+        assert summary.written == 4 and executor.lost == 0
+        assert len(started) == 1 and executor.actors == started  # the actor started before the driver's checks ran it

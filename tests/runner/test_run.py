@@ -6,16 +6,20 @@ import asyncio
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
 from tito_core import Trajectory, arollout, rollout
-from tito_core.errors import BackendConnectionError, ConfigError, DatasetError
+from tito_core.errors import BackendConnectionError, ConfigError, DatasetError, TitoError
+from tito_core.plugins import BackendSpec, hookimpl, temporary_plugin
 from tito_core.runner import read_records
+from tito_core.runner.executor import Executor
 from tito_core.runner.records import OutputLockedError, open_writer
 from tito_core.runner.rewards import group_normalized
 from tito_core.runner.run import failed_keys
+from tito_core.runner.worker import RolloutWorker
+from tito_core.testing.scripted import ScriptedBackend
 from tito_core.tokenizers import load_tokenizer
 
 from .helpers import PREPARED, answer_with, call, config, lines, tasks, tokenizer_dir, tool_turns, write_jsonl
@@ -508,3 +512,45 @@ def test_parquet_group_advantages_live_beside_the_parts_and_read_table_still_rea
     assert by_task[("t2", 0)] == by_task[("t2", 1)] == "failed" and by_task[("t0", 0)] == "completed"
     summary = rollout(failing, tasks(3), out, retry_failed=True)  # the whole failed group, its entry too
     assert summary.written == 2
+
+
+# ---------------------------------------------------------------------------------------------- executors
+class _InProcess:
+    """A plugin: the scripted backend registered as an in-process one (as the embedded model is), counting builds."""
+
+    built: ClassVar[list[int]] = []
+
+    @hookimpl
+    def tito_backends(self) -> list[BackendSpec]:
+        def factory(**options: Any) -> ScriptedBackend:
+            _InProcess.built.append(os.getpid())
+            return ScriptedBackend(**options)
+
+        return [BackendSpec(name="embedded-test", factory=factory, in_process=True)]
+
+
+class _Elsewhere(Executor):
+    """An executor whose 'workers' build their own backends, as Ray actors do (here: one more worker, in process)."""
+
+    routes_only = True
+
+    async def run(self, items: Any, worker: RolloutWorker, emit: Any, on_start: Any = None) -> None:
+        own = await RolloutWorker.create(worker.config, check_servers=False)
+        with pytest.raises(TitoError, match="runs in the worker processes"):
+            await worker.pool.server("embedded-test").backend.generate(None)  # type: ignore[arg-type]
+        for item in items:
+            async with worker.pool.lease() as server:  # the driver routes by name
+                await emit(await own.run(item.task, item.sample, server=server.name))
+        await own.aclose()
+
+
+def test_a_driver_that_only_routes_builds_no_in_process_backend(tmp_path: Path) -> None:
+    cfg = config(answer_with("4"), group_size=2)
+    cfg["backend"] = "embedded-test"
+    _InProcess.built.clear()
+    with temporary_plugin(_InProcess(), name="embedded-test"):
+        summary = rollout(cfg, tasks(2), tmp_path / "out.jsonl", executor=_Elsewhere())
+        assert summary.written == 4 and summary.statuses == {"completed": 4}
+        assert len(_InProcess.built) == 1  # the worker's; the driver built none
+        rollout(cfg, tasks(3), tmp_path / "out.jsonl")  # the local executor builds it, as before
+        assert len(_InProcess.built) == 2

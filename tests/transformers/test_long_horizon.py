@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import pytest
 from strands import tool
 
 from tito_core import Trajectory, rollout
@@ -53,9 +52,7 @@ def _trained_once(traj: Trajectory) -> int:
 
 def test_sliding_window_on_the_embedded_backend(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "long.jsonl"
-    summary = rollout(
-        EXAMPLE / "long_horizon.toml", EXAMPLE / "long_tasks.jsonl", out, **_overrides(tiny_model_dir)
-    )
+    summary = rollout(EXAMPLE / "long_horizon.toml", EXAMPLE / "long_tasks.jsonl", out, **_overrides(tiny_model_dir))
     assert summary.written == 4
     records = list(read_records(out))
     for record in records:
@@ -76,7 +73,11 @@ def test_summarizing_on_the_embedded_backend_records_the_summary(tiny_model_dir:
     out = tmp_path / "long.jsonl"
     # Strands summarizes before a model call once the prompt fills 40 % of the window (proactive compression),
     # asking the model directly, without tools: the forced tool choice must not leak into that call.
-    options = {"preserve_recent_messages": 2, "summary_ratio": 0.5, "proactive_compression": {"compression_threshold": 0.4}}
+    options = {
+        "preserve_recent_messages": 2,
+        "summary_ratio": 0.5,
+        "proactive_compression": {"compression_threshold": 0.4},
+    }
     overrides = _overrides(tiny_model_dir, conversation_manager="summarizing", conversation_manager_options=options)
     overrides["context_window_limit"] = 1024
     rollout(EXAMPLE / "long_horizon.toml", EXAMPLE / "long_tasks.jsonl", out, **overrides)

@@ -121,12 +121,16 @@ class BackendSpec(msgspec.Struct, frozen=True):
             ``"module:attr"`` string naming one, imported only when this backend is selected. Prefer the
             string when the adapter module imports anything heavy (an HTTP stack, an SDK, torch).
         description: One line shown when backends are listed.
+        in_process: The engine runs inside the process that creates the backend (an embedded model), not
+            behind a server: a process that only routes rollouts to others (the Ray executor's driver) then
+            creates none.
 
     """
 
     name: str
     factory: str | Callable[..., Backend]
     description: str = ""
+    in_process: bool = False
 
     def __post_init__(self) -> None:
         _check_spec(self, "backend")

@@ -765,8 +765,10 @@ def _forward_keyword(forward: Any) -> str:
 
 
 def _cache_keyword(model: Any) -> str:
-    """The KV-cache argument of ``model``'s forward: ``cache`` from transformers 5.24 (which warns on the old
-    ``past_key_values``), ``past_key_values`` before."""
+    """The KV-cache argument of ``model``'s forward: ``cache`` from transformers 5.24, ``past_key_values`` before.
+
+    transformers 5.24 warns on the old name.
+    """
     return _forward_keyword(type(model).forward)
 
 

@@ -14,4 +14,5 @@ def tito_backends() -> Iterator[BackendSpec]:
         name="transformers",
         factory="tito_transformers.backend:TransformersBackend",
         description="transformers + torch in-process: token ids in, ids and logprobs out, concurrent requests batched",
+        in_process=True,
     )

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import msgspec
 
+from ..config import RolloutSettings
 from ..errors import ConfigError
 from .dataset import Task
 from .records import RolloutRecord
@@ -35,6 +36,16 @@ class WorkItem(msgspec.Struct, frozen=True):
 
 class Executor(abc.ABC):
     """Runs work items and emits one record per item (a cancelled run emits only what finished)."""
+
+    routes_only: bool = False
+    """True when the rollouts run in other processes, each with its own backends: this process then only routes
+    them, and builds no in-process backend (an embedded model) it would never generate with."""
+
+    def prestart(self, settings: RolloutSettings) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Start the workers' processes now, while this process loads the tokenizer and checks the servers.
+
+        Called by the runner once it knows there is work, before :meth:`run`; ``settings`` are the run's.
+        """
 
     @abc.abstractmethod
     async def run(

@@ -36,7 +36,7 @@ from typing import Any, TypeVar, get_args
 
 import msgspec
 
-from ..config import TitoConfig
+from ..config import RolloutSettings, TitoConfig
 from ..errors import ConfigError, DatasetError, TitoError
 from ._optional import pyarrow
 from ._optional import ray as import_ray
@@ -69,6 +69,10 @@ class RolloutActor:
         self._worker: RolloutWorker | None = None
         self._config: tuple[TitoConfig, str | None] | None = None
         self._building = asyncio.Lock()
+        # The tokenizer's imports (seconds) now, while the driver is still loading and checking: configure()
+        # then mostly reads files.
+        with contextlib.suppress(ImportError):
+            from transformers import AutoTokenizer  # noqa: F401
 
     async def configure(self, config: TitoConfig, base_dir: str | None) -> str:
         """Build the worker for ``config`` (import tools and rewards, load the tokenizer); returns ``host:pid``.
@@ -123,6 +127,8 @@ class RayExecutor(Executor):
         start_timeout_s: Seconds a worker may take to start and load its config (Ray schedules it only when the
             cluster has the resources it asks for).
     """
+
+    routes_only = True  # the driver routes; each worker actor builds its own backends
 
     def __init__(
         self,
@@ -185,16 +191,11 @@ class RayExecutor(Executor):
         ray = import_ray()
         if not items:  # a rerun of a finished output: nothing to start
             return
-        if not ray.is_initialized():
-            ray.init(address=self.address, **self.init_options)
-            self._started_ray = True
-            self._slots = []  # actors of an earlier Ray session are gone with it
+        self._ensure_ray(ray)
         config_ref = ray.put(_shippable(ray, worker.config))
         base_dir = None if worker.base_dir is None else str(worker.base_dir)
         concurrency = self.concurrency or worker.settings.concurrency
-        actor_class = ray.remote(RolloutActor).options(
-            num_cpus=self.num_cpus, max_concurrency=concurrency + 1, **self.actor_options
-        )
+        actor_class = self._actor_class(ray, concurrency)
 
         async def configure(slot: _Slot) -> _Slot:
             try:
@@ -228,6 +229,25 @@ class RayExecutor(Executor):
         first = await asyncio.gather(*kept, *(start_actor() for _ in range(self.workers - len(kept))))
         self._slots = [slot for slot in self._slots if slot.alive]
         await self._handout(ray, items, worker.pool, emit, on_start, first, concurrency, start_actor)
+
+    def prestart(self, settings: RolloutSettings) -> None:
+        """Start the worker actors (Ray creates them in the background) while the driver loads and checks."""
+        ray = import_ray()
+        self._ensure_ray(ray)
+        actor_class = self._actor_class(ray, self.concurrency or settings.concurrency)
+        alive = sum(slot.alive for slot in self._slots)
+        self._slots.extend(_Slot(actor_class.remote()) for _ in range(self.workers - alive))
+
+    def _ensure_ray(self, ray: Any) -> None:
+        if not ray.is_initialized():
+            ray.init(address=self.address, **self.init_options)
+            self._started_ray = True
+            self._slots = []  # actors of an earlier Ray session are gone with it
+
+    def _actor_class(self, ray: Any, concurrency: int) -> Any:
+        return ray.remote(RolloutActor).options(
+            num_cpus=self.num_cpus, max_concurrency=concurrency + 1, **self.actor_options
+        )
 
     async def _handout(
         self,

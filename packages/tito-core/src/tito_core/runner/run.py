@@ -121,7 +121,10 @@ async def arollout(
             if (task.id, sample) not in done
         ]
         if items:  # a rerun with nothing left to do loads no model and asks no server
-            worker = await RolloutWorker.create(resolved, base_dir=base_dir)
+            if executor is not None:
+                executor.prestart(settings)  # its workers start while this process loads and checks
+            routes_only = executor is not None and executor.routes_only
+            worker = await RolloutWorker.create(resolved, base_dir=base_dir, routes_only=routes_only)
     except BaseException:
         writer.close()
         if fresh:

@@ -21,8 +21,9 @@ from strands import Agent
 from strands.agent.conversation_manager import NullConversationManager
 from strands.types.content import Messages
 
+from ..backend import Backend, GenerateRequest, GenerateResult
 from ..config import TitoConfig
-from ..errors import BackendConnectionError, ConfigError, LoopLimitError
+from ..errors import BackendConnectionError, ConfigError, LoopLimitError, TitoError
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory
 from .dataset import Task
@@ -89,9 +90,13 @@ class RolloutWorker:
 
     @classmethod
     async def create(
-        cls, config: TitoConfig, *, base_dir: Path | None = None, check_servers: bool = True
+        cls, config: TitoConfig, *, base_dir: Path | None = None, check_servers: bool = True, routes_only: bool = False
     ) -> RolloutWorker:
         """Resolve a config: import tools and rewards, load the tokenizer, build and health-check the servers.
+
+        With ``routes_only`` (the driver of an executor whose workers build their own backends), an in-process
+        backend (an embedded model) is not built: the pool routes by its name, and generating through it is an
+        error.
 
         Raises:
             ConfigError: A bad import path, a missing tokenizer, a backend option its factory refuses.
@@ -108,7 +113,7 @@ class RolloutWorker:
         if config.tokenizer is None:
             raise ConfigError("`tokenizer` is not set: give the tokenizer's directory or name in the config")
         tokenizer = await aload_tokenizer(config.tokenizer)
-        pool = ServerPool(_backends(config), interval=settings.health_interval_s)
+        pool = ServerPool(_backends(config, routes_only=routes_only), interval=settings.health_interval_s)
         if check_servers:
             try:
                 await pool.require_all()
@@ -271,8 +276,17 @@ def _failed(task: Task, sample: int, server: str, started: float, exc: Exception
     )
 
 
-def _backends(config: TitoConfig) -> list[tuple[str, Any]]:
-    """One backend per configured server: ``backend_options.base_url`` may be a list of URLs."""
+def _backends(config: TitoConfig, *, routes_only: bool = False) -> list[tuple[str, Any]]:
+    """One backend per configured server: ``backend_options.base_url`` may be a list of URLs.
+
+    With ``routes_only``, an in-process backend is a :class:`_BuiltElsewhere` stand-in named after it.
+    """
+    if routes_only:
+        from ..plugins import plugin_manager
+
+        spec = plugin_manager().backends().get(config.backend.lower())
+        if spec is not None and spec.in_process:
+            return [(config.backend, _BuiltElsewhere(config.backend))]
     urls = config.backend_options.get("base_url")
     if isinstance(urls, list):
         if not urls or not all(isinstance(url, str) for url in urls):
@@ -282,6 +296,24 @@ def _backends(config: TitoConfig) -> list[tuple[str, Any]]:
         return [(url, get_backend(config.backend, **{**config.backend_options, "base_url": url})) for url in urls]
     backend = config.create_backend()
     return [(str(urls) if urls else config.backend, backend)]
+
+
+class _BuiltElsewhere(Backend):
+    """The driver's stand-in for an in-process backend that each worker builds for itself.
+
+    Always healthy here; never generates.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.backend_name = name
+
+    async def health(self) -> bool:
+        return True
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        raise TitoError(
+            f"the {self.backend_name!r} backend runs in the worker processes; this process only routes rollouts"
+        )
 
 
 def _split_prompt(prompt: str | list[dict[str, Any]], system: str | None) -> tuple[str | None, Messages, str]:
