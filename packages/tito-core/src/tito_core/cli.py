@@ -252,7 +252,8 @@ def _inspect(args: argparse.Namespace) -> int:
         console.print(f"no rollout of task {args.task_id!r} in {args.rollouts}")
         return 1
     table = Table(title=f"{args.rollouts}: {len(records)} rollouts")
-    for column in ("task", "sample", "status", "reward", "tokens", "generated", "calls", "branches", "reason"):
+    columns = ("task", "sample", "status", "reward", "tokens", "generated", "calls", "branches", "versions", "reason")
+    for column in columns:
         table.add_column(column)
     for r in records:
         table.add_row(
@@ -264,6 +265,7 @@ def _inspect(args: argparse.Namespace) -> int:
             str(r.tokens.output),
             str(r.tokens.model_calls),
             str(len(r.trajectory.branches) + 1),
+            _versions(r),
             r.status_reason or "",
         )
     console.print(table)
@@ -272,6 +274,14 @@ def _inspect(args: argparse.Namespace) -> int:
         for r in records:
             _show_segments(console, r, tokenizer)
     return 0
+
+
+def _versions(record: Any) -> str:
+    """A record's weight-version range: ``3``, ``2..3``, or ``-`` when unknown."""
+    low, high = record.weight_version_min, record.weight_version_max
+    if low is None or high is None:
+        return "-"
+    return low if low == high else f"{low}..{high}"
 
 
 def _inspect_tokenizer(args: argparse.Namespace) -> Any:
