@@ -35,8 +35,11 @@ def test_one_grpo_step_on_tito_rollouts(tiny_qwen3, tmp_path):
 
     seen = []
 
+    versions = []
+
     def reward(completions, completion_ids, **kwargs):
         seen.extend(completion_ids)
+        versions.extend(kwargs["weight_versions"])  # tito's extra column reaches the reward functions
         return [1.0 if "answer is 12" in text else 0.0 for text in completions]
 
     config = trl.GRPOConfig(
@@ -67,6 +70,7 @@ def test_one_grpo_step_on_tito_rollouts(tiny_qwen3, tmp_path):
     assert trainer.state.global_step == 1
     # the trainer consumed exactly tito's ids, one rollout per prompt it passed
     assert len(produced) == 4 and seen == to_trl(produced)["completion_ids"]
+    assert versions == to_trl(produced)["weight_versions"] and {"7", None} == {v for row in versions for v in row}
     assert all(tool_tokens(t) > 0 for t in produced)
     # env_mask reached the loss: TRL counts only env_mask=1 tokens as completion length
     logged = next(entry for entry in trainer.state.log_history if "completions/mean_length" in entry)
