@@ -11,7 +11,7 @@ import pytest
 from tito_core.export import to_trl
 from tito_core.trainers.trl import rollout_func, run_sync
 
-from .helpers import solve, tool_tokens
+from .helpers import WEIGHT_VERSION, solve, tool_tokens
 
 trl = pytest.importorskip("trl", reason="trl is not installed (nox -s trainers installs trl==1.16.0)")
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -87,11 +87,13 @@ def test_rollout_func_returns_columns_in_prompt_order(qwen3_tokenizer):
         return await solve(qwen3_tokenizer, prompt, prompt, prompt)
 
     out = rollout_func(rollout, max_concurrency=2)(["1 + 1", "2 * 3", "7 - 5"], trainer=None)
-    assert set(out) == {"prompt_ids", "completion_ids", "logprobs", "env_mask"}
+    assert set(out) == {"prompt_ids", "completion_ids", "logprobs", "env_mask", "weight_versions"}
     texts = [qwen3_tokenizer.decode(ids) for ids in out["completion_ids"]]
     assert ["The answer is 1 + 1." in texts[0], "The answer is 2 * 3." in texts[1], "7 - 5." in texts[2]] == [True] * 3
-    for ids, lps, mask in zip(out["completion_ids"], out["logprobs"], out["env_mask"], strict=True):
-        assert len(ids) == len(lps) == len(mask) and 0 < sum(mask) < len(mask)
+    columns = zip(out["completion_ids"], out["logprobs"], out["env_mask"], out["weight_versions"], strict=True)
+    for ids, lps, mask, versions in columns:
+        assert len(ids) == len(lps) == len(mask) == len(versions) and 0 < sum(mask) < len(mask)
+        assert versions == [WEIGHT_VERSION if m else None for m in mask]
 
 
 def test_rollout_func_rejects_a_non_trajectory():
