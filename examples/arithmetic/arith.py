@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import operator
 import re
-from typing import Any
+from typing import Any, Literal
 
 from strands import tool
 
@@ -46,6 +46,18 @@ def calculator(expression: str) -> str:
     """
     value = _evaluate(ast.parse(expression, mode="eval"))
     return str(int(value)) if float(value).is_integer() else str(value)
+
+
+@tool
+def compute(a: int, op: Literal["+", "-", "*"], b: int) -> int:
+    """One step of arithmetic: a + b, a - b or a * b.
+
+    Args:
+        a: The left operand.
+        op: The operation.
+        b: The right operand.
+    """
+    return int(_OPERATORS[{"+": ast.Add, "-": ast.Sub, "*": ast.Mult}[op]](a, b))
 
 
 def reward(sample: Any) -> float:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import math
 import os
@@ -133,14 +134,17 @@ def group_token_logprobs(model: Any, rollouts: Sequence[Rollout]) -> list[Any]:
     batch_cache = None
     if cut > 0:
         prefix = torch.tensor([rollouts[0].token_ids[:cut]], device=device)
-        cache = body(input_ids=prefix, use_cache=True).past_key_values
+        out = body(input_ids=prefix, use_cache=True)
+        cache = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
         layers = [(k.keys.expand(size, -1, -1, -1), k.values.expand(size, -1, -1, -1)) for k in cache.layers]
         batch_cache = DynamicCache(layers, config=body.config)
     cut = max(cut, 0)
     tails = [r.token_ids[cut:] for r in rollouts]
     width = max(len(t) for t in tails)
     inputs = torch.tensor([t + [0] * (width - len(t)) for t in tails], device=device)
-    hidden = body(input_ids=inputs, past_key_values=batch_cache, use_cache=True).last_hidden_state
+    # transformers 5.24 renamed the cache argument `cache` (and warns on `past_key_values`)
+    cache_arg = "cache" if "cache" in inspect.signature(type(body).forward).parameters else "past_key_values"
+    hidden = body(input_ids=inputs, use_cache=True, **{cache_arg: batch_cache}).last_hidden_state
     results = []
     for row, rollout in enumerate(rollouts):
         # hidden[row, j] predicts token_ids[cut + j + 1]: scored where that token has loss mask 1

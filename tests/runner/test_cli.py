@@ -16,6 +16,7 @@ import pytest
 
 from tito_core.cli import main
 from tito_core.runner import read_records
+from tito_core.runner.rewards import group_normalized
 from tito_core.trajectory import Trajectory
 
 from .helpers import lines, tasks, tokenizer_dir, write_jsonl
@@ -85,10 +86,7 @@ def test_a_killed_run_loses_no_written_rollout_and_a_rerun_completes_it(tmp_path
     out = tmp_path / "out.jsonl"
     command = [sys.executable, "-m", "tito_core.cli", *_run(tmp_path, "--output", str(out), "--quiet", delay=0.05)]
     proc = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while (not out.exists() or out.read_bytes().count(b"\n") < 6) and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        time.sleep(0.01)
+    _wait_for_lines(proc, out, 6)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     killed = out.read_bytes()
@@ -100,6 +98,70 @@ def test_a_killed_run_loses_no_written_rollout_and_a_rerun_completes_it(tmp_path
     assert final.startswith(whole)  # nothing written before the kill was lost or rewritten
     keys = [(r["task_id"], r["sample"]) for r in lines(out)]
     assert len(keys) == len(set(keys)) == 80
+
+
+def _wait_for_lines(proc: subprocess.Popen[bytes], out: Path, count: int) -> None:
+    deadline = time.monotonic() + 120
+    while (not out.exists() or out.read_bytes().count(b"\n") < count) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("name", ["out.jsonl", "out.parquet"])
+def test_a_second_run_on_a_live_output_is_refused_naming_the_pid(tmp_path: Path, name: str) -> None:
+    if name.endswith(".parquet"):
+        pytest.importorskip("pyarrow")
+    write_jsonl(tmp_path / "t.jsonl", tasks(40))
+    out = tmp_path / name
+    command = [sys.executable, "-m", "tito_core.cli", *_run(tmp_path, "--output", str(out), "--quiet", delay=0.05)]
+    first = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE)
+    try:
+        lock = tmp_path / f"{name}.lock"
+        deadline = time.monotonic() + 60
+        while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
+            assert first.poll() is None, first.stderr.read() if first.stderr else ""
+            time.sleep(0.01)
+        started = time.monotonic()
+        second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+        assert time.monotonic() - started < 30  # refused at once, before any model or server
+        assert second.returncode == 2, second.stderr
+        assert f"{out} is being written by process {first.pid}" in second.stderr
+        assert first.poll() is None  # the first run goes on
+        os.kill(first.pid, signal.SIGKILL)  # the kernel releases the lock with the process
+        first.wait()
+        assert lock.exists()  # left behind by the kill: harmless
+        rerun = subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=300, check=False)
+        assert rerun.returncode == 0, rerun.stderr
+        keys = [r.key for r in read_records(out)]
+        assert len(keys) == len(set(keys)) == 80
+        assert not lock.exists()  # a run that ends normally deletes its lock file
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
+def test_kill_inside_a_group_loses_no_finished_rollout_and_the_rerun_completes_the_group(tmp_path: Path) -> None:
+    (tmp_path / "graded.py").write_text("def reward(sample):\n    return float(sample.sample * sample.sample)\n")
+    extra = 'group_reward = "tito_core.runner.rewards:group_normalized"\n'
+    write_jsonl(tmp_path / "t.jsonl", tasks(1))
+    out = tmp_path / "out.jsonl"
+    args = _run(tmp_path, "--output", str(out), "--quiet", "--group-size", "4", "--concurrency", "1",
+                "--reward", "graded:reward", delay=0.5, extra=extra)  # fmt: skip
+    command = [sys.executable, "-m", "tito_core.cli", *args]
+    proc = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE)
+    _wait_for_lines(proc, out, 2)
+    os.kill(proc.pid, signal.SIGKILL)  # between two samples of the group (one rollout takes 0.5 s)
+    proc.wait()
+    killed = [r for r in read_records(out)]
+    assert 2 <= len(killed) < 4  # the finished samples are on disk before their group is done
+    assert all(r.status == "completed" and r.advantage is None for r in killed)
+    rerun = subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=300, check=False)
+    assert rerun.returncode == 0, rerun.stderr
+    records = sorted(read_records(out), key=lambda r: r.sample)
+    assert [r.sample for r in records] == [0, 1, 2, 3] and [r.reward for r in records] == [0.0, 1.0, 4.0, 9.0]
+    assert [r.advantage for r in records] == pytest.approx(group_normalized([0.0, 1.0, 4.0, 9.0]))
+    assert {(r.key, r.timings.started) for r in killed} <= {(r.key, r.timings.started) for r in records}
 
 
 def test_retry_failed_flag_reruns_failed_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,7 +209,7 @@ def test_export_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     capsys.readouterr()
     assert main(["inspect", str(out), "--id", "t1", "--tokenizer", tokenizer_dir()]) == 0
     shown = capsys.readouterr().out
-    assert ": 2 rollouts" in shown and "│ t1 " in shown and "│ t0 " not in shown
+    assert ": 2 rollouts" in shown and "t1 sample 0: completed" in shown and "t0 sample" not in shown
     assert "completed" in shown and "The answer is 4.<|im_end|>" in shown  # the model's output, decoded
     assert main(["inspect", str(out), "--id", "nope"]) == 1
     assert main(["inspect", str(out), "--id", "t1", "--config", str(tmp_path / "tito.toml")]) == 0
@@ -159,6 +221,33 @@ def test_export_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     (tmp_path / "prepared.toml").write_text('backend = "scripted"\n[rollout]\nprepare = "prep:prepare"\n')
     assert main(["inspect", str(out), "--id", "t1", "--config", str(tmp_path / "prepared.toml")]) == 0
     assert "The answer is 4.<|im_end|>" in capsys.readouterr().out  # the prepare hook named the tokenizer
+
+
+def test_inspect_fits_the_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(3))
+    out = tmp_path / "out.jsonl"
+    assert main(_run(tmp_path, "-o", str(out), "--quiet")) == 0  # -o is --output
+    rows = lines(out)
+    rows[0].update(status="failed", status_reason="BackendConnectionError: " + "the server went away " * 12)
+    write_jsonl(out, rows)
+    capsys.readouterr()
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["inspect", str(out)]) == 0
+    narrow = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in narrow) <= 80
+    assert "t0 sample 0: failed" in narrow and "t2 sample 1: completed" in narrow
+    assert any("reward 0.000  tokens" in line and "branches 1" in line for line in narrow)
+    assert " ".join(line.strip() for line in narrow).count("the server went away") == 12  # wrapped, not cut
+    monkeypatch.setenv("COLUMNS", "140")
+    assert main(["inspect", str(out)]) == 0
+    wide = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in wide) <= 140
+    rows_shown = [line.split("│")[1:-1] for line in wide if line.startswith("│ t")]
+    assert len(rows_shown) == 6  # one line per record: no short cell wrapped
+    assert [cells[2].strip() for cells in rows_shown[:2]] == ["failed", "completed"]
+    assert sum("the server went away" in line for line in wide) > 1  # only the reason wraps
 
 
 def test_demo_delegates_to_the_demo_module(monkeypatch: pytest.MonkeyPatch) -> None:

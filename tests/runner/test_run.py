@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from tito_core import Trajectory, arollout, rollout
 from tito_core.errors import BackendConnectionError, ConfigError, DatasetError
 from tito_core.runner import read_records
+from tito_core.runner.records import OutputLockedError, open_writer
 from tito_core.runner.rewards import group_normalized
 from tito_core.runner.run import failed_keys
 from tito_core.tokenizers import load_tokenizer
@@ -171,17 +173,16 @@ def test_a_resumed_half_written_group_gets_advantages_over_the_whole_group(tmp_p
         group_reward="tito_core.runner.rewards:group_normalized",
     )
     rollout(cfg, tasks(1), out)
-    whole = out.read_bytes().splitlines(keepends=True)
+    whole = [line for line in out.read_bytes().splitlines(keepends=True) if b'"kind":"advantages"' not in line]
     kept = sorted(whole, key=lambda line: json.loads(line)["sample"])[:2]
-    out.write_bytes(b"".join(kept))  # as a kill after two records of the group leaves it
+    out.write_bytes(b"".join(kept))  # as a kill after two records of the group leaves it: no advantages yet
     summary = rollout(cfg, tasks(1), out)
     assert (summary.skipped, summary.written) == (2, 2)
     assert out.read_bytes().startswith(b"".join(kept))  # the earlier records are not rewritten
     records = sorted(read_records(out), key=lambda r: r.sample)
     assert [r.reward for r in records] == [0.0, 1.0, 2.0, 3.0]
     expected = group_normalized([0.0, 1.0, 2.0, 3.0])
-    assert [r.advantage for r in records[2:]] == pytest.approx(expected[2:])
-    assert [r.advantage for r in records[:2]] == pytest.approx(expected[:2])  # as the first run wrote them
+    assert [r.advantage for r in records] == pytest.approx(expected)  # one entry, written when the group was whole
 
 
 @pytest.mark.parametrize("name", ["out.jsonl", "out.parquet"])
@@ -502,3 +503,52 @@ def test_records_and_parquet_parts_written_before_versions_existed_still_read(tm
     rollout(versioned("2"), tasks(2), out)
     got = {r.task_id: (r.weight_version_min, r.weight_version_max) for r in read_records(out)}
     assert got == {"t0": (None, None), "t1": ("2", "2")}
+
+
+# ---------------------------------------------------------------------------------------------- one writer
+@pytest.mark.parametrize("name", ["out.jsonl", "out.parquet"])
+def test_one_writer_per_output_in_this_process_too(tmp_path: Path, name: str) -> None:
+    if name.endswith(".parquet"):
+        pytest.importorskip("pyarrow")
+    out = tmp_path / name
+    with open_writer(out) as writer:
+        assert (tmp_path / f"{name}.lock").read_text().strip() == str(os.getpid())
+        with pytest.raises(OutputLockedError, match=rf"{name} is being written by process {os.getpid()}"):
+            open_writer(out)
+        with pytest.raises(OutputLockedError):
+            rollout(config(answer_with("4")), tasks(1), out)
+        assert writer.finished() == set()
+    assert not (tmp_path / f"{name}.lock").exists()
+    rollout(config(answer_with("4")), tasks(1), out)  # released: the next writer takes it
+    assert [r.key for r in read_records(out)] == [("t0", 0)]
+
+
+def test_group_advantages_are_an_entry_after_the_records_and_the_last_entry_wins(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    cfg = config(answer_with("4"), group_size=2, reward="tests.runner.helpers:sample_index",
+                 group_reward="tito_core.runner.rewards:group_normalized")  # fmt: skip
+    rollout(cfg, tasks(1), out)
+    kinds = [row.get("kind", "record") for row in lines(out)]
+    assert kinds == ["record", "record", "advantages"]
+    rollout({**cfg, "rollout": {**cfg["rollout"], "group_size": 3}}, tasks(1), out)  # the group grows
+    assert [row.get("kind", "record") for row in lines(out)][3:] == ["record", "advantages"]
+    records = sorted(read_records(out), key=lambda r: r.sample)
+    assert [r.advantage for r in records] == pytest.approx(group_normalized([0.0, 1.0, 2.0]))  # all three, anew
+
+
+def test_parquet_group_advantages_live_beside_the_parts_and_read_table_still_reads_the_records(tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    out = tmp_path / "out.parquet"
+    cfg = config(answer_with("4"), group_size=2, reward="tests.runner.helpers:sample_index", row_group_size=1,
+                 group_reward="tito_core.runner.rewards:group_normalized")  # fmt: skip
+    rollout(cfg, tasks(2), out)
+    assert list(out.glob("_advantages-*.parquet")) and len(list(out.glob("part-*.parquet"))) == 4
+    assert pq.read_table(out).num_rows == 4  # the entries' files are skipped (their names start with _)
+    records = sorted(read_records(out), key=lambda r: r.key)
+    assert [r.advantage for r in records] == pytest.approx(group_normalized([0.0, 1.0]) * 2)
+    failing = config(answer_with("4"), group_size=2, group_reward="tests.runner.helpers:group_fails")
+    rollout(failing, tasks(3), out)
+    by_task = {r.key: r.status for r in read_records(out)}
+    assert by_task[("t2", 0)] == by_task[("t2", 1)] == "failed" and by_task[("t0", 0)] == "completed"
+    summary = rollout(failing, tasks(3), out, retry_failed=True)  # the whole failed group, its entry too
+    assert summary.written == 2

@@ -345,3 +345,16 @@ async def test_an_update_between_steps_splits_the_output_into_spans(tiny_model_d
         assert (await backend.generate(request(ids, **greedy))).weight_versions is None
     finally:
         backend.close()
+async def test_generation_passes_the_cache_under_its_current_name(
+    fp32: TransformersBackend, tokenizer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` and warns on the old name (the demo printed it
+    twice: a FutureWarning and a log line)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level("WARNING"):
+        warnings.simplefilter("always")
+        results = await asyncio.gather(*(fp32.generate(request(ids, max_new_tokens=3)) for ids in prompts(tokenizer)))
+    assert all(len(r.output_ids) == 3 for r in results)  # prefill and decode steps both ran
+    said = [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records]
+    assert not [m for m in said if "past_key_values" in m or "cache_params" in m], said

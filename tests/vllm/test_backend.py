@@ -136,6 +136,12 @@ def test_chat_mode_refuses_tokens_only_options() -> None:
         VLLMChatBackend(URL, endpoint="generate")  # type: ignore[call-arg]
 
 
+@pytest.mark.parametrize("cls", [VLLMBackend, VLLMChatBackend])
+def test_a_mode_given_to_a_class_names_the_class_to_use(cls: type[Any]) -> None:
+    with pytest.raises(ConfigError, match=r"takes no `mode`.*VLLMChatBackend.*get_backend\('vllm', mode="):
+        cls(URL, mode="chat")
+
+
 def test_registered_as_plugin() -> None:
     from tito_core.plugins import get_backend
 

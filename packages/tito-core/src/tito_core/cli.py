@@ -3,7 +3,7 @@
     tito rollout --config tito.toml --dataset tasks.jsonl --output rollouts.jsonl [--group-size 4 ...]
     tito rollout ... --executor ray [--address auto] --workers 8
     tito rollout ... --retry-failed --set sampling.temperature=0.5
-    tito export --to slime|verl|trl|agl rollouts.jsonl out.jsonl
+    tito export --to slime|verl|trl|agl rollouts.jsonl -o out.jsonl [--branch-reward shared|last]
     tito inspect rollouts.jsonl [--id TASK_ID [--tokenizer DIR | --config tito.toml]]
     tito demo
 
@@ -17,7 +17,7 @@ import json
 import logging
 import sys
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .errors import ConfigError, TitoError
@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("rollout", help="run a dataset of tasks into a resumable rollout file")
     run.add_argument("--config", required=True, help="TOML config (model keys and a [rollout] table)")
     run.add_argument("--dataset", required=True, help="tasks: .jsonl or .parquet rows with id, prompt, answer")
-    run.add_argument("--output", required=True, help="rollout file: .jsonl, or .parquet (a directory of parts)")
+    run.add_argument("-o", "--output", required=True, help="rollout file: .jsonl, or .parquet (a directory of parts)")
     run.add_argument("--group-size", type=int, help="rollouts per task")
     run.add_argument("--concurrency", type=int, help="most rollouts at once")
     run.add_argument("--timeout", type=float, dest="timeout_s", help="seconds per rollout")
@@ -101,7 +101,16 @@ def _parser() -> argparse.ArgumentParser:
         help="the trainer format (agl: Agent Lightning v1 model_request events)",
     )
     export.add_argument("rollouts", help="the rollout file")
-    export.add_argument("out", help="the output file (JSON lines, one rollout each)")
+    export.add_argument("out", nargs="?", help="the output file (or give it as -o/--output)")
+    export.add_argument("-o", "--output", dest="output", help="the output file (JSON lines, one training branch each)")
+    export.add_argument(
+        "--branch-reward",
+        choices=["shared", "last"],
+        default="shared",
+        help="a rollout whose history was rewritten has several branches: shared (default) makes each branch a "
+        "sample with the episode's reward, each token trained in the branch that generated it; last keeps only "
+        "the final branch",
+    )
 
     inspect = commands.add_parser("inspect", help="show a rollout file's records")
     inspect.add_argument("rollouts", help="the rollout file")
@@ -203,77 +212,110 @@ class _JsonFormatter(logging.Formatter):
 
 
 def _export(args: argparse.Namespace) -> int:
-    from . import export
-    from .runner import RolloutRecord, read_records
-    from .trainers.agentlightning import model_request_events
-    from .trajectory import Trajectory
+    from .runner import read_records
+    from .runner.samples import training_rows
 
-    converters: dict[str, Callable[[Trajectory, RolloutRecord], dict[str, Any]]] = {
-        "slime": lambda traj, _: export.to_slime(traj),
-        "verl": lambda traj, record: export.to_verl(traj, metrics=_verl_metrics(record)),
-        "trl": lambda traj, _: export.to_trl(traj),
-        "agl": lambda traj, _: {"rollout_id": traj.rollout_id, "model_request_events": model_request_events(traj)},
-    }
-    convert = converters[args.to]
-    count = 0
-    with open(args.out, "w", encoding="utf-8") as out:
-        for record in read_records(args.rollouts):
-            fields = convert(Trajectory.from_record(record.trajectory), record)
-            fields.update(task_id=record.task_id, sample=record.sample, group=record.group, reward=record.reward)
-            if record.advantage is not None:
-                fields["advantage"] = record.advantage
-            out.write(json.dumps(fields) + "\n")
-            count += 1
-    print(f"tito export: {count} rollouts as {args.to} -> {args.out}", file=sys.stderr)
+    if args.out is not None and args.output is not None and args.out != args.output:
+        raise ConfigError(f"two output files given: {args.out!r} and -o {args.output!r}")
+    target = args.output or args.out
+    if target is None:
+        raise ConfigError("no output file: give it after the rollout file or as -o/--output")
+    rollouts = branches = 0
+    last = None
+    with open(target, "w", encoding="utf-8") as out:
+        for row in training_rows(read_records(args.rollouts), args.to, branch_reward=args.branch_reward):
+            out.write(json.dumps(row) + "\n")
+            branches += 1
+            if (row["task_id"], row["sample"]) != last:
+                rollouts += 1
+                last = (row["task_id"], row["sample"])
+    print(
+        f"tito export: {rollouts} rollouts, {branches} training samples ({args.branch_reward} branch reward) "
+        f"as {args.to} -> {target}",
+        file=sys.stderr,
+    )
     return 0
-
-
-def _verl_metrics(record: Any) -> dict[str, float]:
-    """The ``AgentLoopMetrics`` of verl from a record's timings, where they map.
-
-    The record times the whole agent loop (``agent_s``: model calls and tools together). A rollout that called
-    no tool spent it in model calls (generation, with prompt rendering): ``generate_sequences = agent_s``,
-    ``tool_calls = 0``. With tool calls the two cannot be told apart, and verl's defaults stay.
-    """
-    if record.tokens.tool_calls == 0:
-        return {"generate_sequences": record.timings.agent_s, "tool_calls": 0.0}
-    return {}
 
 
 def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from .runner import read_records
+    from .runner.samples import generated_tokens
 
     console = Console()
     records = [r for r in read_records(args.rollouts) if args.task_id is None or r.task_id == args.task_id]
     if args.task_id is not None and not records:
         console.print(f"no rollout of task {args.task_id!r} in {args.rollouts}")
         return 1
-    table = Table(title=f"{args.rollouts}: {len(records)} rollouts")
-    columns = ("task", "sample", "status", "reward", "tokens", "generated", "calls", "branches", "versions", "reason")
-    for column in columns:
-        table.add_column(column)
-    for r in records:
-        table.add_row(
-            r.task_id,
-            str(r.sample),
-            r.status,
-            "-" if r.reward is None else f"{r.reward:.3f}",
-            str(r.tokens.total),
-            str(r.tokens.output),
-            str(r.tokens.model_calls),
-            str(len(r.trajectory.branches) + 1),
-            _versions(r),
-            r.status_reason or "",
+    title = f"{args.rollouts}: {len(records)} rollouts"
+    counts = generated_tokens(records)
+    if counts.branches > counts.rollouts:
+        title += (
+            f", {counts.branches} branches: {counts.all_branches} tokens generated, "
+            f"{counts.final_branch / max(counts.all_branches, 1):.0%} of them in the final branches"
         )
-    console.print(table)
+    if console.width >= _WIDE:
+        console.print(_records_table(title, records))
+    else:  # a narrow terminal: a table would wrap every cell one word per line
+        console.print(title, style="bold")
+        for r in records:
+            _print_record(console, r)
     if args.task_id is not None:
         tokenizer = _inspect_tokenizer(args)
         for r in records:
             _show_segments(console, r, tokenizer)
     return 0
+
+
+_WIDE = 110
+"""Terminals at least this wide show ``tito inspect``'s records as a table; narrower ones, one block each."""
+
+
+def _record_cells(r: Any) -> dict[str, str]:
+    return {
+        "task": r.task_id,
+        "sample": str(r.sample),
+        "status": r.status,
+        "reward": "-" if r.reward is None else f"{r.reward:.3f}",
+        "tokens": str(r.tokens.total),
+        "generated": str(r.tokens.output),
+        "calls": str(r.tokens.model_calls),
+        "branches": str(len(r.trajectory.branches) + 1),
+        "versions": _versions(r),
+        "reason": r.status_reason or "",
+    }
+
+
+def _records_table(title: str, records: Sequence[Any]) -> Any:
+    """The records as a table whose short columns never wrap (the task id and the reason fold instead)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    columns = ("task", "sample", "status", "reward", "tokens", "generated", "calls", "branches", "versions", "reason")
+    for column in columns:
+        if column == "reason":
+            table.add_column(column, ratio=1, overflow="fold")
+        elif column == "task":
+            table.add_column(column, max_width=32, overflow="fold")
+        else:
+            table.add_column(column, no_wrap=True, justify="left" if column == "status" else "right")
+    for r in records:
+        table.add_row(*_record_cells(r).values())
+    return table
+
+
+def _print_record(console: Any, r: Any) -> None:
+    """One record as a short block: its key and status, then its numbers, then the reason (folded to the width)."""
+    cells = _record_cells(r)
+    console.print(f"[bold]{cells['task']}[/bold] sample {cells['sample']}: {cells['status']}", highlight=False)
+    numbers = (
+        f"  reward {cells['reward']}  tokens {cells['tokens']} (generated {cells['generated']})  "
+        f"calls {cells['calls']}  branches {cells['branches']}  versions {cells['versions']}"
+    )
+    console.print(numbers, highlight=False)
+    if cells["reason"]:
+        console.print(f"  {cells['reason']}", highlight=False, overflow="fold")
 
 
 def _versions(record: Any) -> str:

@@ -1,20 +1,45 @@
 """Trainer formats: a :class:`~tito_core.trajectory.Trajectory` as the fields each RL trainer expects.
 
 Every exporter returns plain Python data (no trainer is imported). The *response* is everything after
-the first prompt: the model's outputs (loss 1) and the tool results / boundaries between them (loss 0).
+the prompt: the model's outputs (loss 1) and the tool results / boundaries between them (loss 0).
 Logprobs of non-output tokens are ``0.0``, as the trainers expect.
 
+A rollout whose history was rewritten (a trimming or summarizing conversation manager, a retried call) has
+several branches. :func:`training_branches` makes each branch a training sample (``branch_reward="shared"``,
+the default) or keeps only the final one (``"last"``); every exporter takes a trajectory (its tokens from the
+first prompt on) or one :class:`TrainingBranch`. The rule that makes a token trained once: a branch's sample
+trains only the tokens that branch generated. Its prompt is everything before its first own output token, the
+prefix it shares with its parent included, so what the parent generated is trained in the parent's sample.
+
 Weight versions (:mod:`tito_core.versions`) go in the trainer's own field where it has one, else in a documented
-extra field (docs/exports.md); a trajectory whose backend reported no versions exports none.
+extra field (docs/exports.md); a sample whose tokens have no versions (the backend reported none) exports none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, overload
+from typing import Any, Literal, overload
+
+import msgspec
 
 from .trajectory import Trajectory
-from .versions import int_version
+from .versions import VersionSpan, int_version, version_range
+
+__all__ = [
+    "VERL_METRICS",
+    "BranchReward",
+    "TrainingBranch",
+    "to_slime",
+    "to_trl",
+    "to_verl",
+    "training_branches",
+]
+
+BranchReward = Literal["shared", "last"]
+"""How a rollout with several branches becomes training samples: ``shared`` (every branch that generated tokens
+is a sample, each given the episode's reward and advantage) or ``last`` (only the final branch, trained whole)."""
+
+BRANCH_REWARDS: tuple[BranchReward, ...] = ("shared", "last")
 
 _SLIME_STATUS = {
     "running": "PENDING",
@@ -25,39 +50,100 @@ _SLIME_STATUS = {
 }
 
 
-def _response(traj: Trajectory) -> tuple[int, list[int], list[int], list[float]]:
-    start = traj.prompt_length
+class TrainingBranch(msgspec.Struct, frozen=True, kw_only=True):
+    """One branch of a rollout as one training sample.
+
+    Attributes:
+        trajectory: The branch (its own tokens: the shared prefix is a copy of its parent's).
+        shared_prefix: How many leading tokens it shares with its parent branch (0 for the first branch).
+        trained_from: The first token the sample may train: ``shared_prefix`` under ``branch_reward="shared"``
+            (the parent trains the rest), 0 for the only sample under ``"last"``.
+        final: Whether this is the rollout's last branch (the one the agent finished on).
+    """
+
+    trajectory: Trajectory
+    shared_prefix: int
+    trained_from: int
+    final: bool
+
+    @property
+    def prompt_length(self) -> int:
+        """The sample's prompt: every token before the first one this branch generated (from ``trained_from``)."""
+        return self.trajectory.first_output_from(self.trained_from)
+
+    def lineage(self) -> dict[str, Any]:
+        """``rollout_id``, ``branch``, ``parent_branch``, ``shared_prefix`` and ``final``, as export columns."""
+        traj = self.trajectory
+        return {
+            "rollout_id": traj.rollout_id,
+            "branch": traj.branch,
+            "parent_branch": traj.parent_branch,
+            "shared_prefix": self.shared_prefix,
+            "final": self.final,
+        }
+
+
+def training_branches(traj: Trajectory, *, branch_reward: BranchReward = "shared") -> list[TrainingBranch]:
+    """The training samples of one rollout (``traj``: its final branch, as ``TitoModel.reset()`` returns it).
+
+    ``shared``: one sample per branch that generated at least one token of its own, oldest first, and always
+    the final branch. ``last``: the final branch alone, trained from its first token (the behaviour of exporting
+    ``traj`` itself). Rewards and advantages are the episode's: give each sample its rollout's values.
+
+    Raises:
+        ValueError: An unknown ``branch_reward``.
+    """
+    if branch_reward not in BRANCH_REWARDS:
+        raise ValueError(f"branch_reward must be one of {list(BRANCH_REWARDS)}, not {branch_reward!r}")
+    if branch_reward == "last":
+        return [TrainingBranch(trajectory=traj, shared_prefix=traj.fork_at, trained_from=0, final=True)]
+    samples = []
+    for branch in traj.all_branches:
+        final = branch is traj
+        if final or branch.first_output_from(branch.fork_at) < len(branch):
+            samples.append(
+                TrainingBranch(
+                    trajectory=branch, shared_prefix=branch.fork_at, trained_from=branch.fork_at, final=final
+                )
+            )
+    return samples
+
+
+def _response(item: Trajectory | TrainingBranch) -> tuple[Trajectory, int, list[int], list[int], list[float]]:
+    """The trajectory, where its response starts, all its ids, and the response's loss mask and logprobs."""
+    traj = item.trajectory if isinstance(item, TrainingBranch) else item
+    start = item.prompt_length
     ids = traj.token_ids
     mask = traj.loss_mask[start:]
     logprobs = [0.0 if (lp is None or not m) else lp for lp, m in zip(traj.logprobs[start:], mask, strict=True)]
-    return start, ids, mask, logprobs
+    return traj, start, ids, mask, logprobs
 
 
-def response_weight_versions(traj: Trajectory) -> list[str | None] | None:
-    """Per response token, the weight version that generated it (None on loss-0 tokens); None when unknown."""
-    versions = traj.token_weight_versions()
-    return None if versions is None else versions[traj.prompt_length :]
+def _token_versions(traj: Trajectory, start: int, spans: list[VersionSpan]) -> list[str | None]:
+    """Per token from ``start`` on, the weight version that generated it (None on loss-0 tokens)."""
+    out: list[str | None] = [None] * (len(traj) - start)
+    for span in spans:
+        out[span.start - start : span.end - start] = [span.version] * (span.end - span.start)
+    return out
 
 
-def verl_global_steps(traj: Trajectory) -> dict[str, int]:
-    """The weight versions as verl's ``min_global_steps`` / ``max_global_steps`` (``extra_fields``).
-
-    Empty unless the oldest and newest versions are integers (a trainer's step).
-    """
-    span = traj.weight_version_range()
+def _verl_global_steps(spans: list[VersionSpan]) -> dict[str, int]:
+    """The oldest and newest version as verl's ``min_global_steps`` / ``max_global_steps``, when both are integers."""
+    span = version_range(s.version for s in spans)
     low, high = (int_version(span[0]), int_version(span[1])) if span is not None else (None, None)
     return {} if low is None or high is None else {"min_global_steps": low, "max_global_steps": high}
 
 
-def to_slime(traj: Trajectory, *, tokenizer: Any = None) -> dict[str, Any]:
+def to_slime(item: Trajectory | TrainingBranch, *, tokenizer: Any = None) -> dict[str, Any]:
     """Fields of slime's ``Sample``: assign them onto the sample (``status`` names a ``Sample.Status`` member).
 
-    ``rollout_routed_experts`` is a ``(len(tokens) - 1, layers, top_k)`` int32 numpy array when routing
-    was recorded (numpy required then). ``response`` (text) is filled when a tokenizer is given.
-    ``weight_versions`` is set when the versions are known: one per model call, as slime's own rollout
-    records them (a call generated across a weight update adds one per version, oldest first).
+    ``item`` is a trajectory or one :class:`TrainingBranch` of it. ``rollout_routed_experts`` is a
+    ``(len(tokens) - 1, layers, top_k)`` int32 numpy array when routing was recorded (numpy required then).
+    ``response`` (text) is filled when a tokenizer is given. ``weight_versions`` is set when the versions of
+    the tokens the sample trains are known: one per model call, as slime's own rollout records them (a call
+    generated across a weight update adds one per version, oldest first).
     """
-    start, ids, mask, logprobs = _response(traj)
+    traj, start, ids, mask, logprobs = _response(item)
     fields: dict[str, Any] = {
         "tokens": ids,
         "response_length": len(ids) - start,
@@ -66,7 +152,7 @@ def to_slime(traj: Trajectory, *, tokenizer: Any = None) -> dict[str, Any]:
         "status": _SLIME_STATUS[traj.status],
         "rollout_id": traj.rollout_id,
     }
-    spans = traj.weight_versions()
+    spans = traj.weight_versions(since=start)
     if spans is not None:  # slime's own field: one version per model call (one per span when a call has several)
         fields["weight_versions"] = [span.version for span in spans]
     if tokenizer is not None:
@@ -84,52 +170,54 @@ def to_slime(traj: Trajectory, *, tokenizer: Any = None) -> dict[str, Any]:
 VERL_METRICS: dict[str, float] = {"generate_sequences": 0.0, "tool_calls": 0.0, "num_preempted": -1}
 
 
-def to_verl(traj: Trajectory, *, metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
-    """Fields of verl's ``AgentLoopOutput`` (before its padding).
+def to_verl(item: Trajectory | TrainingBranch, *, metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """Fields of verl's ``AgentLoopOutput`` (before its padding), of a trajectory or one :class:`TrainingBranch`.
 
     ``metrics`` are verl's ``AgentLoopMetrics`` (:data:`VERL_METRICS` names them; those not given keep
     their defaults). A trajectory records no timings, so the caller measures them. ``extra_fields`` holds
-    verl's ``min_global_steps`` / ``max_global_steps`` when the weight versions are integers
-    (:func:`verl_global_steps`).
+    verl's ``min_global_steps`` / ``max_global_steps`` when the versions of the tokens the sample trains are
+    integers.
     """
     unknown = sorted(set(metrics or {}) - set(VERL_METRICS))
     if unknown:
         raise ValueError(f"unknown verl metrics {unknown}; expected some of {sorted(VERL_METRICS)}")
-    start, ids, mask, logprobs = _response(traj)
+    traj, start, ids, mask, logprobs = _response(item)
     fields: dict[str, Any] = {
         "prompt_ids": ids[:start],
         "response_ids": ids[start:],
         "response_mask": mask,
         "response_logprobs": logprobs,
-        "num_turns": len(traj.turns),
+        "num_turns": sum(1 for turn in traj.turns if turn.output_start >= start),
         "metrics": {**VERL_METRICS, **(metrics or {})},
     }
-    steps = verl_global_steps(traj)
+    spans = traj.weight_versions(since=start)
+    steps = _verl_global_steps(spans) if spans is not None else {}
     if steps:  # verl's own fields for the weight versions a trajectory was generated across
         fields["extra_fields"] = steps
     return fields
 
 
 @overload
-def to_trl(traj: Trajectory) -> dict[str, Any]: ...
+def to_trl(traj: Trajectory | TrainingBranch) -> dict[str, Any]: ...
 @overload
-def to_trl(traj: Sequence[Trajectory]) -> dict[str, list[Any]]: ...
-def to_trl(traj: Trajectory | Sequence[Trajectory]) -> dict[str, Any]:
+def to_trl(traj: Sequence[Trajectory | TrainingBranch]) -> dict[str, list[Any]]: ...
+def to_trl(traj: Trajectory | TrainingBranch | Sequence[Trajectory | TrainingBranch]) -> dict[str, Any]:
     """The shape TRL's ``GRPOTrainer(rollout_func=...)`` returns.
 
-    One trajectory gives one rollout's fields; a sequence (the batch, one per prompt TRL passed, in
-    order) gives the dict of per-rollout lists that ``rollout_func`` returns. ``weight_versions`` (per
-    completion token, None on loss-0 tokens) is added when a rollout has versions (None for one without).
+    One trajectory (or :class:`TrainingBranch`) gives one rollout's fields; a sequence (the batch, one per
+    prompt TRL passed, in order) gives the dict of per-rollout lists that ``rollout_func`` returns.
+    ``weight_versions`` (per completion token, None on loss-0 tokens) is added when a rollout has versions
+    (None for one without).
     """
-    if not isinstance(traj, Trajectory):
+    if not isinstance(traj, (Trajectory, TrainingBranch)):
         rows = [to_trl(t) for t in traj]
         keys = ["prompt_ids", "completion_ids", "logprobs", "env_mask"]
         if any("weight_versions" in row for row in rows):
             keys.append("weight_versions")
         return {key: [row.get(key) for row in rows] for key in keys}
-    start, ids, mask, logprobs = _response(traj)
+    source, start, ids, mask, logprobs = _response(traj)
     row = {"prompt_ids": ids[:start], "completion_ids": ids[start:], "logprobs": logprobs, "env_mask": mask}
-    versions = response_weight_versions(traj)
-    if versions is not None:  # an extra column: TRL passes it to the reward functions
-        row["weight_versions"] = versions
+    spans = source.weight_versions(since=start)
+    if spans is not None:  # an extra column: TRL passes it to the reward functions
+        row["weight_versions"] = _token_versions(source, start, spans)
     return row

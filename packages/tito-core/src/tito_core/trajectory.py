@@ -226,10 +226,22 @@ class Trajectory:
     @property
     def prompt_length(self) -> int:
         """Length of the first prompt (system, tools, first user turn, generation header)."""
+        return self.first_output_from(0)
+
+    def first_output_from(self, start: int) -> int:
+        """Offset of the first generated token at or after ``start`` (the length when there is none)."""
         for seg in self._segments:
-            if seg.kind == "output":
-                return seg.start
+            if seg.kind == "output" and seg.end > start:
+                return max(seg.start, start)
         return len(self._ids)
+
+    @property
+    def all_branches(self) -> list[Trajectory]:
+        """Every branch of the rollout, oldest first, ending with this one.
+
+        Branch ``n + 1`` was forked from branch ``n`` and starts with a copy of its first ``fork_at`` tokens.
+        """
+        return [*self.branches, self]
 
     def ids_array(self, start: int = 0) -> array[int]:
         """The token ids from ``start`` on as an ``array('i')`` (a copy: cheap, 4 bytes per token)."""
@@ -262,14 +274,15 @@ class Trajectory:
             out[start : start + len(data)] = data
         return bytes(out), shape
 
-    def weight_versions(self) -> list[VersionSpan] | None:
+    def weight_versions(self, since: int = 0) -> list[VersionSpan] | None:
         """The weights of every generated token: each turn's spans at trajectory token positions.
 
-        None when a turn that generated tokens has no versions (its backend reported none).
+        Only the turns whose output starts at or after token ``since`` (e.g. a branch's own turns). None when
+        one of them generated tokens without versions (its backend reported none).
         """
         spans: list[VersionSpan] = []
         for turn in self._turns:
-            if turn.output_len == 0:
+            if turn.output_len == 0 or turn.output_start < since:
                 continue
             if turn.weight_versions is None:
                 return None

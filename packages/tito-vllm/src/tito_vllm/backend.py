@@ -90,6 +90,13 @@ class _VLLMServer(HttpBackend):
         check_request_id: bool = True,
         **options: Unpack[HttpOptions],
     ) -> None:
+        extra: dict[str, Any] = dict(options)
+        if "mode" in extra:  # the class is the mode: say which one to use instead of a bare TypeError
+            raise ConfigError(
+                f"{type(self).__name__} takes no `mode` (got {extra['mode']!r}): the class is the mode. Use "
+                "VLLMChatBackend for the chat mode and VLLMBackend for token ids, or choose by name with "
+                "get_backend('vllm', mode='chat' | 'tokens')"
+            )
         super().__init__(base_url, **options)
         self.model = model
         # vLLM names a request by the X-Request-Id header when there is one, else by the body's

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strands.hooks import BeforeModelCallEvent, HookProvider, HookRegistry
+from strands.hooks import AfterModelCallEvent, BeforeModelCallEvent, HookProvider, HookRegistry
 
 __all__ = ["ForcedToolCalls"]
 
@@ -30,13 +30,17 @@ class ForcedToolCalls(HookProvider):
         self.calls = 0
 
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
-        """Switch ``tool_choice`` before the model calls that need it."""
+        """Force ``tool_choice`` for the model calls that need it, and restore it right after each."""
         registry.add_callback(BeforeModelCallEvent, self._before_model)
+        registry.add_callback(AfterModelCallEvent, self._after_model)
 
     def _before_model(self, event: BeforeModelCallEvent) -> None:
-        model = event.agent.model
         if self.calls < self.count:
-            model.update_config(tool_choice="any")
-        elif self.calls == self.count and self.count:
-            model.update_config(tool_choice=self.after)
+            event.agent.model.update_config(tool_choice="any")
         self.calls += 1
+
+    def _after_model(self, event: AfterModelCallEvent) -> None:
+        # Restored after every forced call, not before the next one: a model call that no hook sees (the
+        # summarizing conversation manager asks the model for a summary directly, without tools) must not inherit it.
+        if self.calls <= self.count:
+            event.agent.model.update_config(tool_choice=self.after)

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import msgspec
 
@@ -44,6 +44,7 @@ from .dataset import Task, task_from_row
 from .executor import Emit, Executor, LocalExecutor, WorkItem
 from .records import RolloutRecord, arrow_schema, record_to_row
 from .run import group_advantages, prepare_config
+from .samples import ExportFormat, training_rows
 from .servers import ServerPool
 from .worker import RolloutWorker
 
@@ -335,12 +336,20 @@ class RolloutBatches:
         ds.map_batches(RolloutBatches, fn_constructor_kwargs={"config": "tito.toml"}, concurrency=4,
                        batch_format="pyarrow")
 
+    With ``samples`` (a trainer format: ``"slime"``, ``"verl"``, ``"trl"`` or ``"agl"``), the rows are training
+    samples instead: one per training branch of each rollout, as ``tito export`` writes them
+    (:func:`~tito_core.runner.samples.training_rows`, with the config's ``rollout.branch_reward``).
+
     Args:
         config: A TOML file, a mapping of config keys, or a :class:`~tito_core.config.TitoConfig`.
+        samples: Give training samples in this trainer's format instead of rollout records.
         **overrides: Config keys replacing the file's, as for ``tito_core.rollout``.
     """
 
-    def __init__(self, config: Any, **overrides: Any) -> None:
+    def __init__(self, config: Any, *, samples: ExportFormat | None = None, **overrides: Any) -> None:
+        if samples is not None and samples not in get_args(ExportFormat):
+            raise ConfigError(f"unknown samples format {samples!r}; expected one of {list(get_args(ExportFormat))}")
+        self.samples = samples
         self._pa, _ = pyarrow()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tito-rollouts", daemon=True)
@@ -358,8 +367,14 @@ class RolloutBatches:
         return worker
 
     def __call__(self, batch: Any) -> Any:
-        """Run the batch's tasks; returns a ``pyarrow.Table`` of rollout rows (sorted by task, then sample)."""
+        """Run the batch's tasks; returns a ``pyarrow.Table`` of rollout rows (by task, then sample), or training rows.
+
+        Training rows (one per training branch) with ``samples``.
+        """
         records = self._call(self._rollouts(_tasks_of(_rows(batch))))
+        if self.samples is not None:
+            branch_reward = self.worker.settings.branch_reward
+            return self._pa.Table.from_pylist(list(training_rows(records, self.samples, branch_reward=branch_reward)))
         return self._pa.Table.from_pylist([record_to_row(r) for r in records], schema=arrow_schema(self._pa))
 
     async def _rollouts(self, tasks: list[Task]) -> list[RolloutRecord]:

@@ -2,8 +2,8 @@
 
 Everything that can be wrong is checked before the first rollout: the config (keys, values, import paths),
 every dataset row, the tokenizer, and every server's health. Then each rollout runs on a fresh agent and
-model, and its record is written as soon as it is done (with a group reward function: as soon as its
-group is done). A rerun on the same output skips the rollouts already there (with ``rollout.retry_failed``,
+model, and its record is written as soon as it is done (with a group reward function, the group's advantages
+follow its last record). A rerun on the same output skips the rollouts already there (with ``rollout.retry_failed``,
 it first removes the ``failed`` records and runs them again).
 """
 
@@ -19,19 +19,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from ..config import TitoConfig, load_config, with_overrides
 from ..errors import ConfigError, DatasetError
 from .dataset import Task, load_tasks, task_from_row
 from .executor import Executor, LocalExecutor, WorkItem
 from .progress import QuietReporter, Reporter
-from .records import Key, Outcome, RecordWriter, RolloutRecord, check_output, open_writer
+from .records import (
+    GroupAdvantages,
+    Key,
+    Outcome,
+    OutputLock,
+    RecordWriter,
+    RolloutRecord,
+    check_output,
+    open_writer,
+)
 from .rewards import GroupRewardFn, call_maybe_async
 from .summary import RunStats, RunSummary
 from .worker import RolloutWorker, import_object
 
-__all__ = ["arollout", "failed_keys", "group_advantages", "prepare_config", "rollout"]
+__all__ = ["advantage_entry", "arollout", "failed_keys", "group_advantages", "prepare_config", "rollout"]
 
 logger = logging.getLogger("tito.runner")
 
@@ -83,14 +90,20 @@ async def arollout(
         ConfigError: A bad config value or import path, a missing tokenizer.
         DatasetError: An unreadable dataset or a bad row (the row is named).
         BackendConnectionError: An inference server does not answer its health check.
+        OutputLockedError: Another live run is writing ``output`` (the message names its pid).
     """
     loaded, base_dir = _load_config(config, overrides)
     tasks = _tasks(dataset)  # every row checked before the prepare hook (which may build a model)
     check_output(output)  # and the output's folder: a bad path fails before any model loads
-    resolved = await _run_prepare(loaded, base_dir, overrides)
-    settings = resolved.rollout
-    fresh = not Path(output).exists()
-    writer = open_writer(output, row_group_size=settings.row_group_size)
+    lock = OutputLock(output)  # and a second run on this output is refused at once, not after a model loads
+    try:
+        resolved = await _run_prepare(loaded, base_dir, overrides)
+        settings = resolved.rollout
+        fresh = not Path(output).exists()
+        writer = open_writer(output, row_group_size=settings.row_group_size, lock=lock)
+    except BaseException:
+        lock.release()
+        raise
     worker: RolloutWorker | None = None
     try:
         if settings.retry_failed:
@@ -120,8 +133,10 @@ async def arollout(
     reporter.start(stats)
     interrupted = True
     try:
+        group_reward = worker.group_reward if worker is not None else _group_reward(settings.group_reward, base_dir)
+        sink = _Sink(writer, stats, reporter, group_reward, items, writer.outcomes())
+        await sink.settle_resumed([t.id for t in tasks], settings.group_size)
         if worker is not None:
-            sink = _Sink(writer, stats, reporter, worker.group_reward, items, writer.outcomes())
             runner = executor if executor is not None else LocalExecutor(settings.concurrency)
             worker.pool.start()
 
@@ -138,6 +153,11 @@ async def arollout(
         summary = stats.summary(interrupted=interrupted)
         reporter.finish(summary)
     return summary
+
+
+def _group_reward(path: str | None, base_dir: Path | None) -> GroupRewardFn | None:
+    """The group reward function a rerun with nothing to run still needs, to write advantages a kill left out."""
+    return import_object(path, search=base_dir) if path else None
 
 
 def _discard_if_empty(path: Path) -> None:
@@ -211,34 +231,44 @@ def failed_keys(outcomes: Mapping[Key, Outcome], task_ids: set[str], *, whole_gr
     return {key for key in outcomes if key[0] in groups}
 
 
-async def group_advantages(
-    fn: GroupRewardFn, group: list[RolloutRecord], *, earlier: Mapping[int, float | None]
-) -> list[RolloutRecord]:
-    """The new records of one finished group with ``advantage`` set by ``fn``; all ``failed`` when ``fn`` raises.
+async def advantage_entry(fn: GroupRewardFn, task_id: str, rewards: Mapping[int, float | None]) -> GroupAdvantages:
+    """The :class:`GroupAdvantages` of one finished group: ``fn`` over its rewards (sample to reward), in order.
 
-    ``fn`` sees the rewards of the whole group in sample order: ``earlier`` (sample to reward) are the group's
-    records already in the output (a resumed, half-written group), ``group`` the new ones. Only the new records
-    are returned: written records are never rewritten.
+    The entry has ``error`` set when ``fn`` raises or returns the wrong number of values.
     """
-    rewards = dict(earlier)
-    rewards.update((r.sample, r.reward) for r in group)
     order = sorted(rewards)
     try:
         values = list(await call_maybe_async(fn, [rewards[s] for s in order]))
         if len(values) != len(order):
             raise ValueError(f"returned {len(values)} values for a group of {len(order)}")
-        by_sample = {s: None if v is None else float(v) for s, v in zip(order, values, strict=True)}
+        numbers = [None if v is None else float(v) for v in values]
     except Exception as exc:
         reason = f"group reward function raised {type(exc).__name__}: {exc}"
-        return [msgspec.structs.replace(r, status="failed", status_reason=reason) for r in group]
-    return [msgspec.structs.replace(r, advantage=by_sample[r.sample]) for r in group]
+        return GroupAdvantages(task_id=task_id, samples=order, values=[None] * len(order), error=reason)
+    return GroupAdvantages(task_id=task_id, samples=order, values=numbers)
+
+
+async def group_advantages(
+    fn: GroupRewardFn, group: list[RolloutRecord], *, earlier: Mapping[int, float | None]
+) -> list[RolloutRecord]:
+    """The records of one finished group with ``advantage`` set by ``fn``; all ``failed`` when ``fn`` raises.
+
+    ``fn`` sees the rewards of the whole group in sample order: ``earlier`` (sample to reward) are rewards of the
+    group's records held elsewhere, ``group`` the records at hand (all of one task).
+    """
+    if not group:
+        return []
+    rewards = dict(earlier)
+    rewards.update((r.sample, r.reward) for r in group)
+    entry = await advantage_entry(fn, group[0].task_id, rewards)
+    return [entry.apply(r) for r in group]
 
 
 class _Sink:
-    """Writes records as they come; with a group reward, holds each group until its last rollout is done.
+    """Writes each record as it comes; with a group reward, writes a group's advantages once its last record is in.
 
-    ``previous`` holds the outcomes of the records already in the output: the group reward function sees the
-    rewards of a resumed group's earlier records together with the new ones.
+    No finished record waits for its group: a run killed mid-group keeps every record written, and the rerun
+    computes the group's entry (:meth:`settle_resumed`) from the rewards on disk and the new records.
     """
 
     def __init__(
@@ -257,25 +287,46 @@ class _Sink:
         self.expected: dict[str, int] = defaultdict(int)
         for item in items:
             self.expected[item.task.id] += 1
-        self.pending: dict[str, list[RolloutRecord]] = defaultdict(list)
-        self.earlier: dict[str, dict[int, float | None]] = defaultdict(dict)
+        self.rewards: dict[str, dict[int, float | None]] = defaultdict(dict)  # the group so far, on disk
         for (task_id, sample), (_, reward) in previous.items():
-            if task_id in self.expected:
-                self.earlier[task_id][sample] = reward
+            self.rewards[task_id][sample] = reward
+        self.written: dict[str, list[str]] = defaultdict(list)  # statuses of this run's records, per task
+
+    async def settle_resumed(self, task_ids: Sequence[str], group_size: int) -> None:
+        """Write the entries of groups that are whole on disk but have none (or a stale one).
+
+        Those are the advantages a killed run had not written. Groups with rollouts still to run get theirs when
+        they complete.
+        """
+        if self.group_reward is None:
+            return
+        entries = self.writer.advantages()
+        for task_id in task_ids:
+            samples = self.rewards.get(task_id, {})
+            if self.expected.get(task_id) or not set(range(group_size)) <= set(samples):
+                continue
+            entry = entries.get(task_id)
+            if entry is None or sorted(entry.samples) != sorted(samples):
+                logger.info("%s: group %s was whole without advantages (an interrupted run): writing them",
+                            self.writer.path, task_id)  # fmt: skip
+                self.writer.write_advantages(await advantage_entry(self.group_reward, task_id, samples))
 
     async def emit(self, record: RolloutRecord) -> None:
         self.stats.in_flight -= 1
+        self._write(record)
         if self.group_reward is None:
-            self._write(record)
             return
-        bucket = self.pending[record.task_id]
-        bucket.append(record)
-        if len(bucket) < self.expected[record.task_id]:
+        task_id = record.task_id
+        self.rewards[task_id][record.sample] = record.reward
+        self.written[task_id].append(record.status)
+        self.expected[task_id] -= 1
+        if self.expected[task_id] > 0:
             return
-        del self.pending[record.task_id]
-        bucket.sort(key=lambda r: r.sample)
-        for done in await group_advantages(self.group_reward, bucket, earlier=self.earlier.pop(record.task_id, {})):
-            self._write(done)
+        entry = await advantage_entry(self.group_reward, task_id, self.rewards.pop(task_id))
+        self.writer.write_advantages(entry)
+        statuses = self.written.pop(task_id)
+        if entry.error is not None:
+            self.stats.regrade(statuses, "failed")
 
     def _write(self, record: RolloutRecord) -> None:
         self.writer.write(record)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -115,6 +115,13 @@ class RunStats:
         self.output_tokens += record.tokens.output
         if record.server is not None:
             self.servers[record.server] += 1
+
+    def regrade(self, statuses: Sequence[str], status: str) -> None:
+        """Records written with ``statuses`` now read back as ``status`` (their group reward function failed)."""
+        for old in statuses:
+            self.statuses[old] -= 1
+            self.statuses[status] += 1
+        self.statuses = +self.statuses  # drop counts that fell to zero
 
     def mean_reward(self) -> float | None:
         """Mean reward so far."""

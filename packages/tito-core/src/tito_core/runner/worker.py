@@ -13,7 +13,7 @@ import importlib
 import math
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from .records import FinalStatus, RolloutRecord, Timings, TokenCounts
 from .rewards import GroupRewardFn, RewardFn, Sample, call_maybe_async
 from .servers import Server, ServerPool
 
-__all__ = ["RolloutWorker", "import_object"]
+__all__ = ["RolloutWorker", "conversation_manager", "import_object"]
 
 
 def import_object(path: str, *, search: Path | None = None) -> Any:
@@ -104,6 +104,7 @@ class RolloutWorker:
         for name, fn in (("reward", reward), ("group_reward", group_reward)):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"`rollout.{name}` must name a callable, got {type(fn).__name__}")
+        conversation_manager(settings.conversation_manager, settings.conversation_manager_options, search=base_dir)
         if config.tokenizer is None:
             raise ConfigError("`tokenizer` is not set: give the tokenizer's directory or name in the config")
         tokenizer = await aload_tokenizer(config.tokenizer)
@@ -115,6 +116,13 @@ class RolloutWorker:
                 await pool.aclose()
                 raise
         return cls(config, tokenizer, pool, tools=tools, reward=reward, group_reward=group_reward, base_dir=base_dir)
+
+    def _conversation_manager(self) -> Any:
+        """A fresh conversation manager for one agent (managers keep per-conversation state)."""
+        settings = self.settings
+        return conversation_manager(
+            settings.conversation_manager, settings.conversation_manager_options, search=self.base_dir
+        )
 
     async def aclose(self) -> None:
         """Stop health checks and close the backends."""
@@ -147,14 +155,17 @@ class RolloutWorker:
             max_messages=settings.max_messages,
         )
         system, history, prompt = _split_prompt(task.prompt, settings.system_prompt)
+        history_options: dict[str, Any] = {"conversation_manager": self._conversation_manager()}
+        if settings.context_manager is not None:
+            history_options["context_manager"] = settings.context_manager
         agent = Agent(
             model=model,
             tools=list(self.tools),
             system_prompt=system,
             messages=history,
             callback_handler=None,
-            conversation_manager=NullConversationManager(),
             hooks=[limiter, ForcedToolCalls(settings.forced_tool_calls, self.config.tool_choice)],
+            **history_options,
         )
         text = ""
         forced: tuple[FinalStatus, str] | None = None
@@ -216,6 +227,33 @@ class RolloutWorker:
             weight_version_min=versions[0],
             weight_version_max=versions[1],
         )
+
+
+def conversation_manager(name: str, options: Mapping[str, Any], *, search: Path | None = None) -> Any:
+    """A fresh Strands conversation manager: ``null``, ``sliding_window``, ``summarizing`` or an import path.
+
+    Raises:
+        ConfigError: Its options are not the manager's, or the import path does not give a callable.
+    """
+    from strands.agent.conversation_manager import (
+        SlidingWindowConversationManager,
+        SummarizingConversationManager,
+    )
+
+    factories: dict[str, Any] = {
+        "null": NullConversationManager,
+        "sliding_window": SlidingWindowConversationManager,
+        "summarizing": SummarizingConversationManager,
+    }
+    factory = factories.get(name) or import_object(name, search=search)
+    if not callable(factory):
+        raise ConfigError(f"`rollout.conversation_manager` {name!r} is not callable")
+    try:
+        return factory(**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"`rollout.conversation_manager` {name!r}: bad `conversation_manager_options`: {exc}"
+        ) from exc
 
 
 def _failed(task: Task, sample: int, server: str, started: float, exc: Exception) -> RolloutRecord:

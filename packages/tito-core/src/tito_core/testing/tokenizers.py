@@ -70,8 +70,11 @@ def chat_template(name: str) -> str:
 
 
 def cache_root() -> Path:
-    """Where built assets are cached: ``$TITO_CACHE_DIR`` or ``~/.cache/tito``."""
-    return Path(os.environ.get("TITO_CACHE_DIR") or Path.home() / ".cache" / "tito")
+    """Where built assets are cached: ``$TITO_CACHE_DIR``, else ``$XDG_CACHE_HOME/tito``, else ``~/.cache/tito``."""
+    if os.environ.get("TITO_CACHE_DIR"):
+        return Path(os.environ["TITO_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg if xdg and os.path.isabs(xdg) else Path.home() / ".cache") / "tito"
 
 
 def qwen_tokenizer_dir(flavor: Flavor = "qwen3") -> Path:

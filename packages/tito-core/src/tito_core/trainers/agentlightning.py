@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 
 from ..errors import ConfigError
+from ..export import TrainingBranch
 from ..trajectory import Trajectory
 from ..versions import int_version
 
@@ -26,18 +27,23 @@ AgentFn = Callable[[Any], Awaitable[tuple[Trajectory, float | None]]]
 """``async def solve(task) -> (trajectory, reward)``: run one agent on one task."""
 
 
-def model_request_events(traj: Trajectory, *, model: str = "tito") -> list[dict[str, Any]]:
-    """One ``model_request`` event payload per model call of ``traj``, shaped as the gateway records them.
+def model_request_events(item: Trajectory | TrainingBranch, *, model: str = "tito") -> list[dict[str, Any]]:
+    """One ``model_request`` event payload per model call of a trajectory, shaped as the gateway records them.
 
     Each carries the call's whole prompt (the trajectory up to the call's output) and its output ids;
-    ``logprobs`` is present only when every output token has one. When the call's weight versions are known,
-    the choice carries them as vLLM's ``/inference/v1/generate`` does (``weight_versions``: spans over the
-    output tokens), and ``model_version`` (Agent Lightning's own field, an int) is set when the whole output
-    came from one integer version.
+    ``logprobs`` is present only when every output token has one. Given one :class:`TrainingBranch`, only the
+    calls whose output that branch generated itself (the calls of its shared prefix are its parent's). When the
+    call's weight versions are known, the choice carries them as vLLM's ``/inference/v1/generate`` does
+    (``weight_versions``: spans over the output tokens), and ``model_version`` (Agent Lightning's own field, an
+    int) is set when the whole output came from one integer version.
     """
+    traj = item.trajectory if isinstance(item, TrainingBranch) else item
+    since = item.prompt_length
     ids, lps = traj.token_ids, traj.logprobs
     events = []
     for turn in traj.turns:
+        if turn.output_start < since:
+            continue
         start, end = turn.output_start, turn.output_start + turn.output_len
         choice: dict[str, Any] = {"index": 0, "token_ids": ids[start:end], "finish_reason": turn.finish_reason}
         versions = turn.weight_versions

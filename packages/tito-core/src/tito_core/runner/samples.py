@@ -1,0 +1,125 @@
+"""Rollout records as training rows: one row per training branch, in a trainer's format.
+
+What ``tito export`` writes and ``RolloutBatches(samples=...)`` returns. Each row holds the trainer's fields
+(:mod:`tito_core.export`) of one :class:`~tito_core.export.TrainingBranch`, its lineage (``rollout_id``,
+``branch``, ``parent_branch``, ``shared_prefix``, ``final``) and the rollout's ``task_id``, ``sample``,
+``group``, ``reward`` and ``advantage``: every branch of an episode carries the episode's reward and advantage,
+which the group reward function computed over episodes (records), not branches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal, get_args
+
+import msgspec
+
+from .. import export
+from ..errors import ConfigError
+from ..export import BranchReward, TrainingBranch, training_branches
+from ..trajectory import Trajectory
+from .records import RolloutRecord
+
+__all__ = ["ExportFormat", "GeneratedTokens", "generated_tokens", "training_rows", "verl_metrics"]
+
+ExportFormat = Literal["slime", "verl", "trl", "agl"]
+"""``slime`` (``Sample`` fields), ``verl`` (``AgentLoopOutput``), ``trl`` (``rollout_func`` columns), ``agl``
+(Agent Lightning v1 ``model_request`` events)."""
+
+Converter = Callable[[TrainingBranch, RolloutRecord], dict[str, Any]]
+
+
+def _slime(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
+    fields = export.to_slime(branch)
+    experts = fields.get("rollout_routed_experts")
+    if experts is not None:
+        fields["rollout_routed_experts"] = experts.tolist()  # a numpy array: rows are plain data
+    return fields
+
+
+def _verl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
+    return export.to_verl(branch, metrics=verl_metrics(record) if branch.final else None)
+
+
+def _agl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
+    from ..trainers.agentlightning import model_request_events
+
+    return {"model_request_events": model_request_events(branch)}
+
+
+_CONVERTERS: dict[str, Converter] = {
+    "slime": _slime,
+    "verl": _verl,
+    "trl": lambda branch, _: export.to_trl(branch),
+    "agl": _agl,
+}
+
+
+def training_rows(
+    records: Iterable[RolloutRecord], to: ExportFormat, *, branch_reward: BranchReward = "shared"
+) -> Iterator[dict[str, Any]]:
+    """The training rows of ``records``, in order: one per training branch of each (see the module doc).
+
+    Raises:
+        ConfigError: An unknown format or ``branch_reward``.
+    """
+    if to not in get_args(ExportFormat):
+        raise ConfigError(f"unknown export format {to!r}; expected one of {list(get_args(ExportFormat))}")
+    if branch_reward not in get_args(BranchReward):
+        raise ConfigError(f"branch_reward must be one of {list(get_args(BranchReward))}, not {branch_reward!r}")
+    convert = _CONVERTERS[to]
+    for record in records:
+        traj = Trajectory.from_record(record.trajectory)
+        for branch in training_branches(traj, branch_reward=branch_reward):
+            fields = convert(branch, record)
+            fields.update(branch.lineage())
+            fields.update(task_id=record.task_id, sample=record.sample, group=record.group, reward=record.reward)
+            if record.advantage is not None:
+                fields["advantage"] = record.advantage
+            yield fields
+
+
+def verl_metrics(record: RolloutRecord) -> dict[str, float]:
+    """The ``AgentLoopMetrics`` of verl from a record's timings, where they map (given to its final branch).
+
+    The record times the whole agent loop (``agent_s``: model calls and tools together). A rollout that called
+    no tool spent it in model calls (generation, with prompt rendering): ``generate_sequences = agent_s``,
+    ``tool_calls = 0``. With tool calls the two cannot be told apart, and verl's defaults stay.
+    """
+    if record.tokens.tool_calls == 0:
+        return {"generate_sequences": record.timings.agent_s, "tool_calls": 0.0}
+    return {}
+
+
+class GeneratedTokens(msgspec.Struct, frozen=True, kw_only=True):
+    """How many tokens the model generated, over every branch and in the final branches alone.
+
+    Attributes:
+        rollouts: Records counted.
+        branches: Their branches.
+        all_branches: Tokens generated in any branch, each counted once (in the branch that generated it).
+        final_branch: Generated tokens in the final branches (what ``branch_reward="last"`` trains).
+    """
+
+    rollouts: int
+    branches: int
+    all_branches: int
+    final_branch: int
+
+    @property
+    def final_share(self) -> float:
+        """The share of generated tokens that exporting only the final branch keeps (1.0 when nothing forked)."""
+        return self.final_branch / self.all_branches if self.all_branches else 1.0
+
+
+def generated_tokens(records: Iterable[RolloutRecord]) -> GeneratedTokens:
+    """Count what ``records`` generated in all branches and in their final branches."""
+    rollouts = branches = everything = final = 0
+    for record in records:
+        traj = Trajectory.from_record(record.trajectory)
+        rollouts += 1
+        for branch in training_branches(traj):
+            everything += sum(branch.trajectory.loss_mask[branch.prompt_length :])
+        branches += len(traj.all_branches)
+        final += sum(traj.loss_mask)
+    return GeneratedTokens(rollouts=rollouts, branches=branches, all_branches=everything, final_branch=final)
