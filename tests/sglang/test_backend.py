@@ -567,6 +567,18 @@ async def test_weight_versions_of_the_recorded_answer() -> None:
     assert result.weight_versions == (VersionSpan(version="default", start=0, end=16),)  # the server's default
 
 
+async def test_weight_versions_of_a_recorded_answer_across_an_update() -> None:
+    """Recorded on the CPU server: a greedy 400-token request, paused in place after 1 s, the version set to "1",
+    then continued (``/pause_generation``, ``/update_weight_version``, ``/continue_generation``)."""
+    recorded = json.loads((DATA / "sglang_generate_weight_update.json").read_text())
+    assert len(recorded["output_ids"]) == 400
+    result = await make_backend(FakeServer({"/generate": recorded})).generate(request())
+    assert result.weight_versions == (
+        VersionSpan(version="default", start=0, end=208),
+        VersionSpan(version="1", start=208, end=400),
+    )
+
+
 async def test_weight_versions_around_an_update_are_spans_over_the_output() -> None:
     spans = [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 5}]
     server = FakeServer({"/generate": answer([5, 6, 7, 8, 9], {"type": "length"}, weight_version="4",

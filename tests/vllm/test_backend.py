@@ -795,6 +795,20 @@ async def test_generate_decodes_the_recorded_weight_versions() -> None:
     assert result.weight_versions == (VersionSpan(version="default", start=0, end=6),)  # the server's default
 
 
+async def test_generate_decodes_a_recorded_answer_across_an_update() -> None:
+    """Recorded on the CPU server (dev mode): a greedy 400-token request, ``/pause?mode=keep`` after 1 s,
+    ``/update_weight_version`` to "1", ``/resume``; the request kept going under the new label."""
+    recorded = sample("generate_weight_update")
+    fake = FakeVLLM({"/inference/v1/generate": recorded["response"]})
+    ids = recorded["request"]["token_ids"]
+    result = await make(fake).generate(request(ids, sampling=SamplingParams(max_new_tokens=400, temperature=0.0)))
+    assert len(result.output_ids) == 400
+    assert result.weight_versions == (
+        VersionSpan(version="default", start=0, end=2),
+        VersionSpan(version="1", start=2, end=400),
+    )
+
+
 def with_spans(spans: Any) -> dict[str, Any]:
     recorded = response_of("generate_tokens")
     return {**recorded, "choices": [{**recorded["choices"][0], "weight_versions": spans}]}
