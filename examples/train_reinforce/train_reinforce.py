@@ -13,6 +13,8 @@ on tito's rollout runner and its embedded backend:
 
 Generation and training use the same module: the backend is given the peft model itself
 (``backend_options = {"model": ...}``), so round ``r + 1`` samples from the weights round ``r`` trained.
+The backend labels those weights with the round that trained them (``weight_version``: 0 before training),
+so every rollout record carries the weight versions of its tokens (``weight_version_min`` / ``_max``).
 
     python examples/train_reinforce/train_reinforce.py --out runs/train   # a full run (see README.md)
     python examples/train_reinforce/train_reinforce.py --rounds 1 --tasks-per-round 3 --eval-tasks 3 ...  # CI
@@ -264,6 +266,11 @@ def rollout_config(args: argparse.Namespace, model: Any, model_dir: str) -> dict
     }
 
 
+def at_version(config: dict[str, Any], version: int) -> dict[str, Any]:
+    """``config`` with the backend labelling its weights ``version`` (the round whose step produced them)."""
+    return {**config, "backend_options": {**config["backend_options"], "weight_version": version}}
+
+
 async def evaluate(config: dict[str, Any], tasks: list[dict[str, Any]], path: Path, max_new_tokens: int) -> float:
     """Greedy accuracy on ``tasks``: one rollout each at temperature 0; a rollout without a reward counts 0."""
     from tito_core import arollout
@@ -338,7 +345,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
         )
 
     started = time.perf_counter()
-    accuracy = await evaluate(config, held_out, args.out / "eval_r00.jsonl", args.max_new_tokens)
+    accuracy = await evaluate(at_version(config, 0), held_out, args.out / "eval_r00.jsonl", args.max_new_tokens)
     emit({"round": 0, "train_reward": None, "eval_accuracy": accuracy, "loss": None,
           "seconds": time.perf_counter() - started})  # fmt: skip
     trained_any = False
@@ -346,11 +353,14 @@ async def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         tasks = rng.sample(train_pool, min(args.tasks_per_round, len(train_pool)))
         path = args.out / f"rollouts_r{round_:02d}.jsonl"
-        summary = await arollout(config, tasks, path)
+        summary = await arollout(at_version(config, round_ - 1), tasks, path)  # the weights of the last step
         collect_s = time.perf_counter() - t0
         records = list(read_records(path))
         if not records:
             raise SystemExit(f"round {round_}: no rollouts were written")
+        unlabelled = [r.key for r in records if r.tokens.output and r.weight_version_max != str(round_ - 1)]
+        if unlabelled:
+            raise SystemExit(f"round {round_}: rollouts {unlabelled[:3]} do not record weight version {round_ - 1}")
         rollouts, skipped = usable_rollouts(records, mask_forced=args.mask_forced)
         if not rollouts:
             raise SystemExit(f"round {round_}: every rollout failed or was aborted: {summary.statuses}")
@@ -364,7 +374,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
         trained_any = trained_any or stats.groups > 0
         rewards = [r.reward or 0.0 for r in records]
         t2 = time.perf_counter()
-        accuracy = await evaluate(config, held_out, args.out / f"eval_r{round_:02d}.jsonl", args.max_new_tokens)
+        eval_config = at_version(config, round_)
+        accuracy = await evaluate(eval_config, held_out, args.out / f"eval_r{round_:02d}.jsonl", args.max_new_tokens)
         emit(
             {
                 "round": round_,

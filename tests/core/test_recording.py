@@ -25,6 +25,7 @@ from tito_core.errors import (
 from tito_core.recording import exit_status
 from tito_core.testing.scripted import ScriptedBackend
 from tito_core.trajectory import Trajectory
+from tito_core.versions import VersionSpan
 
 from .helpers import SYSTEM, add, hermes_call
 
@@ -99,6 +100,8 @@ BAD_SECOND_ANSWERS = {
     "prompt echo with an id >= 2**31": (None, "prompt_ids"),
     "negative prompt token count": (replace(prompt_tokens=-1), "prompt_tokens"),
     "no logprobs although requested": (replace(output_logprobs=None), "output_logprobs"),
+    "weight versions short of the output": (None, "weight_versions"),
+    "weight versions overlapping": (None, "weight_versions"),
 }
 
 
@@ -120,6 +123,14 @@ def _with_id(value):
     return change
 
 
+def _with_spans(bounds: Callable[[int], list[tuple[int, int]]]) -> Tamper:
+    def change(result: GenerateResult, request: GenerateRequest) -> GenerateResult:
+        spans = tuple(VersionSpan(version="7", start=a, end=b) for a, b in bounds(len(result.output_ids)))
+        return msgspec.structs.replace(result, weight_versions=spans)
+
+    return change
+
+
 def _tampers(vocab: int) -> dict[str, tuple[Tamper, str]]:
     table = dict(BAD_SECOND_ANSWERS)
     table["positive logprob"] = (_with_logprob(0.5), "output_logprobs")
@@ -129,6 +140,8 @@ def _tampers(vocab: int) -> dict[str, tuple[Tamper, str]]:
         lambda r, q: msgspec.structs.replace(r, output_logprobs=(r.output_logprobs or [])[:-1]),
         "output_logprobs",
     )
+    table["weight versions short of the output"] = (_with_spans(lambda n: [(0, n - 1)]), "weight_versions")
+    table["weight versions overlapping"] = (_with_spans(lambda n: [(0, 2), (1, n)]), "weight_versions")
     table["id outside the vocabulary"] = (_with_id(vocab), "output_ids")
     table["negative id"] = (_with_id(-3), "output_ids")
     table["id >= 2**31"] = (_with_id(2**31), "output_ids")

@@ -12,13 +12,16 @@ import pytest
 from tito_core.backend import GenerateRequest, SamplingParams
 from tito_core.errors import BackendResponseError
 from tito_core.trainers.verl import VerlServerBackend
+from tito_core.versions import VersionSpan
 
 
 class Server:
     """verl's server-manager interface, answering a fixed TokenOutput-like object."""
 
-    def __init__(self, ids, log_probs, stop_reason="completed"):
+    def __init__(self, ids, log_probs, stop_reason="completed", extra_fields=None):
         self.out = SimpleNamespace(token_ids=ids, log_probs=log_probs, stop_reason=stop_reason)
+        if extra_fields is not None:
+            self.out.extra_fields = extra_fields
         self.calls = []
 
     async def generate(self, request_id, *, prompt_ids, sampling_params):
@@ -75,3 +78,21 @@ def test_rollout_func_needs_a_positive_concurrency():
 
     with pytest.raises(ValueError, match="max_concurrency"):
         rollout_func(rollout, max_concurrency=0)
+
+
+@pytest.mark.parametrize(
+    ("extra_fields", "versions"),
+    [
+        (
+            {"global_steps": 3, "min_global_steps": 3, "max_global_steps": 3},
+            (VersionSpan(version="3", start=0, end=2),),
+        ),
+        ({"global_steps": 4, "min_global_steps": 3, "max_global_steps": 4}, None),  # resumed across an update
+        ({"global_steps": None, "min_global_steps": None, "max_global_steps": None}, None),  # no update yet
+        ({"global_steps": 3}, None),  # the server's step when it answered: not necessarily every token's
+        (None, None),
+    ],
+)
+def test_verl_backend_reports_the_global_step_as_the_weight_version(extra_fields, versions):
+    backend = VerlServerBackend(Server([7, 8], [-0.5, -0.25], extra_fields=extra_fields))
+    assert asyncio.run(backend.generate(request())).weight_versions == versions

@@ -362,3 +362,37 @@ def test_bad_set_is_an_error_naming_it(
     assert main(_run(tmp_path, "--output", str(tmp_path / "out.jsonl"), "--quiet", "--set", setting)) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_export_and_inspect_carry_the_weight_versions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(1))
+    out = tmp_path / "out.jsonl"
+    path = _toml(tmp_path)
+    path.write_text(path.read_text().replace("[backend_options]\n", '[backend_options]\nweight_version = "5"\n'))
+    assert (
+        main(
+            ["rollout", "--config", str(path), "--dataset", str(tmp_path / "t.jsonl"), "--output", str(out), "--quiet"]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    monkeypatch.setenv("COLUMNS", "200")  # the whole table, no header cut short
+    assert main(["inspect", str(out)]) == 0
+    shown = capsys.readouterr().out.replace("┃", "│")  # the header's rule is heavier
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in shown.splitlines()]
+    header, *values = [row for row in rows if row]
+    assert [dict(zip(header, row, strict=True))["versions"] for row in values] == ["5", "5"]
+    exports = {}
+    for trainer in ("trl", "verl", "slime", "agl"):
+        assert main(["export", "--to", trainer, str(out), str(tmp_path / f"{trainer}.jsonl")]) == 0
+        exports[trainer] = lines(tmp_path / f"{trainer}.jsonl")[0]
+    trl = exports["trl"]
+    assert trl["weight_versions"] == ["5" if m else None for m in trl["env_mask"]]
+    assert exports["verl"]["extra_fields"] == {"min_global_steps": 5, "max_global_steps": 5}
+    assert exports["slime"]["weight_versions"] == ["5"]  # one model call
+    (event,) = exports["agl"]["model_request_events"]
+    n = len(event["response"]["choices"][0]["token_ids"])
+    assert event["model_version"] == 5
+    assert event["response"]["choices"][0]["weight_versions"] == [{"version": "5", "start": 0, "end": n}]

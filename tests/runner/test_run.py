@@ -465,6 +465,50 @@ def test_a_sync_reward_runs_off_the_event_loop_thread_and_an_async_one_on_it(tmp
     assert helpers.REWARD_THREADS == ["MainThread"] * 3
 
 
+# ------------------------------------------------------------------------------------------ weight versions
+def versioned(version: str | None, **rollout: Any) -> dict[str, Any]:
+    cfg = config(answer_with("The answer is 4."), **rollout)
+    cfg["backend_options"]["weight_version"] = version
+    return cfg
+
+
+@pytest.mark.parametrize("name", ["out.jsonl", "out.parquet"])
+def test_records_carry_the_weight_version_range_of_their_tokens(tmp_path: Path, name: str) -> None:
+    if name.endswith(".parquet"):
+        pytest.importorskip("pyarrow")
+    out = tmp_path / name
+    rollout(versioned("3", group_size=2), tasks(2), out)
+    rollout(versioned(None, group_size=2), tasks(3), out)  # t2 on a backend that reports no versions
+    records = {r.key: r for r in read_records(out)}
+    assert len(records) == 6
+    for key, record in records.items():
+        expected = None if key[0] == "t2" else "3"
+        assert (record.weight_version_min, record.weight_version_max) == (expected, expected), key
+        traj = Trajectory.from_record(record.trajectory)
+        assert traj.weight_version_range() == (None if expected is None else (expected, expected))
+
+
+def test_records_and_parquet_parts_written_before_versions_existed_still_read(tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    old_jsonl = tmp_path / "old.jsonl"
+    rollout(versioned("1"), tasks(1), old_jsonl)
+    line = json.loads(old_jsonl.read_text())
+    del line["weight_version_min"], line["weight_version_max"]
+    old_jsonl.write_text(json.dumps(line) + "\n")
+    (record,) = read_records(old_jsonl)
+    assert record.weight_version_min is None and record.weight_version_max is None
+    # a Parquet output resumed by this version: the old part lacks the columns, the new part has them
+    out = tmp_path / "out.parquet"
+    rollout(versioned("1"), tasks(1), out)
+    (part,) = out.glob("*.parquet")
+    table = pq.read_table(part)
+    pq.write_table(table.drop_columns(["weight_version_min", "weight_version_max"]), part)
+    part.rename(part.with_name("part-0-old.parquet"))  # sorts first: its schema must not hide the new columns
+    rollout(versioned("2"), tasks(2), out)
+    got = {r.task_id: (r.weight_version_min, r.weight_version_max) for r in read_records(out)}
+    assert got == {"t0": (None, None), "t1": ("2", "2")}
+
+
 # ---------------------------------------------------------------------------------------------- one writer
 @pytest.mark.parametrize("name", ["out.jsonl", "out.parquet"])
 def test_one_writer_per_output_in_this_process_too(tmp_path: Path, name: str) -> None:

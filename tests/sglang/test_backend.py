@@ -23,6 +23,7 @@ from tito_core.errors import (
     ContextLengthError,
 )
 from tito_core.http import RetryPolicy
+from tito_core.versions import VersionSpan
 from tito_sglang import SGLangBackend
 from tito_sglang._wire import decode_routed_experts
 
@@ -556,3 +557,76 @@ async def test_grammar_goes_to_ebnf() -> None:
     assert backend.supports_grammar
     await backend.generate(request(grammar='root ::= "a"'))
     assert server.bodies("/generate")[0]["sampling_params"]["ebnf"] == 'root ::= "a"'
+
+
+# -- weight versions -------------------------------------------------------------------------------
+
+
+async def test_weight_versions_of_the_recorded_answer() -> None:
+    result = await make_backend(FakeServer()).generate(request())
+    assert result.weight_versions == (VersionSpan(version="default", start=0, end=16),)  # the server's default
+
+
+async def test_weight_versions_of_a_recorded_answer_across_an_update() -> None:
+    """Recorded on the CPU server: a greedy 400-token request, paused in place after 1 s, the version set to "1",
+    then continued (``/pause_generation``, ``/update_weight_version``, ``/continue_generation``)."""
+    recorded = json.loads((DATA / "sglang_generate_weight_update.json").read_text())
+    assert len(recorded["output_ids"]) == 400
+    result = await make_backend(FakeServer({"/generate": recorded})).generate(request())
+    assert result.weight_versions == (
+        VersionSpan(version="default", start=0, end=208),
+        VersionSpan(version="1", start=208, end=400),
+    )
+
+
+async def test_weight_versions_around_an_update_are_spans_over_the_output() -> None:
+    spans = [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 5}]
+    server = FakeServer({"/generate": answer([5, 6, 7, 8, 9], {"type": "length"}, weight_version="4",
+                                              weight_versions=spans)})  # fmt: skip
+    result = await make_backend(server).generate(request())
+    assert result.weight_versions == (
+        VersionSpan(version="3", start=0, end=2),
+        VersionSpan(version="4", start=2, end=5),
+    )
+
+
+async def test_an_answer_without_spans_reports_no_versions() -> None:
+    """An older server sends only ``weight_version``: the version when the answer was built, not a token's."""
+    server = FakeServer({"/generate": answer([5, 6], {"type": "length"}, weight_version="4")})
+    assert (await make_backend(server).generate(request())).weight_versions is None
+
+
+async def test_an_empty_output_has_no_span() -> None:
+    finish = {"type": "abort", "message": "Abort before prefill"}
+    server = FakeServer({"/generate": answer([], finish, weight_versions=[{"version": "1", "start": 0, "end": 0}])})
+    assert (await make_backend(server).generate(request())).weight_versions == ()
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [
+        [{"version": "3", "start": 0, "end": 2}],  # short of the output
+        [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 1, "end": 3}],  # overlapping
+        [{"version": "3", "start": 0, "end": 1}, {"version": "4", "start": 2, "end": 3}],  # a gap
+        [{"version": "3", "start": 0, "end": 4}],  # past the output
+        [{"version": "3", "begin": 0, "end": 3}],  # not a span
+        [{"version": 3.5, "start": 0, "end": 3}],  # not a version
+    ],
+)
+async def test_weight_versions_that_do_not_tile_the_output_are_refused(spans: list[dict[str, Any]]) -> None:
+    server = FakeServer({"/generate": answer([5, 6, 7], {"type": "length"}, weight_versions=spans)})
+    with pytest.raises(BackendResponseError) as info:
+        await make_backend(server).generate(request())
+    assert info.value.field in ("meta_info.weight_versions", "body")
+
+
+async def test_weight_versions_follow_the_cut_at_a_stop_token() -> None:
+    spans = [{"version": "3", "start": 0, "end": 2}, {"version": "4", "start": 2, "end": 5}]
+    server = FakeServer({"/generate": answer([5, 6, 7, 6, 8], {"type": "length"}, weight_versions=spans)})
+    sampling = SamplingParams(max_new_tokens=5, ignore_eos=True, stop_token_ids=(7,))
+    result = await make_backend(server).generate(request(sampling=sampling))
+    assert result.output_ids == [5, 6, 7]
+    assert result.weight_versions == (
+        VersionSpan(version="3", start=0, end=2),
+        VersionSpan(version="4", start=2, end=3),
+    )

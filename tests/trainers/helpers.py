@@ -39,9 +39,14 @@ def new_agent(model: TitoModel) -> Agent:
     )
 
 
+WEIGHT_VERSION = "7"
+"""The weight version the scripted engine reports for every output token of :func:`solve`."""
+
+
 async def solve(tokenizer: Any, question: str, expression: str, answer: str) -> Trajectory:
     """One rollout: a calculator call, then ``answer``; returns the closed trajectory."""
-    model = TitoModel(ScriptedBackend(tokenizer, [call(expression), f"The answer is {answer}."]), tokenizer)
+    replies = [call(expression), f"The answer is {answer}."]
+    model = TitoModel(ScriptedBackend(tokenizer, replies, weight_version=WEIGHT_VERSION), tokenizer)
     await new_agent(model).invoke_async(question)
     return model.reset()
 

@@ -134,6 +134,10 @@ def test_event_payloads_and_a_missing_url(qwen3_tokenizer, monkeypatch):
     choices = [e["response"]["choices"][0] for e in events]
     assert [c["token_ids"][-1] for c in choices] == [151645, 151645]  # the stop token is kept
     assert [len(c["logprobs"]["content"]) for c in choices] == [t.output_len for t in traj.turns]
+    assert [e["model_version"] for e in events] == [7, 7]  # Agent Lightning's own field
+    assert [c["weight_versions"] for c in choices] == [
+        [{"version": "7", "start": 0, "end": t.output_len}] for t in traj.turns
+    ]
     # an output without logprobs gets none (the bridge then trains without rollout logprobs)
     bare = Trajectory("r")
     bare.append("prompt", [1, 2], turn=0)

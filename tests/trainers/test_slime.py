@@ -63,7 +63,7 @@ def stand_in_args() -> SimpleNamespace:
 
 
 def test_generate_hook_fills_a_slime_sample(monkeypatch, qwen3_tokenizer):
-    backend = ScriptedBackend(qwen3_tokenizer, [call("6 * 7"), "The answer is 42."])
+    backend = ScriptedBackend(qwen3_tokenizer, [call("6 * 7"), "The answer is 42."], weight_version="7")
     module = load_example(monkeypatch, backend, qwen3_tokenizer)
     sample = Sample(prompt="What is 6 times 7?")
     params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 256, "stop_token_ids": [151645],
@@ -75,6 +75,7 @@ def test_generate_hook_fills_a_slime_sample(monkeypatch, qwen3_tokenizer):
     assert sample.tokens[: len(first)] == first and sample.response_length == len(sample.tokens) - len(first)
     assert sample.response == qwen3_tokenizer.decode(sample.tokens[len(first) :], skip_special_tokens=False)
     assert 0 < sum(sample.loss_mask) < sample.response_length  # the tool result is in the response, masked
+    assert sample.weight_versions == ["7", "7"]  # slime's own field: one per model call
 
 
 def test_routed_experts_have_slimes_shape():

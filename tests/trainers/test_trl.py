@@ -11,7 +11,7 @@ import pytest
 from tito_core.export import to_trl
 from tito_core.trainers.trl import rollout_func, run_sync
 
-from .helpers import solve, tool_tokens
+from .helpers import WEIGHT_VERSION, solve, tool_tokens
 
 trl = pytest.importorskip("trl", reason="trl is not installed (nox -s trainers installs trl==1.16.0)")
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -35,8 +35,11 @@ def test_one_grpo_step_on_tito_rollouts(tiny_qwen3, tmp_path):
 
     seen = []
 
+    versions = []
+
     def reward(completions, completion_ids, **kwargs):
         seen.extend(completion_ids)
+        versions.extend(kwargs["weight_versions"])  # tito's extra column reaches the reward functions
         return [1.0 if "answer is 12" in text else 0.0 for text in completions]
 
     config = trl.GRPOConfig(
@@ -67,6 +70,7 @@ def test_one_grpo_step_on_tito_rollouts(tiny_qwen3, tmp_path):
     assert trainer.state.global_step == 1
     # the trainer consumed exactly tito's ids, one rollout per prompt it passed
     assert len(produced) == 4 and seen == to_trl(produced)["completion_ids"]
+    assert versions == to_trl(produced)["weight_versions"] and {"7", None} == {v for row in versions for v in row}
     assert all(tool_tokens(t) > 0 for t in produced)
     # env_mask reached the loss: TRL counts only env_mask=1 tokens as completion length
     logged = next(entry for entry in trainer.state.log_history if "completions/mean_length" in entry)
@@ -83,11 +87,13 @@ def test_rollout_func_returns_columns_in_prompt_order(qwen3_tokenizer):
         return await solve(qwen3_tokenizer, prompt, prompt, prompt)
 
     out = rollout_func(rollout, max_concurrency=2)(["1 + 1", "2 * 3", "7 - 5"], trainer=None)
-    assert set(out) == {"prompt_ids", "completion_ids", "logprobs", "env_mask"}
+    assert set(out) == {"prompt_ids", "completion_ids", "logprobs", "env_mask", "weight_versions"}
     texts = [qwen3_tokenizer.decode(ids) for ids in out["completion_ids"]]
     assert ["The answer is 1 + 1." in texts[0], "The answer is 2 * 3." in texts[1], "7 - 5." in texts[2]] == [True] * 3
-    for ids, lps, mask in zip(out["completion_ids"], out["logprobs"], out["env_mask"], strict=True):
-        assert len(ids) == len(lps) == len(mask) and 0 < sum(mask) < len(mask)
+    columns = zip(out["completion_ids"], out["logprobs"], out["env_mask"], out["weight_versions"], strict=True)
+    for ids, lps, mask, versions in columns:
+        assert len(ids) == len(lps) == len(mask) == len(versions) and 0 < sum(mask) < len(mask)
+        assert versions == [WEIGHT_VERSION if m else None for m in mask]
 
 
 def test_rollout_func_rejects_a_non_trajectory():

@@ -128,6 +128,7 @@ def test_agent_loop_output_from_a_trajectory(qwen3_tokenizer):
     assert out.prompt_ids == fields["prompt_ids"] and out.response_ids == fields["response_ids"]
     assert out.response_mask == fields["response_mask"] and out.response_logprobs == fields["response_logprobs"]
     assert out.metrics.tool_calls == 0.25 and out.reward_score == 0.5
+    assert out.extra_fields == {"min_global_steps": 7, "max_global_steps": 7}  # verl's own version fields
     # verl requires the metrics: without them its model refuses the output
     with pytest.raises(ValidationError, match="metrics"):
         verl_loop.AgentLoopOutput(**{k: v for k, v in fields.items() if k != "metrics"})

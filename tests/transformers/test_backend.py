@@ -15,6 +15,7 @@ import pytest
 
 from tito_core.backend import GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import BackendError, ContextLengthError
+from tito_core.versions import VersionSpan
 from tito_transformers import TransformersBackend
 
 IM_END = 151645
@@ -293,6 +294,57 @@ asyncio.run(main())
     assert "terminate called" not in done.stderr
 
 
+async def test_weight_version_labels_every_sampled_token_when_the_caller_sets_it(fp32, tokenizer) -> None:
+    ids = prompts(tokenizer)[1]
+    greedy = {"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": True}
+    assert fp32.weight_version is None
+    assert (await fp32.generate(request(ids, **greedy))).weight_versions is None  # unlabelled: no guess
+    try:
+        fp32.weight_version = 3  # a trainer's step, recorded as text
+        result = await fp32.generate(request(ids, **greedy))
+        assert result.weight_versions == (VersionSpan(version="3", start=0, end=5),)
+        fp32.weight_version = "ckpt-a"
+        assert (await fp32.generate(request(ids, **greedy))).weight_versions == (
+            VersionSpan(version="ckpt-a", start=0, end=5),
+        )
+    finally:
+        fp32.weight_version = None
+    for bad in (True, "", 1.5):
+        with pytest.raises(ValueError, match="weight_version"):
+            fp32.weight_version = bad
+
+
+class Updating(TransformersBackend):
+    """The version read for token k is ``versions[k]`` (a weight update between two decoding steps)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.versions: list[str | None] = []
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def weight_version(self) -> str | None:
+        return self.versions.pop(0) if self.versions else None
+
+    @weight_version.setter
+    def weight_version(self, value: Any) -> None:
+        pass
+
+
+async def test_an_update_between_steps_splits_the_output_into_spans(tiny_model_dir, tokenizer) -> None:
+    backend = Updating(tiny_model_dir, dtype="float32")
+    try:
+        ids = prompts(tokenizer)[1]
+        greedy = {"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": True}
+        backend.versions = ["1", "1", "2", "2", "2"]
+        result = await backend.generate(request(ids, **greedy))
+        assert result.weight_versions == (
+            VersionSpan(version="1", start=0, end=2),
+            VersionSpan(version="2", start=2, end=5),
+        )
+        backend.versions = ["1", None, "2", "2", "2"]  # a token sampled without a label: none reported
+        assert (await backend.generate(request(ids, **greedy))).weight_versions is None
+    finally:
+        backend.close()
 async def test_generation_passes_the_cache_under_its_current_name(
     fp32: TransformersBackend, tokenizer: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -27,6 +27,7 @@ from tito_core.errors import (
     ResponseTooLargeError,
 )
 from tito_core.http import RetryPolicy
+from tito_core.versions import VersionSpan
 from tito_vllm import VLLMBackend, VLLMChatBackend, vllm_backend
 from tito_vllm._wire import decode_npy_int32
 
@@ -783,3 +784,64 @@ async def test_answer_larger_than_the_limit_is_refused() -> None:
     fake = FakeVLLM({"/v1/completions": response_of("completions_tokens")})
     with pytest.raises(ResponseTooLargeError):
         await make(fake, endpoint="completions", max_response_bytes=64).generate(request())
+
+
+# -- weight versions -------------------------------------------------------------------------------
+
+
+async def test_generate_decodes_the_recorded_weight_versions() -> None:
+    fake = FakeVLLM({"/inference/v1/generate": response_of("generate_tokens")})
+    result = await make(fake).generate(request())
+    assert result.weight_versions == (VersionSpan(version="default", start=0, end=6),)  # the server's default
+
+
+async def test_generate_decodes_a_recorded_answer_across_an_update() -> None:
+    """Recorded on the CPU server (dev mode): a greedy 400-token request, ``/pause?mode=keep`` after 1 s,
+    ``/update_weight_version`` to "1", ``/resume``; the request kept going under the new label."""
+    recorded = sample("generate_weight_update")
+    fake = FakeVLLM({"/inference/v1/generate": recorded["response"]})
+    ids = recorded["request"]["token_ids"]
+    result = await make(fake).generate(request(ids, sampling=SamplingParams(max_new_tokens=400, temperature=0.0)))
+    assert len(result.output_ids) == 400
+    assert result.weight_versions == (
+        VersionSpan(version="default", start=0, end=2),
+        VersionSpan(version="1", start=2, end=400),
+    )
+
+
+def with_spans(spans: Any) -> dict[str, Any]:
+    recorded = response_of("generate_tokens")
+    return {**recorded, "choices": [{**recorded["choices"][0], "weight_versions": spans}]}
+
+
+async def test_generate_weight_versions_around_an_update() -> None:
+    spans = [{"version": "7", "start": 0, "end": 4}, {"version": "8", "start": 4, "end": 6}]
+    result = await make(FakeVLLM({"/inference/v1/generate": with_spans(spans)})).generate(request())
+    assert result.weight_versions == (
+        VersionSpan(version="7", start=0, end=4),
+        VersionSpan(version="8", start=4, end=6),
+    )
+
+
+@pytest.mark.parametrize(
+    "spans",
+    [
+        [{"version": "7", "start": 0, "end": 5}],  # short of the output
+        [{"version": "7", "start": 0, "end": 4}, {"version": "8", "start": 3, "end": 6}],  # overlapping
+        [{"version": "7", "start": 1, "end": 6}],  # not from the first token
+        [{"version": "7", "start": 0, "end": 7}],  # past the output
+        [{"version": "", "start": 0, "end": 6}],  # no version
+        [["7", 0, 6]],  # not a span object
+    ],
+)
+async def test_generate_weight_versions_that_do_not_tile_the_output_are_refused(spans: Any) -> None:
+    with pytest.raises(BackendResponseError) as info:
+        await make(FakeVLLM({"/inference/v1/generate": with_spans(spans)})).generate(request())
+    assert info.value.field in ("weight_versions", "body")
+
+
+async def test_openai_endpoints_report_no_weight_versions() -> None:
+    """vLLM 0.32 sends weight_versions on /inference/v1/generate only: the chat and completions modes have none."""
+    fake = FakeVLLM({"/v1/chat/completions": response_of("chat"), "/v1/completions": response_of("completions_tokens")})
+    assert (await make(fake, mode="chat").generate(request(messages=MESSAGES, tools=TOOLS))).weight_versions is None
+    assert (await make(fake, endpoint="completions").generate(request())).weight_versions is None

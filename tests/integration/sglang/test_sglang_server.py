@@ -8,6 +8,7 @@ What this proves, on the real engine:
 * prompt logprobs (radix-cache reuse from ``prefix_len - 1``) line up with the prompt tokens;
 * cancelling a long generation aborts it on the server (the scheduler has no running request after);
 * a Strands ``Agent`` with a real ``@tool`` runs several real turns (tool calls forced with ``regex``).
+* each turn records the server's weight-version spans, covering every output token exactly once.
 """
 
 from __future__ import annotations
@@ -271,6 +272,68 @@ async def test_agent_runs_real_tool_turns(recorded: tuple[SGLangBackend, Recordi
     text = tokenizer.decode(trajectory.token_ids)
     assert text.count("<tool_response>") == 2
     assert sum(trajectory.loss_mask) == sum(turn.output_len for turn in trajectory.turns)
+
+
+async def set_weight_version(url: str, version: str) -> None:
+    """Relabel the server's weights (what a trainer does after pushing new ones); requests in flight are kept."""
+    async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+        answer = await client.post("/update_weight_version", json={"new_version": version, "abort_all_requests": False})
+        assert answer.status_code == 200 and answer.json()["success"], answer.text
+
+
+async def test_a_rollout_records_weight_versions_over_every_output_token(
+    recorded: tuple[SGLangBackend, RecordingTransport], sglang_url: str, tokenizer: Any
+) -> None:
+    """A 3-call agent rollout; the weights are relabelled "1" after the first call (by the tool)."""
+    from strands import Agent, tool
+
+    from tito_core.trajectory import Trajectory
+    from tito_core.versions import VersionSpan
+
+    backend, transport = recorded
+    tool_sampling = SamplingParams(max_new_tokens=64, temperature=0.0, extra={"regex": TOOL_CALL_RX})
+    model = _tito_model(backend, tokenizer, sampling=tool_sampling)
+    calls: list[tuple[int, int]] = []
+
+    @tool
+    async def add(a: int, b: int) -> int:
+        """Add two integers.
+
+        Args:
+            a: First number.
+            b: Second number.
+        """
+        calls.append((a, b))
+        if len(calls) == 1:
+            await set_weight_version(sglang_url, "1")
+        if len(calls) == 2:
+            model.update_config(sampling=SamplingParams(max_new_tokens=32, temperature=0.0, extra={"regex": FINAL_RX}))
+        return a + b
+
+    try:
+        await Agent(model=model, tools=[add], callback_handler=None).invoke_async("Add 2 and 3, then add 4.")
+    finally:
+        await set_weight_version(sglang_url, "default")
+    trajectory = model.trajectory
+    assert len(calls) == 2 and trajectory.status == "completed"
+    check_requests_extend_the_trajectory(model, transport)
+    turns = trajectory.turns
+    versions = ["default", "1", "1"]  # the server's label until a trainer sets one, then the new label
+    expected = [(VersionSpan(version=v, start=0, end=t.output_len),) for v, t in zip(versions, turns, strict=True)]
+    assert [t.weight_versions for t in turns] == expected
+    for turn, (_, answer) in zip(turns, transport.exchanges, strict=True):  # as the server reported them
+        assert [[s.version, s.start, s.end] for s in turn.weight_versions] == [
+            [s["version"], s["start"], s["end"]] for s in answer["meta_info"]["weight_versions"]
+        ]
+    spans = trajectory.weight_versions()
+    covered = [i for span in spans for i in range(span.start, span.end)]
+    assert covered == [i for i, m in enumerate(trajectory.loss_mask) if m]  # every output token exactly once
+    assert trajectory.weight_version_range() == ("default", "1")
+    assert Trajectory.from_json(trajectory.to_json()).turns == turns
+    REPORT.append(
+        "weight versions of a 3-call rollout on /generate (relabelled after call 1): "
+        + "; ".join(f"call {t.index}: {[(s.version, s.start, s.end) for s in t.weight_versions]}" for t in turns)
+    )
 
 
 async def test_agent_greedy_twice_gives_the_same_trajectory(sglang_url: str, tokenizer: Any) -> None:

@@ -18,6 +18,8 @@ import pytest
 
 from tito_core.backend import Backend, GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import ContextLengthError
+from tito_core.trajectory import Trajectory
+from tito_core.versions import VersionSpan
 from tito_vllm import VLLMBackend, VLLMChatBackend, vllm_backend
 
 from ..forced_calls import forced_first_call, forced_structured_output
@@ -239,6 +241,65 @@ async def test_same_tokens_from_both_endpoints_and_chat(vllm_url: str, qwen3: An
         assert other.output_logprobs == pytest.approx(results[0].output_logprobs, abs=1e-4)
 
 
+# -- weight versions -------------------------------------------------------------------------------
+
+
+class Relabelling(Recording):
+    """Before model call ``at`` (0-based), relabels the server's weights ``version`` (``/update_weight_version``,
+    a route of the server's dev mode): what a trainer does after pushing new weights, between two turns."""
+
+    def __init__(self, inner: Backend, url: str, *, at: int, version: str) -> None:
+        super().__init__(inner)
+        self.url, self.at, self.version = url, at, version
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if len(self.calls) == self.at:
+            await set_weight_version(self.url, self.version)
+        return await super().generate(request)
+
+
+async def set_weight_version(url: str, version: str) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+        (await client.post("/update_weight_version", json={"new_version": version})).raise_for_status()
+        assert (await client.get("/weight_info")).json() == {"weight_version": version}
+
+
+async def test_a_rollout_records_weight_versions_over_every_output_token(vllm_url: str, qwen3: Any) -> None:
+    """A 3-call rollout on /inference/v1/generate; the weights are relabelled "1" after the first call."""
+    from tito_core import TitoModel
+
+    async with httpx.AsyncClient(base_url=vllm_url, timeout=30.0) as client:
+        before = (await client.get("/weight_info")).json()["weight_version"]
+    assert before == "default"  # what vLLM labels its weights until a trainer sets a version
+    recorder = Relabelling(VLLMBackend(vllm_url, endpoint="generate"), vllm_url, at=1, version="1")
+    model = TitoModel(recorder, qwen3, sampling=sampling(CALL_RX))
+    try:
+        result, seen = await run_agent(model)
+    finally:
+        await set_weight_version(vllm_url, before)
+    check_forced_conversation(result, seen, recorder, qwen3)
+    traj = model.trajectory
+    assert [t.weight_versions for t in traj.turns] == [
+        (VersionSpan(version=v, start=0, end=t.output_len),)
+        for v, t in zip(["default", "1", "1"], traj.turns, strict=True)
+    ]
+    assert [t.weight_versions for t in traj.turns] == [r.weight_versions for _, r in recorder.calls]
+    spans = traj.weight_versions()
+    assert spans is not None
+    covered = [i for span in spans for i in range(span.start, span.end)]
+    assert covered == [i for i, m in enumerate(traj.loss_mask) if m]  # every output token exactly once
+    assert traj.weight_version_range() == ("default", "1")
+    back = Trajectory.from_json(traj.to_json())
+    assert back.turns == traj.turns
+    REPORT.append(
+        "weight versions of a 3-call rollout on /inference/v1/generate (relabelled after call 1): "
+        + "; ".join(
+            f"call {t.index}: {[(s.version, s.start, s.end) for s in t.weight_versions or ()]}" for t in traj.turns
+        )
+    )
+    await recorder.aclose()
+
+
 # -- chat mode -------------------------------------------------------------------------------------
 
 
@@ -267,6 +328,7 @@ async def test_agent_chat_mode_prompts_match_local_render(vllm_url: str, qwen3: 
     assert last.prompt_ids is not None
     assert traj.token_ids == last.prompt_ids + last.output_ids
     assert traj.logprobs[-len(last.output_ids) :] == last.output_logprobs
+    assert all(turn.weight_versions is None for turn in traj.turns)  # vLLM 0.32's chat answers carry none
     REPORT.append(
         f"chat mode agent (Qwen2.5 template): {len(recorder.calls)} calls, trajectory branches: {traj.branch + 1} "
         f"(a fork means the server's re-render did not extend the sampled tokens); last fork: "

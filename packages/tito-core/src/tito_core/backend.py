@@ -16,6 +16,7 @@ import msgspec
 
 from tito_core._suggest import did_you_mean
 from tito_core.errors import ConfigError
+from tito_core.versions import VersionSpan
 
 __all__ = [
     "Backend",
@@ -247,6 +248,8 @@ class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
         routed_experts: Raw little-endian int32 routing decisions, ``rows x layers x top_k``.
         routed_experts_start: Token position the first routed-experts row belongs to.
         routed_experts_shape: ``(layers, top_k)`` of each routed-experts row.
+        weight_versions: Which weights generated the output: spans that tile ``output_ids`` exactly
+            (:mod:`tito_core.versions`), or None when the engine does not say. Never guessed.
     """
 
     output_ids: list[int]
@@ -260,6 +263,7 @@ class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
     routed_experts: bytes | None = None
     routed_experts_start: int = 0
     routed_experts_shape: tuple[int, int] | None = None
+    weight_versions: tuple[VersionSpan, ...] | None = None
 
 
 class Backend(abc.ABC):

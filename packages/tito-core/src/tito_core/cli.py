@@ -282,6 +282,7 @@ def _record_cells(r: Any) -> dict[str, str]:
         "generated": str(r.tokens.output),
         "calls": str(r.tokens.model_calls),
         "branches": str(len(r.trajectory.branches) + 1),
+        "versions": _versions(r),
         "reason": r.status_reason or "",
     }
 
@@ -291,7 +292,8 @@ def _records_table(title: str, records: Sequence[Any]) -> Any:
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("task", "sample", "status", "reward", "tokens", "generated", "calls", "branches", "reason"):
+    columns = ("task", "sample", "status", "reward", "tokens", "generated", "calls", "branches", "versions", "reason")
+    for column in columns:
         if column == "reason":
             table.add_column(column, ratio=1, overflow="fold")
         elif column == "task":
@@ -309,11 +311,19 @@ def _print_record(console: Any, r: Any) -> None:
     console.print(f"[bold]{cells['task']}[/bold] sample {cells['sample']}: {cells['status']}", highlight=False)
     numbers = (
         f"  reward {cells['reward']}  tokens {cells['tokens']} (generated {cells['generated']})  "
-        f"calls {cells['calls']}  branches {cells['branches']}"
+        f"calls {cells['calls']}  branches {cells['branches']}  versions {cells['versions']}"
     )
     console.print(numbers, highlight=False)
     if cells["reason"]:
         console.print(f"  {cells['reason']}", highlight=False, overflow="fold")
+
+
+def _versions(record: Any) -> str:
+    """A record's weight-version range: ``3``, ``2..3``, or ``-`` when unknown."""
+    low, high = record.weight_version_min, record.weight_version_max
+    if low is None or high is None:
+        return "-"
+    return low if low == high else f"{low}..{high}"
 
 
 def _inspect_tokenizer(args: argparse.Namespace) -> Any:

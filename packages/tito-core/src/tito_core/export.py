@@ -10,6 +10,9 @@ the default) or keeps only the final one (``"last"``); every exporter takes a tr
 first prompt on) or one :class:`TrainingBranch`. The rule that makes a token trained once: a branch's sample
 trains only the tokens that branch generated. Its prompt is everything before its first own output token, the
 prefix it shares with its parent included, so what the parent generated is trained in the parent's sample.
+
+Weight versions (:mod:`tito_core.versions`) go in the trainer's own field where it has one, else in a documented
+extra field (docs/exports.md); a sample whose tokens have no versions (the backend reported none) exports none.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, Literal, overload
 import msgspec
 
 from .trajectory import Trajectory
+from .versions import VersionSpan, int_version, version_range
 
 __all__ = [
     "VERL_METRICS",
@@ -115,12 +119,29 @@ def _response(item: Trajectory | TrainingBranch) -> tuple[Trajectory, int, list[
     return traj, start, ids, mask, logprobs
 
 
+def _token_versions(traj: Trajectory, start: int, spans: list[VersionSpan]) -> list[str | None]:
+    """Per token from ``start`` on, the weight version that generated it (None on loss-0 tokens)."""
+    out: list[str | None] = [None] * (len(traj) - start)
+    for span in spans:
+        out[span.start - start : span.end - start] = [span.version] * (span.end - span.start)
+    return out
+
+
+def _verl_global_steps(spans: list[VersionSpan]) -> dict[str, int]:
+    """The oldest and newest version as verl's ``min_global_steps`` / ``max_global_steps``, when both are integers."""
+    span = version_range(s.version for s in spans)
+    low, high = (int_version(span[0]), int_version(span[1])) if span is not None else (None, None)
+    return {} if low is None or high is None else {"min_global_steps": low, "max_global_steps": high}
+
+
 def to_slime(item: Trajectory | TrainingBranch, *, tokenizer: Any = None) -> dict[str, Any]:
     """Fields of slime's ``Sample``: assign them onto the sample (``status`` names a ``Sample.Status`` member).
 
     ``item`` is a trajectory or one :class:`TrainingBranch` of it. ``rollout_routed_experts`` is a
     ``(len(tokens) - 1, layers, top_k)`` int32 numpy array when routing was recorded (numpy required then).
-    ``response`` (text) is filled when a tokenizer is given.
+    ``response`` (text) is filled when a tokenizer is given. ``weight_versions`` is set when the versions of
+    the tokens the sample trains are known: one per model call, as slime's own rollout records them (a call
+    generated across a weight update adds one per version, oldest first).
     """
     traj, start, ids, mask, logprobs = _response(item)
     fields: dict[str, Any] = {
@@ -131,6 +152,9 @@ def to_slime(item: Trajectory | TrainingBranch, *, tokenizer: Any = None) -> dic
         "status": _SLIME_STATUS[traj.status],
         "rollout_id": traj.rollout_id,
     }
+    spans = traj.weight_versions(since=start)
+    if spans is not None:  # slime's own field: one version per model call (one per span when a call has several)
+        fields["weight_versions"] = [span.version for span in spans]
     if tokenizer is not None:
         fields["response"] = tokenizer.decode(ids[start:], skip_special_tokens=False)
     routed = traj.routed_experts()
@@ -150,13 +174,15 @@ def to_verl(item: Trajectory | TrainingBranch, *, metrics: Mapping[str, float] |
     """Fields of verl's ``AgentLoopOutput`` (before its padding), of a trajectory or one :class:`TrainingBranch`.
 
     ``metrics`` are verl's ``AgentLoopMetrics`` (:data:`VERL_METRICS` names them; those not given keep
-    their defaults). A trajectory records no timings, so the caller measures them.
+    their defaults). A trajectory records no timings, so the caller measures them. ``extra_fields`` holds
+    verl's ``min_global_steps`` / ``max_global_steps`` when the versions of the tokens the sample trains are
+    integers.
     """
     unknown = sorted(set(metrics or {}) - set(VERL_METRICS))
     if unknown:
         raise ValueError(f"unknown verl metrics {unknown}; expected some of {sorted(VERL_METRICS)}")
     traj, start, ids, mask, logprobs = _response(item)
-    return {
+    fields: dict[str, Any] = {
         "prompt_ids": ids[:start],
         "response_ids": ids[start:],
         "response_mask": mask,
@@ -164,6 +190,11 @@ def to_verl(item: Trajectory | TrainingBranch, *, metrics: Mapping[str, float] |
         "num_turns": sum(1 for turn in traj.turns if turn.output_start >= start),
         "metrics": {**VERL_METRICS, **(metrics or {})},
     }
+    spans = traj.weight_versions(since=start)
+    steps = _verl_global_steps(spans) if spans is not None else {}
+    if steps:  # verl's own fields for the weight versions a trajectory was generated across
+        fields["extra_fields"] = steps
+    return fields
 
 
 @overload
@@ -175,9 +206,18 @@ def to_trl(traj: Trajectory | TrainingBranch | Sequence[Trajectory | TrainingBra
 
     One trajectory (or :class:`TrainingBranch`) gives one rollout's fields; a sequence (the batch, one per
     prompt TRL passed, in order) gives the dict of per-rollout lists that ``rollout_func`` returns.
+    ``weight_versions`` (per completion token, None on loss-0 tokens) is added when a rollout has versions
+    (None for one without).
     """
     if not isinstance(traj, (Trajectory, TrainingBranch)):
         rows = [to_trl(t) for t in traj]
-        return {key: [row[key] for row in rows] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
-    _, start, ids, mask, logprobs = _response(traj)
-    return {"prompt_ids": ids[:start], "completion_ids": ids[start:], "logprobs": logprobs, "env_mask": mask}
+        keys = ["prompt_ids", "completion_ids", "logprobs", "env_mask"]
+        if any("weight_versions" in row for row in rows):
+            keys.append("weight_versions")
+        return {key: [row.get(key) for row in rows] for key in keys}
+    source, start, ids, mask, logprobs = _response(traj)
+    row = {"prompt_ids": ids[:start], "completion_ids": ids[start:], "logprobs": logprobs, "env_mask": mask}
+    spans = source.weight_versions(since=start)
+    if spans is not None:  # an extra column: TRL passes it to the reward functions
+        row["weight_versions"] = _token_versions(source, start, spans)
+    return row

@@ -49,6 +49,7 @@ from .errors import (
 from .grammar import ToolChoiceError, forced_tools, tool_call_grammar
 from .tool_parsers.base import ParsedOutput, ToolCall, ToolParser
 from .trajectory import Status, Trajectory, Turn, Usage
+from .versions import check_spans
 
 if TYPE_CHECKING:
     from strands.types.content import SystemContentBlock
@@ -278,6 +279,8 @@ def check_result(request: GenerateRequest, result: GenerateResult, *, vocab_size
         count = getattr(result, field)
         if count is not None and (type(count) is not int or count < 0):
             raise _bad(backend, field, count, "a token count must be a non-negative integer")
+    if result.weight_versions is not None:
+        check_spans(result.weight_versions, len(output_ids), backend=backend)
 
 
 # ------------------------------------------------------------------------------------------ the rollout
@@ -512,6 +515,11 @@ class Rollout:
             routed_experts_start=result.routed_experts_start,
             routed_experts_shape=result.routed_experts_shape,
             constrained=request.grammar is not None,
+            weight_versions=(
+                None
+                if result.weight_versions is None
+                else check_spans(result.weight_versions, len(result.output_ids), backend=self.backend.name)
+            ),
         )
         prompt_lps = result.prompt_logprobs
         with traj.atomic():

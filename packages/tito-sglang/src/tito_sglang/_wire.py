@@ -17,6 +17,7 @@ import msgspec
 
 from tito_core.backend import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import BackendResponseError
+from tito_core.versions import VersionSpan, clip_spans, decode_spans
 
 BACKEND_NAME: Final = "sglang"
 
@@ -107,6 +108,14 @@ class FinishReasonView(msgspec.Struct):
     message: str | None = None
 
 
+class WeightVersionView(msgspec.Struct):
+    """One entry of ``meta_info.weight_versions``: output tokens ``[start, end)`` came from weights ``version``."""
+
+    version: str | int
+    start: int
+    end: int
+
+
 class MetaInfoView(msgspec.Struct):
     """The part of ``meta_info`` tito reads."""
 
@@ -117,6 +126,7 @@ class MetaInfoView(msgspec.Struct):
     output_token_logprobs: list[LogprobEntry] | None = None
     input_token_logprobs: list[LogprobEntry] | None = None
     routed_experts: str | None = None
+    weight_versions: list[WeightVersionView] | None = None
 
 
 class GenerateResponseView(msgspec.Struct):
@@ -233,6 +243,16 @@ def decode_generate(
             if rows > 0:
                 routed = routed[: len(routed) // rows * keep]
 
+    versions: tuple[VersionSpan, ...] | None = None
+    if meta.weight_versions is not None:
+        # SGLang >= 0.5.x: spans over the answer's output tokens (``weight_version`` alone, as older servers send,
+        # is the version when the answer was built, not necessarily the one of every token: not recorded).
+        versions = decode_spans(
+            meta.weight_versions, returned_len, backend=BACKEND_NAME, field="meta_info.weight_versions"
+        )
+        if cut is not None:
+            versions = clip_spans(versions, cut)
+
     return GenerateResult(
         output_ids=output_ids,
         output_logprobs=output_logprobs,
@@ -244,6 +264,7 @@ def decode_generate(
         routed_experts=routed,
         routed_experts_start=routed_start,
         routed_experts_shape=shape,
+        weight_versions=versions,
     )
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from tito_core.backend import Backend, FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import BackendError, BackendRequestError, ContextLengthError
+from tito_core.versions import VersionSpan
 
 if TYPE_CHECKING:
     import torch
@@ -65,6 +66,7 @@ class _Job:
         "temperature",
         "top_k",
         "top_p",
+        "versions",
     )
 
     def __init__(self, request: GenerateRequest, loop: asyncio.AbstractEventLoop, future: asyncio.Future[Any]) -> None:
@@ -88,6 +90,7 @@ class _Job:
         self.logprobs: list[float] = []
         self.prompt_logprobs: list[float | None] | None = None
         self.position = 0  # tokens of this row already in the KV cache
+        self.versions: list[tuple[str | None, int]] = []  # (weight version, first output index) at each change
 
 
 class TransformersBackend(Backend):
@@ -138,6 +141,12 @@ class TransformersBackend(Backend):
     Do not update the weights while requests are in flight, and call ``model.eval()`` again (or build a new
     backend, as each ``tito_core.rollout`` call does) after training put it in train mode.
 
+    Weight versions: the backend cannot tell weights apart, so its caller labels them: ``weight_version`` (an
+    option, and an attribute the trainer can set after each update) is recorded with every token sampled while
+    it is set, as spans on the result (:attr:`~tito_core.backend.GenerateResult.weight_versions`; an int is
+    recorded as its decimal text). Unset (None, the default), the results carry no versions. A request whose
+    tokens were sampled partly without a version reports none.
+
     Args:
         model_path: A directory (or hub id, when the hub is reachable) loadable by
             ``AutoModelForCausalLM.from_pretrained``. With ``model``: where the tokenizer (for grammars and stop
@@ -153,6 +162,8 @@ class TransformersBackend(Backend):
         logprobs_mode: ``"raw"`` (default) or ``"processed"``, see above.
         num_threads: ``torch.set_num_threads`` for the process (None: leave torch's default).
         attn_implementation: Passed to ``from_pretrained`` (default ``"sdpa"``).
+        weight_version: The version of the weights (e.g. the trainer's step), recorded with each sampled token;
+            None records no versions.
 
     Raises:
         ValueError: Neither ``model_path`` nor ``model``; ``dtype`` or ``attn_implementation`` with ``model``; a
@@ -175,6 +186,7 @@ class TransformersBackend(Backend):
         logprobs_mode: LogprobsMode = "raw",
         num_threads: int | None = None,
         attn_implementation: str | None = None,
+        weight_version: str | int | None = None,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, GenerationConfig
@@ -202,6 +214,7 @@ class TransformersBackend(Backend):
         self.max_batch_size = max_batch_size
         self.batch_wait_s = max(batch_wait_ms, 0.0) / 1000.0
         self.logprobs_mode: LogprobsMode = logprobs_mode
+        self.weight_version = weight_version
         if model is None:
             loaded: Any = AutoModelForCausalLM.from_pretrained(
                 self.model_path, dtype=self.dtype, attn_implementation=attn_implementation or "sdpa"
@@ -234,6 +247,17 @@ class TransformersBackend(Backend):
         self._thread: threading.Thread | None = None
 
     # --- public API ---------------------------------------------------------------------------------
+
+    @property
+    def weight_version(self) -> str | None:
+        """The version recorded with the tokens sampled from now on (set it after each weight update)."""
+        return self._weight_version
+
+    @weight_version.setter
+    def weight_version(self, value: str | int | None) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, str | int) or value == ""):
+            raise ValueError(f"weight_version must be a non-empty str, an int or None, not {value!r}")
+        self._weight_version = None if value is None else str(value)
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Queue the request for the worker thread and wait for its result; cancelling stops it."""
@@ -615,6 +639,9 @@ class _Batch:
             token = int(torch.multinomial(probs, 1, generator=job.generator))
         source = logits if self.backend.logprobs_mode == "raw" else scaled
         logprob = float(source[token] - torch.logsumexp(source, dim=-1))
+        version = self.backend.weight_version
+        if not job.versions or job.versions[-1][0] != version:
+            job.versions.append((version, len(job.output_ids)))
         job.output_ids.append(token)
         job.logprobs.append(logprob)
         return token
@@ -710,8 +737,21 @@ def _finish(job: _Job, reason: FinishReason, matched: str | int | None = None) -
         prompt_logprobs=job.prompt_logprobs if request.return_prompt_logprobs else None,
         prompt_tokens=len(job.input_ids),
         cached_tokens=0,
+        weight_versions=_spans(job),
     )
     _deliver(job, result)
+
+
+def _spans(job: _Job) -> tuple[VersionSpan, ...] | None:
+    """The job's version spans over its output; None when it has no output or a token was sampled unlabelled."""
+    if not job.versions or any(version is None for version, _ in job.versions):
+        return None
+    ends = [start for _, start in job.versions[1:]] + [len(job.output_ids)]
+    return tuple(
+        VersionSpan(version=version, start=start, end=end)
+        for (version, start), end in zip(job.versions, ends, strict=True)
+        if version is not None
+    )
 
 
 def _shared_model(

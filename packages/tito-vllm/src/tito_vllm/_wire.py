@@ -89,11 +89,21 @@ class Usage(_View):
 # -- responses -------------------------------------------------------------------------------------
 
 
+class WeightVersionSpan(_View):
+    """Output tokens ``[start, end)`` were sampled by the weights labelled ``version`` (``"default"`` at start)."""
+
+    version: str | int
+    start: int
+    end: int
+
+
 class _Choice(_View):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
     routed_experts: str | None = None
+    weight_versions: list[WeightVersionSpan] | None = None
+    """Sent by ``/inference/v1/generate`` (vLLM >= 0.32); the OpenAI endpoints send none."""
 
 
 class CompletionChoice(_Choice):

@@ -39,6 +39,7 @@ import msgspec
 from tito_core.backend import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import BackendError, BackendResponseError, ConfigError, ContextLengthError
 from tito_core.http import HttpBackend, HttpOptions
+from tito_core.versions import decode_spans
 from tito_vllm import _wire
 
 __all__ = ["Endpoint", "Mode", "VLLMBackend", "VLLMChatBackend", "openai_messages", "vllm_backend"]
@@ -329,6 +330,9 @@ class _VLLMServer(HttpBackend):
         cached = None
         if usage is not None and usage.prompt_tokens_details is not None:
             cached = usage.prompt_tokens_details.cached_tokens
+        versions = None
+        if choice.weight_versions is not None:
+            versions = decode_spans(choice.weight_versions, len(output_ids), backend=self.name)
         return GenerateResult(
             output_ids=output_ids,
             output_logprobs=logprobs,
@@ -341,6 +345,7 @@ class _VLLMServer(HttpBackend):
             routed_experts=routed,
             routed_experts_start=routed_start,
             routed_experts_shape=routed_shape,
+            weight_versions=versions,
         )
 
     def _prompt_logprobs(

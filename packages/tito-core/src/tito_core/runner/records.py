@@ -15,8 +15,9 @@ records and its entry loses no record; the rerun computes the entry from the rew
   (no newline): the next open cuts it off (that rollout runs again) and keeps every whole line.
 * **Parquet** (``.parquet``): a directory of part files, one row group each, written to a temporary name and
   renamed when ``row_group_size`` records have gathered (and on close). A kill loses at most the records not
-  yet flushed; every renamed part is whole. ``pyarrow.parquet.read_table(path)`` reads the directory. The
-  ``trajectory`` column holds the trajectory's JSON (:class:`~tito_core.trajectory.TrajectoryRecord`).
+  yet flushed; every renamed part is whole. ``pyarrow.parquet.read_table(path, schema=arrow_schema(pyarrow))``
+  reads the directory (with the schema, parts written by an older tito read the columns they lack as null).
+  The ``trajectory`` column holds the trajectory's JSON (:class:`~tito_core.trajectory.TrajectoryRecord`).
 
 **One writer per output.** A writer holds an advisory lock (``flock``) on ``<output>.lock`` beside the output
 while it is open: a second writer of the same output, in this or another process, is refused at once with a
@@ -111,6 +112,9 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
         trajectory: The token-level record (ids, logprobs, segments, turns, branches).
         timings: Wall-clock times.
         tokens: Token and call counts.
+        weight_version_min: The oldest weight version of the rollout's generated tokens, every branch included
+            (order: :func:`tito_core.versions.version_key`); None when the backend reported no versions.
+        weight_version_max: The newest one; None likewise.
     """
 
     task_id: str
@@ -124,6 +128,8 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
     tokens: TokenCounts
     advantage: float | None = None
     server: str | None = None
+    weight_version_min: str | None = None
+    weight_version_max: str | None = None
 
     @property
     def key(self) -> Key:
@@ -605,10 +611,12 @@ def read_records(path: str | os.PathLike[str]) -> Iterator[RolloutRecord]:
     source = Path(path)
     entries: dict[str, GroupAdvantages] = {}
     if source.suffix == ".parquet":
-        _, pq = pyarrow()
+        pa, pq = pyarrow()
         if source.is_dir():
             entries = {e.task_id: e for e in _parquet_advantages(pq, source)}
-        for row in pq.read_table(source).to_pylist():
+        # The schema of this version: parts written before a column existed read it as null (without it, the
+        # first part's schema would drop the columns the later parts have).
+        for row in pq.read_table(source, schema=arrow_schema(pa)).to_pylist():
             yield _with_advantage(record_from_row(row), entries)
         return
     skip: set[int] = set()
@@ -683,5 +691,7 @@ def arrow_schema(pa: Any) -> Any:
             ("tokens", tokens),
             ("advantage", pa.float64()),
             ("server", pa.string()),
+            ("weight_version_min", pa.string()),
+            ("weight_version_max", pa.string()),
         ]
     )

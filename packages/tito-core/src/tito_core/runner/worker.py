@@ -211,6 +211,7 @@ class RolloutWorker:
                 status, reason = "failed", f"reward function raised {type(exc).__name__}: {exc}"
         now = time.perf_counter()
         output = sum(seg.length for seg in traj.segments if seg.kind == "output")
+        versions = traj.weight_version_range(branches=True) or (None, None)
         return RolloutRecord(
             task_id=task.id,
             sample=sample,
@@ -228,6 +229,8 @@ class RolloutWorker:
                 model_calls=len(traj.turns),
                 tool_calls=limiter.tool_calls,
             ),
+            weight_version_min=versions[0],
+            weight_version_max=versions[1],
         )
 
 

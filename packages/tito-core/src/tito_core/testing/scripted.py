@@ -16,6 +16,7 @@ import msgspec
 
 from ..backend import Backend, FinishReason, GenerateRequest, GenerateResult
 from ..errors import BackendError, ContextLengthError
+from ..versions import VersionSpan
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -44,6 +45,8 @@ class ScriptedBackend(Backend):
             returning a text, used in order; running out raises :class:`BackendError`.
         context_length: Reported context window (None: unknown).
         delay: Seconds to sleep in each call (to test cancellation and concurrency).
+        weight_version: Reported as the weight version of every output token (an attribute: set it to
+            simulate a weight update); None reports no versions, as an engine that says nothing.
     """
 
     name = "scripted"
@@ -55,6 +58,7 @@ class ScriptedBackend(Backend):
         *,
         context_length: int | None = None,
         delay: float = 0.0,
+        weight_version: str | None = None,
     ) -> None:
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
@@ -64,6 +68,7 @@ class ScriptedBackend(Backend):
         self.replies: list[Script | ScriptedReply] = list(replies)
         self.context_length = context_length
         self.delay = delay
+        self.weight_version = weight_version
         self.requests: list[GenerateRequest] = []
         self._next = 0
 
@@ -120,7 +125,13 @@ class ScriptedBackend(Backend):
             prompt_logprobs=prompt_logprobs,
             prompt_tokens=len(request.input_ids),
             cached_tokens=request.prefix_len,
+            weight_versions=self._versions(len(ids)),
         )
+
+    def _versions(self, n: int) -> tuple[VersionSpan, ...] | None:
+        if self.weight_version is None:
+            return None
+        return (VersionSpan(version=self.weight_version, start=0, end=n),) if n else ()
 
 
 def _text(script: Any, request: GenerateRequest) -> str:

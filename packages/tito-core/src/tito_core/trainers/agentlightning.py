@@ -21,6 +21,7 @@ import httpx
 from ..errors import ConfigError
 from ..export import TrainingBranch
 from ..trajectory import Trajectory
+from ..versions import int_version
 
 AgentFn = Callable[[Any], Awaitable[tuple[Trajectory, float | None]]]
 """``async def solve(task) -> (trajectory, reward)``: run one agent on one task."""
@@ -31,7 +32,10 @@ def model_request_events(item: Trajectory | TrainingBranch, *, model: str = "tit
 
     Each carries the call's whole prompt (the trajectory up to the call's output) and its output ids;
     ``logprobs`` is present only when every output token has one. Given one :class:`TrainingBranch`, only the
-    calls whose output that branch generated itself (the calls of its shared prefix are its parent's).
+    calls whose output that branch generated itself (the calls of its shared prefix are its parent's). When the
+    call's weight versions are known, the choice carries them as vLLM's ``/inference/v1/generate`` does
+    (``weight_versions``: spans over the output tokens), and ``model_version`` (Agent Lightning's own field, an
+    int) is set when the whole output came from one integer version.
     """
     traj = item.trajectory if isinstance(item, TrainingBranch) else item
     since = item.prompt_length
@@ -42,6 +46,10 @@ def model_request_events(item: Trajectory | TrainingBranch, *, model: str = "tit
             continue
         start, end = turn.output_start, turn.output_start + turn.output_len
         choice: dict[str, Any] = {"index": 0, "token_ids": ids[start:end], "finish_reason": turn.finish_reason}
+        versions = turn.weight_versions
+        if versions is not None:
+            choice["weight_versions"] = [{"version": v.version, "start": v.start, "end": v.end} for v in versions]
+        single = versions[0].version if versions is not None and len(versions) == 1 else None
         out_lps = lps[start:end]
         if all(lp is not None for lp in out_lps):
             # vLLM's chat logprobs with ``return_tokens_as_token_ids``: the token named by its id
@@ -58,6 +66,7 @@ def model_request_events(item: Trajectory | TrainingBranch, *, model: str = "tit
         events.append(
             {
                 "model": model,
+                "model_version": int_version(single),
                 "request": {"rid": turn.rid, "stop_reason": turn.stop_reason},
                 "response": response,
                 "server": {"model": model, "endpoint": "tito", "version": None},

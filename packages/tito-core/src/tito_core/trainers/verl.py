@@ -18,6 +18,7 @@ from ..backend import Backend, FinishReason, GenerateRequest, GenerateResult
 from ..errors import BackendResponseError
 from ..export import to_verl
 from ..trajectory import Trajectory
+from ..versions import VersionSpan
 
 
 def agent_loop_output(
@@ -118,4 +119,19 @@ class VerlServerBackend(Backend):
             output_ids=ids,
             output_logprobs=[float(x) for x in logprobs] if request.return_logprobs and logprobs is not None else None,
             finish_reason=finish,
+            weight_versions=_versions(getattr(out, "extra_fields", None), len(ids)),
         )
+
+
+def _versions(extra: Any, n: int) -> tuple[VersionSpan, ...] | None:
+    """The output's version from verl's ``min_global_steps`` / ``max_global_steps`` (the weights' global step).
+
+    One span when both are set and equal; None when verl does not say, or when the output was resumed across
+    an update (the two differ, and verl does not say at which token the weights changed).
+    """
+    if not isinstance(extra, Mapping):
+        return None
+    low, high = extra.get("min_global_steps"), extra.get("max_global_steps")
+    if low is None or low != high or isinstance(low, bool) or not isinstance(low, int | str):
+        return None
+    return (VersionSpan(version=str(low), start=0, end=n),) if n else ()
