@@ -345,6 +345,8 @@ async def test_an_update_between_steps_splits_the_output_into_spans(tiny_model_d
         assert (await backend.generate(request(ids, **greedy))).weight_versions is None
     finally:
         backend.close()
+
+
 async def test_generation_passes_the_cache_under_its_current_name(
     fp32: TransformersBackend, tokenizer: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
