@@ -246,9 +246,15 @@ async def test_on_raises_a_typed_error_when_the_server_has_no_sessions() -> None
     assert server.bodies("/generate") == []
 
 
-def test_session_option_is_checked_and_reaches_the_backend_from_config() -> None:
+def test_session_option_is_checked_and_reaches_the_backend_from_config(tmp_path: Any) -> None:
+    from tito_core.config import load_config
+
+    path = tmp_path / "tito.toml"
+    path.write_text('backend = "sglang"\nbackend_options = { base_url = "http://sglang.test", session = "on" }\n')
+    assert load_config(path).create_backend().sessions.mode == "on"  # type: ignore[attr-defined]
     backend = get_backend("sglang", base_url="http://sglang.test", session="off")
     assert backend.sessions.mode == "off"  # type: ignore[attr-defined]
+    assert SGLangBackend("http://sglang.test").sessions.mode == "auto"
     with pytest.raises(ConfigError, match="session must be 'auto', 'on' or 'off'"):
         get_backend("sglang", base_url="http://sglang.test", session="yes")
 
