@@ -473,6 +473,9 @@ class FaultServer:
                 "forged": self.forged,
                 "aborts": self.aborts,
                 "faults_injected": self.faults_injected,
+                "bad_parents": self.bad_parents(),
+                "session_calls": sum(1 for r in self.received if r.parent is not None),
+                "sessions_open": len(self.sessions),
             }
         ).encode()
 
@@ -620,6 +623,7 @@ class FaultServer:
             self.aborts.clear()
             self.faults_injected = 0
             self._seen_rids.clear()
+            self.sessions_closed.clear()
             return 200, b"{}"
         return 404, json.dumps({"error": f"no route {request.method} {path}"}).encode()
 
@@ -953,7 +957,7 @@ RANDOM_FAULTS: tuple[Fault, ...] = (
 async def _main(args: argparse.Namespace) -> None:
     from tito_core.testing.tokenizers import load_qwen_tokenizer
 
-    server = FaultServer(load_qwen_tokenizer("qwen3"), tool_turns=args.tool_turns)
+    server = FaultServer(load_qwen_tokenizer("qwen3"), tool_turns=args.tool_turns, sessions=not args.no_sessions)
     if args.fault_rate:
         server.random_faults(args.fault_rate, args.seed, RANDOM_FAULTS)
     await server.start()
@@ -974,6 +978,7 @@ def main() -> None:
     parser.add_argument("--tool-turns", type=int, default=1)
     parser.add_argument("--fault-rate", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-sessions", action="store_true", help="answer 404 on /open_session")
     asyncio.run(_main(parser.parse_args()))
 
 
