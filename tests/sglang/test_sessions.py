@@ -313,3 +313,41 @@ def test_reset_outside_an_event_loop_closes_on_the_next_call(qwen3_tokenizer: An
 
     asyncio.run(later())
     assert len(server.closed) == 2 and server.sessions == {}
+
+
+def test_sessions_still_held_at_exit_are_closed() -> None:
+    import http.server
+    import threading
+    import weakref
+
+    from tito_sglang._sessions import Session, _close_at_exit
+
+    closed: list[Any] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            closed.append((self.path, json.loads(body), self.headers["authorization"]))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        backend = SGLangBackend(f"http://127.0.0.1:{server.server_port}", api_key="k")
+        backend.sessions._open["seq"] = Session("tito-held")
+        backend.sessions._to_close.append("tito-ended")
+        _close_at_exit(weakref.ref(backend.sessions))  # what atexit runs
+    finally:
+        server.shutdown()
+        thread.join()
+    assert sorted(closed, key=lambda c: c[1]["session_id"]) == [
+        ("/close_session", {"session_id": "tito-ended"}, "Bearer k"),
+        ("/close_session", {"session_id": "tito-held"}, "Bearer k"),
+    ]
+    assert backend.sessions.open_count == 0

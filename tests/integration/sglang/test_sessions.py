@@ -80,12 +80,14 @@ async def test_session_on_and_off_record_the_same_trajectory(sglang_url: str, qw
     assert on.logprobs == pytest.approx(off.logprobs, abs=1e-3)
 
     rows = []
-    for turn, (body_on, answer_on), (body_off, _) in zip(on.turns, sent_on.exchanges, sent_off.exchanges, strict=True):
+    exchanges = zip(on.turns, sent_on.exchanges, sent_off.exchanges, strict=True)
+    for turn, (body_on, answer_on), (body_off, answer_off) in exchanges:
         ids_on, ids_off = len(body_on["input_ids"]), len(body_off["input_ids"])
         meta = answer_on["meta_info"]
         rows.append(
             f"call {turn.index}: ids sent on/off {ids_on}/{ids_off}, prompt_tokens {meta['prompt_tokens']}, "
-            f"cached_tokens {meta.get('cached_tokens')}, body bytes on/off "
+            f"cached_tokens on/off {meta.get('cached_tokens')}/{answer_off['meta_info'].get('cached_tokens')}, "
+            "body bytes on/off "
             f"{len(sent_on.raw[turn.index])}/{len(sent_off.raw[turn.index])}"
         )
         assert ids_off == turn.prompt_start + turn.prompt_len
@@ -97,7 +99,7 @@ async def test_session_on_and_off_record_the_same_trajectory(sglang_url: str, qw
             assert len(sent_on.raw[turn.index]) < len(sent_off.raw[turn.index])
     last = on.turns[-1]
     assert len(sent_on.raw[last.index]) * 2 < len(sent_off.raw[last.index])
-    REPORT.append(f"sessions on vs off ({len(on)} tokens, {len(on.turns)} calls):")
+    REPORT.append(f"sessions on vs off ({len(on)} tokens, {len(on.turns)} calls; off ran second, on a warm cache):")
     REPORT.extend(f"  {row}" for row in rows)
 
 
