@@ -535,3 +535,32 @@ async def test_session_auto_falls_back_when_the_server_has_no_sessions(
         await backend.aclose()
     finally:
         await srv.aclose()
+
+
+async def test_session_lost_by_the_server_costs_one_whole_call(server: FaultServer, qwen3_tokenizer: Any) -> None:
+    """The server forgets every session between two calls (a restart): the second call is refused with a 400
+    before anything is generated, sent once more whole without a session (same rid), and the rollout completes."""
+    h = Harness(server, qwen3_tokenizer, "sglang")
+
+    @tool(name="add")
+    def add_and_forget(a: int, b: int) -> int:
+        """Add two integers (the server forgets its sessions meanwhile)."""
+        server.sessions.clear()
+        return a + b
+
+    backend = h.backend(session="on")
+    try:
+        outcome = await h.rollout(backend=backend, tools=(add_and_forget,))
+        assert outcome.error is None, outcome.error
+        assert outcome.traj.status == "completed"
+        requests = [r for r in server.received if r.path == "/generate"]
+        assert [(r.status, r.generated, r.parent is not None) for r in requests] == [
+            (200, True, False),
+            (400, False, True),
+            (200, True, False),
+        ]
+        assert requests[1].rid == requests[2].rid and requests[2].session is None
+        assert requests[2].sent_ids == len(requests[2].input_ids or [])
+        h.check(outcome)
+    finally:
+        await backend.aclose()

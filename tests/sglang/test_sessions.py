@@ -36,6 +36,7 @@ class SessionServer:
         self.requests: list[tuple[str, Any]] = []
         self.fail_next: httpx.Response | None = None
         self.prompt_tokens_delta = 0
+        self.forget_opened = False  # open sessions without keeping them (a router sending them elsewhere)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content) if request.content else None
@@ -44,7 +45,8 @@ class SessionServer:
         if path in ("/open_session", "/close_session") and not self.sessions_enabled:
             return httpx.Response(404, json={"detail": "Not Found"})
         if path == "/open_session":
-            self.sessions[body["session_id"]] = {}
+            if not self.forget_opened:
+                self.sessions[body["session_id"]] = {}
             return httpx.Response(200, json=body["session_id"])
         if path == "/close_session":
             if self.sessions.pop(body["session_id"], None) is not None:
@@ -219,6 +221,48 @@ async def test_ignore_eos_with_stop_token_ids_does_not_continue_the_session() ->
     await backend.generate(req)
     await asyncio.sleep(0)
     assert backend.sessions.open_count == 0 and len(server.closed) == 1
+
+
+async def test_a_session_the_server_lost_costs_one_stateless_call(caplog: pytest.LogCaptureFixture) -> None:
+    server = SessionServer()
+    backend = make_backend(server, session="on")
+    first = [1, 2, 3, 4, 5]
+    out = (await backend.generate(request(first, 0, "r1"))).output_ids
+    server.sessions.clear()  # the server restarted
+    second = [*first, *out, 20]
+    with caplog.at_level(logging.WARNING):
+        result = await backend.generate(request(second, 8, "r2"))
+    assert result.prompt_tokens == len(second)
+    refused, resent = server.bodies("/generate")[1:]
+    assert refused["session_params"]["rid"] == "r1" and refused["input_ids"] == [20]
+    assert "session_params" not in resent  # the same request, whole, once: the engine generated nothing
+    assert resent["rid"] == "r2" and resent["input_ids"] == second
+    assert len([r for r in caplog.records if "no longer knows session" in r.getMessage()]) == 1
+    third = [*second, *result.output_ids, 30]
+    await backend.generate(request(third, len(second) + len(result.output_ids), "r3"))
+    last = server.bodies("/generate")[-1]
+    assert last["input_ids"] == third and "rid" not in last["session_params"]  # a new session, whole ids
+    assert backend.sessions.supported is True
+
+
+async def test_a_session_refused_on_its_first_request_turns_auto_stateless(caplog: pytest.LogCaptureFixture) -> None:
+    server = SessionServer()
+    server.forget_opened = True
+    backend = make_backend(server)
+    with caplog.at_level(logging.WARNING):
+        await two_calls(backend)
+    bodies = server.bodies("/generate")
+    assert [("session_params" in b, len(b["input_ids"])) for b in bodies] == [(True, 5), (False, 5), (False, 10)]
+    assert len(server.bodies("/open_session")) == 1 and backend.sessions.supported is False
+    assert len([r for r in caplog.records if "cannot keep sessions" in r.getMessage()]) == 1
+
+
+async def test_a_session_refused_on_its_first_request_is_an_error_with_on() -> None:
+    server = SessionServer()
+    server.forget_opened = True
+    with pytest.raises(SGLangSessionError, match="refused on its first request"):
+        await make_backend(server, session="on").generate(request([1, 2], 0, "r1"))
+    assert len(server.bodies("/generate")) == 1
 
 
 # -- support detection -----------------------------------------------------------------------------

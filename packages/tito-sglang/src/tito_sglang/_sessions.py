@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import re
 import urllib.request
 import uuid
 import weakref
@@ -31,7 +32,7 @@ from tito_core.errors import (
 )
 from tito_core.http import HttpClient
 
-__all__ = ["SESSION_MODES", "SGLangSessionError", "Session", "SessionMode", "SessionPool"]
+__all__ = ["SESSION_MODES", "SGLangSessionError", "Session", "SessionMode", "SessionPool", "session_refused"]
 
 logger = logging.getLogger("tito_sglang")
 
@@ -58,6 +59,18 @@ class Session(msgspec.Struct, frozen=True):
     id: str
     parent: str | None = None
     length: int = 0
+
+
+_SESSION_REFUSED: Final = re.compile(r"session", re.IGNORECASE)
+
+
+def session_refused(exc: BackendError) -> bool:
+    """Whether ``exc`` is SGLang refusing a session request before generating anything.
+
+    SGLang 0.5.23 answers HTTP 400 ("Invalid request: session id S does not exist", "Invalid request session
+    id" for an unknown parent, "... close was requested for session S") when it creates the request.
+    """
+    return exc.status == 400 and bool(_SESSION_REFUSED.search(exc.body or ""))
 
 
 def check_mode(mode: object) -> SessionMode:
@@ -123,6 +136,27 @@ class SessionPool:
             return
         length = len(request.input_ids) + len(result.output_ids)
         self._open[sequence] = Session(session.id, request.rid, length)
+
+    def lost(self, session: Session, cause: BackendError) -> None:
+        """The server refused ``session`` (already dropped by the failed call); the call goes on without one.
+
+        A session lost after it served calls (a restarted server) only costs this call its session: the next
+        call opens a new one. A session refused on its first call cannot be kept by this server (a router
+        spreading requests over workers): ``auto`` goes stateless for good with one warning, ``on`` raises
+        :class:`SGLangSessionError`.
+        """
+        if session.parent is None:
+            self._unsupported(
+                f"session {session.id} was refused on its first request: {(cause.body or '')[:200]}", cause
+            )
+            return
+        logger.warning(
+            "sglang: %s no longer knows session %s (%s); this call sends the whole trajectory, the next opens a "
+            "new session",
+            self.http.base_url,
+            session.id,
+            (cause.body or "")[:200],
+        )
 
     def end(self, sequence: str) -> None:
         """Forget ``sequence``'s session and close it on the server (in the background)."""

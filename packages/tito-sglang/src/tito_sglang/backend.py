@@ -13,7 +13,7 @@ from tito_core.backend import GenerateRequest, GenerateResult
 from tito_core.errors import BackendError, BackendResponseError
 from tito_core.http import HttpBackend, HttpOptions
 from tito_sglang import _wire
-from tito_sglang._sessions import SessionMode, SessionPool
+from tito_sglang._sessions import Session, SessionMode, SessionPool, session_refused
 
 __all__ = ["SGLangBackend"]
 
@@ -96,8 +96,22 @@ class SGLangBackend(HttpBackend):
     # -- generation ---------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        """Run one generation on ``/generate``; abort it on the server when cancelled or timed out."""
+        """Run one generation on ``/generate``; abort it on the server when cancelled or timed out.
+
+        In a session, an answer proving the server no longer knows the session (HTTP 400 before anything was
+        generated: restarted, or a router that sent it to another worker) is followed by the same request
+        without a session, once (see :meth:`SessionPool.lost`).
+        """
         session = await self._sessions.begin(request)
+        try:
+            return await self._generate(request, session)
+        except BackendError as exc:
+            if session is None or not session_refused(exc):
+                raise
+            self._sessions.lost(session, exc)
+            return await self._generate(request, None)
+
+    async def _generate(self, request: GenerateRequest, session: Session | None) -> GenerateResult:
         body = _wire.encode_generate(request, session)
 
         async def abort() -> None:
