@@ -395,3 +395,24 @@ def test_sessions_still_held_at_exit_are_closed() -> None:
         ("/close_session", {"session_id": "tito-held"}, "Bearer k"),
     ]
     assert backend.sessions.open_count == 0
+
+
+def test_a_close_cut_short_by_its_loop_ending_is_done_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = SessionServer()
+    backend = make_backend(server)
+    close = backend.sessions._close
+
+    async def slow_close(session_id: str) -> None:
+        await asyncio.sleep(30)  # still closing when asyncio.run ends the loop (and cancels it)
+
+    async def call_then_end() -> None:
+        await backend.generate(request([1, 2], 0, "r1"))
+        backend.end_sequence("seq-1")
+        await asyncio.sleep(0)
+
+    monkeypatch.setattr(backend.sessions, "_close", slow_close)
+    asyncio.run(call_then_end())
+    assert server.closed == [] and len(backend.sessions._to_close) == 1
+    monkeypatch.setattr(backend.sessions, "_close", close)
+    asyncio.run(backend.aclose())
+    assert len(server.closed) == 1 and server.sessions == {}

@@ -99,6 +99,7 @@ class SessionPool:
         self._open: dict[str, Session] = {}
         self._to_close: list[str] = []
         self._closing: set[asyncio.Task[None]] = set()
+        self._lost_warned = False
         if mode != "off" and close_at_exit:
             atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -150,7 +151,9 @@ class SessionPool:
                 f"session {session.id} was refused on its first request: {(cause.body or '')[:200]}", cause
             )
             return
-        logger.warning(
+        log = logger.info if self._lost_warned else logger.warning  # a restart loses every session at once
+        self._lost_warned = True
+        log(
             "sglang: %s no longer knows session %s (%s); this call sends the whole trajectory, the next opens a "
             "new session",
             self.http.base_url,
@@ -230,7 +233,12 @@ class SessionPool:
             return
         task = loop.create_task(self._close(session_id))
         self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        task.add_done_callback(lambda done: self._closed(done, session_id))
+
+    def _closed(self, task: asyncio.Task[None], session_id: str) -> None:
+        self._closing.discard(task)
+        if task.cancelled():  # its event loop ended first: close it later (next call, aclose, exit)
+            self._to_close.append(session_id)
 
     def _flush(self) -> None:
         pending, self._to_close = self._to_close, []
