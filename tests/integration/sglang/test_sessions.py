@@ -100,7 +100,11 @@ async def test_session_on_and_off_record_the_same_trajectory(sglang_url: str, qw
             assert len(sent_on.raw[turn.index]) < len(sent_off.raw[turn.index])
     last = on.turns[-1]
     assert len(sent_on.raw[last.index]) * 2 < len(sent_off.raw[last.index])
-    REPORT.append(f"sessions on vs off ({len(on)} tokens, {len(on.turns)} calls; off ran second, on a warm cache):")
+    diff = max((abs(a - b) for a, b in zip(on.logprobs, off.logprobs, strict=True) if a is not None and b is not None))
+    REPORT.append(
+        f"sessions on vs off ({len(on)} tokens, {len(on.turns)} calls; ids and loss mask identical, max logprob "
+        f"difference {diff:.2g}; off ran second, on a warm cache):"
+    )
     REPORT.extend(f"  {row}" for row in rows)
 
 
