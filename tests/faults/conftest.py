@@ -166,6 +166,7 @@ class Harness:
         model = outcome.model if isinstance(outcome, Outcome) else outcome
         check_trajectory(self.server, model.trajectory)
         assert self.server.duplicates() == [], f"request ids generated twice: {self.server.duplicates()}"
+        assert self.server.bad_parents() == [], f"sessions continued from failed requests: {self.server.bad_parents()}"
 
 
 def check_trajectory(server: FaultServer, traj: Trajectory) -> None:
@@ -205,7 +206,7 @@ def adapter(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def server(qwen3_tokenizer: Any) -> AsyncIterator[FaultServer]:
-    srv = await FaultServer(qwen3_tokenizer).start()
+    srv = await FaultServer(qwen3_tokenizer, sessions=True).start()  # the SGLang adapter uses them (auto)
     try:
         yield srv
     finally:

@@ -6,7 +6,9 @@ send conflicting framing headers, or go away and come back on the same port.
 
 Routes:
     SGLang: ``POST /generate``, ``POST /abort_request``, ``GET /server_info``, ``GET /model_info``,
-    ``GET /health``. vLLM: ``GET /v1/models``, ``POST /inference/v1/generate``, ``POST /v1/completions``.
+    ``GET /health``, and with ``sessions=True`` ``POST /open_session`` / ``/close_session`` and ``/generate``
+    with ``session_params`` (as SGLang 0.5.23: the parent's prompt and output, then the ids sent; an unknown
+    session or parent is a 400). vLLM: ``GET /v1/models``, ``POST /inference/v1/generate``, ``POST /v1/completions``.
     Control (for a server in another process): ``GET /_control/log``, ``POST /_control/random``
     (``{"rate": 0.1, "seed": 7}``), ``POST /_control/clear``.
 
@@ -51,6 +53,7 @@ GENERATE_PATHS = {
     "/v1/completions": "vllm-completions",
 }
 _MAX_HEAD = 64 * 1024
+_ANSWERS_WHOLE = frozenset({"refuse", "kill-after_answer", "extra"})  # faults that deliver the answer first
 
 
 # --------------------------------------------------------------------------------------------- faults
@@ -122,8 +125,8 @@ class Fault:
     @classmethod
     def bad(cls, mode: str) -> Fault:
         """A well-formed answer with a bad field; ``mode`` is one of :data:`BAD_FIELDS`."""
-        if mode not in BAD_FIELDS:
-            raise ValueError(f"unknown bad field {mode!r}; choose from {sorted(BAD_FIELDS)}")
+        if mode not in BAD_FIELDS and mode not in SGLANG_BAD_FIELDS:
+            raise ValueError(f"unknown bad field {mode!r}; choose from {sorted({*BAD_FIELDS, *SGLANG_BAD_FIELDS})}")
         return cls("bad", mode=mode)
 
     @classmethod
@@ -149,6 +152,8 @@ class Fault:
         come back on the same port after ``restart_after`` seconds (never when None)."""
         return cls("kill", mode="after_answer", for_s=restart_after)
 
+
+SGLANG_BAD_FIELDS = {"prompt_tokens": "meta_info.prompt_tokens one more than the prompt the engine ran on"}
 
 BAD_FIELDS = {
     "logprobs_short": "one logprob fewer than output ids",
@@ -216,6 +221,9 @@ class Received:
     client_closed: bool = False
     input_ids: list[int] | None = None
     max_new_tokens: int | None = None
+    sent_ids: int | None = None  # ids the request carried (fewer than input_ids in a session)
+    session: str | None = None
+    parent: str | None = None
 
 
 @dataclass
@@ -246,6 +254,7 @@ class _Draft:
     with_logprobs: bool = True
     prompt_lp_start: int | None = None
     prompt_lp_ids: list[int] | None = None
+    prompt_tokens: int | None = None  # reported instead of len(prompt)
 
 
 @dataclass(eq=False)
@@ -315,8 +324,13 @@ class FaultServer:
         context_length: Reported by ``/server_info`` and ``/v1/models``.
     """
 
-    def __init__(self, tokenizer: Any, *, tool_turns: int = 1, context_length: int = 32768) -> None:
+    def __init__(
+        self, tokenizer: Any, *, tool_turns: int = 1, context_length: int = 32768, sessions: bool = False
+    ) -> None:
         self.tokenizer = tokenizer
+        self.sessions_enabled = sessions
+        self.sessions: dict[str, dict[str, list[int]]] = {}  # open session -> rid -> its prompt (+ output)
+        self.sessions_closed: list[str] = []
         self.tool_turns = tool_turns
         self.context_length = context_length
         self.port = 0
@@ -439,6 +453,17 @@ class FaultServer:
         """The generation requests received, in order."""
         return [r for r in self.received if r.path in GENERATE_PATHS]
 
+    def bad_parents(self) -> list[str]:
+        """Session parents (``session_params.rid``) whose own request was not answered cleanly: lost to a fault,
+        refused, or answered with a bad field. A client must never continue from such a request."""
+        clean = {
+            r.rid
+            for r in self.received
+            if r.generated and (r.fault is None or r.fault in _ANSWERS_WHOLE) and r.status in (None, 200)
+            and all(a.fault is None for a in self.answers.get(r.rid or "", []))
+        }  # fmt: skip
+        return [r.parent for r in self.received if r.parent is not None and r.parent not in clean]
+
     def log_json(self) -> bytes:
         """Everything logged, as JSON (for a server in another process)."""
         return json.dumps(
@@ -448,6 +473,9 @@ class FaultServer:
                 "forged": self.forged,
                 "aborts": self.aborts,
                 "faults_injected": self.faults_injected,
+                "bad_parents": self.bad_parents(),
+                "session_calls": sum(1 for r in self.received if r.parent is not None),
+                "sessions_open": len(self.sessions),
             }
         ).encode()
 
@@ -533,9 +561,16 @@ class FaultServer:
         if is_gen:
             self._gen_count += 1
             rec.input_ids = list(body.get("input_ids") or body.get("token_ids") or body.get("prompt") or [])
+            rec.sent_ids = len(rec.input_ids)
             sampling = body.get("sampling_params") or body
             rec.max_new_tokens = sampling.get("max_new_tokens", sampling.get("max_tokens"))
         self.received.append(rec)
+        if is_gen and self.sessions_enabled and isinstance(body.get("session_params"), dict):
+            refused = self._session_prompt(rec, body["session_params"])
+            if refused is not None:
+                rec.status = 400
+                await self._send(conn, http_response(400, json.dumps({"error": {"message": refused}}).encode()))
+                return
         fault = self._pick(rec, pre_read=False)
         if is_gen and rec.rid is not None:
             self._seen_rids.add(rec.rid)
@@ -559,6 +594,16 @@ class FaultServer:
             return 200, b"{}"
         if path == "/health":
             return 200, b""
+        if path == "/open_session" and self.sessions_enabled:
+            session_id = body.get("session_id") or f"s{len(self.sessions)}-{rec.n}"
+            if session_id in self.sessions:
+                return 400, json.dumps({"error": {"message": f"session {session_id} is open"}}).encode()
+            self.sessions[session_id] = {}
+            return 200, json.dumps(session_id).encode()
+        if path == "/close_session" and self.sessions_enabled:
+            if self.sessions.pop(str(body.get("session_id")), None) is not None:
+                self.sessions_closed.append(str(body.get("session_id")))
+            return 200, b""
         if path in ("/server_info", "/get_server_info"):
             return 200, json.dumps({"context_length": self.context_length, "model_path": MODEL}).encode()
         if path == "/model_info":
@@ -578,6 +623,7 @@ class FaultServer:
             self.aborts.clear()
             self.faults_injected = 0
             self._seen_rids.clear()
+            self.sessions_closed.clear()
             return 200, b"{}"
         return 404, json.dumps({"error": f"no route {request.method} {path}"}).encode()
 
@@ -711,6 +757,22 @@ class FaultServer:
 
     # -- generation -------------------------------------------------------------------------------
 
+    def _session_prompt(self, rec: Received, params: dict[str, Any]) -> str | None:
+        """Expand a session request's ids to the prompt the engine runs on; the refusal message, if refused."""
+        rec.session, rec.parent = params.get("id"), params.get("rid")
+        nodes = self.sessions.get(str(rec.session))
+        if nodes is None:
+            return f"Invalid request: session id {rec.session} does not exist"
+        prefix: list[int] = []
+        if rec.parent is not None:
+            if rec.parent not in nodes:
+                return "Invalid request session id"
+            prefix = nodes[rec.parent]
+        rec.input_ids = [*prefix, *(rec.input_ids or [])]
+        if rec.rid is not None:
+            nodes[rec.rid] = list(rec.input_ids)  # the output is added once generated (as SGLang's Req)
+        return None
+
     def _encode(self, text: str) -> list[int]:
         ids = self._encode_cache.get(text)
         if ids is None:
@@ -774,6 +836,9 @@ class FaultServer:
         if bad is not None:
             self._mutate(draft, bad)
         self.answers.setdefault(rid, []).append(Answer(rid, path, list(draft.ids), list(draft.lps), draft.finish, bad))
+        nodes = self.sessions.get(str(rec.session)) if rec.session is not None else None
+        if nodes is not None and rid in nodes:
+            nodes[rid] = [*prompt, *ids]  # what a child of this request continues from
         return self._dialect(path, draft)
 
     @staticmethod
@@ -793,6 +858,8 @@ class FaultServer:
         elif bad in ("id_vocab", "id_negative", "id_huge"):
             value = {"id_vocab": VOCAB_SIZE, "id_negative": -5, "id_huge": 2**31}[bad]
             d.ids[1] = d.lp_ids[1] = value
+        elif bad == "prompt_tokens":
+            d.prompt_tokens = len(d.prompt) + 1
         elif bad == "finish_unknown":
             d.finish = "exploded"
         elif bad == "finish_abort":
@@ -820,7 +887,7 @@ class FaultServer:
             meta: dict[str, Any] = {
                 "id": d.echo_rid,
                 "finish_reason": finish,
-                "prompt_tokens": n_prompt,
+                "prompt_tokens": d.prompt_tokens if d.prompt_tokens is not None else n_prompt,
                 "completion_tokens": len(d.ids),
                 "cached_tokens": 0,
                 "weight_version": "default",
@@ -890,7 +957,7 @@ RANDOM_FAULTS: tuple[Fault, ...] = (
 async def _main(args: argparse.Namespace) -> None:
     from tito_core.testing.tokenizers import load_qwen_tokenizer
 
-    server = FaultServer(load_qwen_tokenizer("qwen3"), tool_turns=args.tool_turns)
+    server = FaultServer(load_qwen_tokenizer("qwen3"), tool_turns=args.tool_turns, sessions=not args.no_sessions)
     if args.fault_rate:
         server.random_faults(args.fault_rate, args.seed, RANDOM_FAULTS)
     await server.start()
@@ -911,6 +978,7 @@ def main() -> None:
     parser.add_argument("--tool-turns", type=int, default=1)
     parser.add_argument("--fault-rate", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-sessions", action="store_true", help="answer 404 on /open_session")
     asyncio.run(_main(parser.parse_args()))
 
 

@@ -465,3 +465,102 @@ async def test_unencodable_tool_result_fails_with_a_status(h: Harness) -> None:
     assert outcome.traj.status == "failed" and outcome.traj.status_reason
     assert len(h.server.gen_requests()) == 1, "a prompt that could not be encoded was sent"
     h.check(outcome)
+
+
+# ------------------------------------------------------------------------------------------ SGLang sessions
+
+SESSION_FAULTS = {
+    "http-500": Fault.http_status(500),
+    "reset-after-read": Fault.reset(after_read=True),
+    "hang": Fault.hang(),
+    "cut": Fault.cut(),
+    "bad-logprob": Fault.bad("logprob_positive"),
+    "bad-prompt-tokens": Fault.bad("prompt_tokens"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(SESSION_FAULTS))
+async def test_session_never_continues_from_a_request_lost_to_a_fault(
+    server: FaultServer, qwen3_tokenizer: Any, fault: str
+) -> None:
+    """gen 0 opens a session with every id; gen 1 continues it with the new ids only and fails; Strands retries
+    the call: gen 2 must open a new session and send every id again, never naming gen 1 (or gen 0) as parent."""
+    h = Harness(server, qwen3_tokenizer, "sglang")
+    retried: list[str] = []
+
+    def retry_errors(event: AfterModelCallEvent) -> None:
+        if not retried and isinstance(event.exception, TitoError):
+            retried.append("yes")
+            event.retry = True
+
+    h.server.inject(SESSION_FAULTS[fault], when=1)
+    backend = h.backend(session="on", timeout=1.0)
+    try:
+        outcome = await h.rollout(backend=backend, callbacks=[(AfterModelCallEvent, retry_errors)])
+        assert outcome.error is None, outcome.error
+        assert retried and outcome.traj.status == "completed"
+        first, failed, retry = h.server.gen_requests()[:3]
+        assert first.session is not None and first.parent is None and first.sent_ids == len(first.input_ids or [])
+        assert failed.session == first.session and failed.parent == first.rid
+        assert failed.sent_ids is not None and failed.sent_ids < len(failed.input_ids or []) // 2, (
+            "sent the whole prompt"
+        )
+        assert retry.session not in (None, first.session), "the retry continued the failed session"
+        assert retry.parent is None and retry.sent_ids == len(retry.input_ids or []), "the retry sent only new ids"
+        assert retry.input_ids == failed.input_ids
+        assert first.session in h.server.sessions_closed, "the failed call's session was not closed"
+        assert failed.rid not in recorded_rids(h, outcome)
+        h.check(outcome)
+    finally:
+        await backend.aclose()
+    assert h.server.sessions == {}, "aclose left sessions open"
+
+
+async def test_session_auto_falls_back_when_the_server_has_no_sessions(
+    qwen3_tokenizer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    srv = await FaultServer(qwen3_tokenizer, sessions=False).start()
+    h = Harness(srv, qwen3_tokenizer, "sglang")
+    try:
+        backend = h.backend()  # session="auto"
+        for _ in range(2):
+            outcome = await h.rollout(backend=backend)
+            assert outcome.error is None, outcome.error
+            h.check(outcome)
+        opens = [r for r in srv.received if r.path == "/open_session"]
+        assert len(opens) == 1, "session support was probed more than once"
+        assert all(r.sent_ids == len(r.input_ids or []) for r in srv.gen_requests())
+        warnings = [r for r in caplog.records if "cannot keep sessions" in r.getMessage()]
+        assert len(warnings) == 1
+        await backend.aclose()
+    finally:
+        await srv.aclose()
+
+
+async def test_session_lost_by_the_server_costs_one_whole_call(server: FaultServer, qwen3_tokenizer: Any) -> None:
+    """The server forgets every session between two calls (a restart): the second call is refused with a 400
+    before anything is generated, sent once more whole without a session (same rid), and the rollout completes."""
+    h = Harness(server, qwen3_tokenizer, "sglang")
+
+    @tool(name="add")
+    def add_and_forget(a: int, b: int) -> int:
+        """Add two integers (the server forgets its sessions meanwhile)."""
+        server.sessions.clear()
+        return a + b
+
+    backend = h.backend(session="on")
+    try:
+        outcome = await h.rollout(backend=backend, tools=(add_and_forget,))
+        assert outcome.error is None, outcome.error
+        assert outcome.traj.status == "completed"
+        requests = [r for r in server.received if r.path == "/generate"]
+        assert [(r.status, r.generated, r.parent is not None) for r in requests] == [
+            (200, True, False),
+            (400, False, True),
+            (200, True, False),
+        ]
+        assert requests[1].rid == requests[2].rid and requests[2].session is None
+        assert requests[2].sent_ids == len(requests[2].input_ids or [])
+        h.check(outcome)
+    finally:
+        await backend.aclose()

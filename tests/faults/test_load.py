@@ -5,8 +5,10 @@ client's alone). First a clean run: every rollout completes, and after the backe
 file descriptors are back to the baseline and the resident memory within :data:`RSS_BOUND_MB` of it.
 Then the same with 10 % of the generation requests faulted at random (seeded; the faults of
 ``server.RANDOM_FAULTS``): every rollout ends with a status, no request id was generated twice, and no
-recorded output differs from what the server generated for its rid. The figures are printed in the
-terminal summary. ``TITO_LOAD_ROLLOUTS`` changes the number of rollouts (default 1000).
+recorded output differs from what the server generated for its rid. The server keeps SGLang sessions:
+every second call continues its rollout's session, none from a failed request, and none is left open
+once the backend is closed. The figures are printed in the terminal summary. ``TITO_LOAD_ROLLOUTS``
+changes the number of rollouts (default 1000).
 """
 
 from __future__ import annotations
@@ -145,6 +147,9 @@ def audit(trajs: list[Trajectory], log: dict[str, Any]) -> dict[str, Any]:
         "faults_injected": log["faults_injected"],
         "duplicates": sum(1 for n in generated.values() if n > 1),
         "forged": forged + orphans,
+        "session_calls": log["session_calls"],
+        "bad_parents": len(log["bad_parents"]),
+        "sessions_open": log["sessions_open"],
     }
 
 
@@ -179,6 +184,8 @@ def test_load_clean(server_url: str, qwen3_tokenizer: Any) -> None:
     print(result)
     assert result["statuses"] == {"completed": ROLLOUTS}
     assert result["not_terminal"] == 0 and result["duplicates"] == 0 and result["forged"] == 0
+    assert result["session_calls"] == ROLLOUTS, "the second call of each rollout did not continue its session"
+    assert result["bad_parents"] == 0 and result["sessions_open"] == 0, result
     assert result["fds_after"] - result["fds_before"] <= FD_BOUND, result
     assert result["rss_mb_after"] - result["rss_mb_before"] <= RSS_BOUND_MB, result
 
@@ -192,5 +199,7 @@ def test_load_with_random_faults(server_url: str, qwen3_tokenizer: Any) -> None:
     assert result["not_terminal"] == 0, "a rollout ended without a status"
     assert result["duplicates"] == 0, "a request id was generated twice"
     assert result["forged"] == 0, "an output was recorded that the server did not generate for its rid"
+    assert result["session_calls"] > 0 and result["bad_parents"] == 0, "a session continued from a failed request"
+    assert result["sessions_open"] == 0, "sessions left open after the backend was closed"
     assert result["fds_after"] - result["fds_before"] <= FD_BOUND, result
     assert result["rss_mb_after"] - result["rss_mb_before"] <= RSS_BOUND_MB, result

@@ -44,12 +44,14 @@ class RecordingTransport(httpx.AsyncBaseTransport):
     def __init__(self) -> None:
         self.inner = httpx.AsyncHTTPTransport()
         self.exchanges: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        self.raw: list[bytes] = []  # the request bodies of those exchanges, as sent
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self.inner.handle_async_request(request)
         content = await response.aread()
         if request.url.path == "/generate" and response.status_code == 200:
             self.exchanges.append((json.loads(request.content), json.loads(content)))
+            self.raw.append(bytes(request.content))
         headers = [
             (k, v) for k, v in response.headers.items() if k.lower() not in {"content-length", "content-encoding"}
         ]
@@ -219,17 +221,24 @@ def _tito_model(backend: SGLangBackend, tokenizer: Any, **kwargs: Any) -> Any:
 
 
 def check_requests_extend_the_trajectory(model: Any, transport: RecordingTransport) -> None:
-    """Every request = the trajectory before it + its new prompt; every output = the server's answer."""
+    """Every request = the trajectory before it + its new prompt (in a session: the part the session does not
+    hold yet, after the previous request); the engine ran on exactly that; every output = the server's answer."""
     trajectory = model.trajectory
     token_ids = trajectory.token_ids
     logprobs = trajectory.logprobs
     turns = trajectory.turns
     assert len(transport.exchanges) == len(turns)
     previous_end = 0
+    previous_rid = None
     for turn, (sent, answer) in zip(turns, transport.exchanges, strict=True):
         assert turn.prompt_start == previous_end
         assert sent["rid"] == turn.rid
-        assert sent["input_ids"] == token_ids[: turn.prompt_start + turn.prompt_len]
+        parent = (sent.get("session_params") or {}).get("rid")
+        held = turn.prompt_start if parent is not None else 0
+        assert parent in (None, previous_rid)
+        assert sent["input_ids"] == token_ids[held : turn.prompt_start + turn.prompt_len]
+        assert answer["meta_info"]["prompt_tokens"] == turn.prompt_start + turn.prompt_len
+        previous_rid = turn.rid
         out = slice(turn.output_start, turn.output_start + turn.output_len)
         assert token_ids[out] == answer["output_ids"]
         assert logprobs[out] == [entry[0] for entry in answer["meta_info"]["output_token_logprobs"]]

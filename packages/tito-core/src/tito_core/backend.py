@@ -217,6 +217,10 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
             Strands' ``tool_choice``), or None. EBNF in the dialect of xgrammar and llama.cpp's GBNF
             (``root ::= call ...``), which vLLM's ``structured_outputs.grammar`` and SGLang's
             ``ebnf`` sampling parameter both read. Set only for backends with ``supports_grammar = True``.
+        sequence: Names the token sequence this request extends: the same for every call of one trajectory
+            branch, a new one after a fork or a reset (the model ends the old one with
+            :meth:`Backend.end_sequence`). A backend that keeps a sequence on the engine between calls (SGLang
+            sessions) keys that state by it; None means no continuity is promised.
     """
 
     rid: str
@@ -230,6 +234,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     input_ids_json: bytes | None = None
     grammar: str | None = None
+    sequence: str | None = None
 
 
 class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -291,6 +296,14 @@ class Backend(abc.ABC):
     async def max_context_length(self) -> int | None:
         """The engine's context window in tokens, or None when unknown."""
         return None
+
+    def end_sequence(self, sequence: str) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Forget :attr:`GenerateRequest.sequence` ``sequence``: its branch was reset, forked, or a call failed.
+
+        Called from synchronous code (``TitoModel.reset``) as well as inside a call, so it must not block; a
+        backend that keeps engine state per sequence frees it (in the background). No request of
+        ``sequence`` follows.
+        """
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release connections and other resources."""

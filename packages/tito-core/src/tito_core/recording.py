@@ -27,6 +27,7 @@ import logging
 import math
 import time
 import uuid
+import weakref
 from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -197,6 +198,18 @@ def exit_status(exc: BaseException) -> tuple[Status, str]:
     return "aborted", f"the model call was interrupted ({type(exc).__name__})"
 
 
+def _end_sequence(backend: Backend, box: list[Any]) -> None:
+    """End the backend sequence held in ``box`` (``[name, trajectory]``), if any; never raises."""
+    name = box[0]
+    box[0] = box[1] = None
+    if name is None:
+        return
+    try:
+        backend.end_sequence(name)
+    except Exception as exc:  # a hook that raises must not hide the call's own outcome
+        logger.warning("%s backend: end_sequence(%r) failed: %r", backend.name, name, exc)
+
+
 # ---------------------------------------------------------------------------------------- validation
 def _bad(backend: str, field: str, value: object, detail: str) -> BackendResponseError:
     return BackendResponseError(f"{backend}: invalid {field}: {detail}", field=field, value=value, backend=backend)
@@ -318,6 +331,10 @@ class Rollout:
         self._engine_limit: int | None = None
         self._engine_limit_known = False
         self._grammars: dict[tuple[tuple[bytes, ...], int], str] = {}
+        # The backend sequence of the live branch: [name, trajectory it belongs to]; a fork or reset ends it.
+        self._sequence: list[Any] = [None, None]
+        finalizer = weakref.finalize(self, _end_sequence, backend, self._sequence)
+        finalizer.atexit = False  # at exit the backend closes what it still holds itself
         self._start(Trajectory(rollout_id))
 
     @property
@@ -339,8 +356,17 @@ class Rollout:
     def reset(self, rollout_id: str | None = None) -> Trajectory:
         """Close the current trajectory, start a new rollout, and return the closed trajectory."""
         closed = self._traj.close()
+        _end_sequence(self.backend, self._sequence)
         self._start(Trajectory(rollout_id))
         return closed
+
+    def _sequence_name(self) -> str:
+        """The backend sequence of the live branch; a new branch (fork, reset) ends the previous one."""
+        box = self._sequence
+        if box[1] is not self._traj:
+            _end_sequence(self.backend, box)
+            box[0], box[1] = f"{self._traj.rollout_id}/{self._traj.branch}/{uuid.uuid4().hex[:12]}", self._traj
+        return str(box[0])
 
     # ------------------------------------------------------------------------------------- one call
     async def call(
@@ -366,6 +392,8 @@ class Rollout:
         try:
             return await self._call(messages, tool_specs, system_prompt, system_prompt_content, options, choice)
         except BaseException as exc:
+            # Engine-side state of the branch may hold what was not recorded: the next call starts afresh.
+            _end_sequence(self.backend, self._sequence)
             if not self._traj.closed:
                 self._traj.set_status(*exit_status(exc))
             raise
@@ -438,6 +466,7 @@ class Rollout:
             tools=tools if renders else None,
             input_ids_json=ids_json,
             grammar=grammar,
+            sequence=self._sequence_name(),
         )
 
     def _grammar(self, tool_specs: Sequence[ToolSpec] | None, tool_choice: Any) -> str | None:

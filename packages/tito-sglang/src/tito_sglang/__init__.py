@@ -15,9 +15,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tito_sglang._sessions import SGLangSessionError
     from tito_sglang.backend import SGLangBackend
 
-__all__ = ["SGLangBackend"]
+__all__ = ["SGLangBackend", "SGLangSessionError"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,4 +26,8 @@ def __getattr__(name: str) -> Any:
         from tito_sglang.backend import SGLangBackend
 
         return SGLangBackend
+    if name == "SGLangSessionError":
+        from tito_sglang._sessions import SGLangSessionError
+
+        return SGLangSessionError
     raise AttributeError(f"module 'tito_sglang' has no attribute {name!r}")

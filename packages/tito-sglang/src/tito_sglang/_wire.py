@@ -18,6 +18,7 @@ import msgspec
 from tito_core.backend import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import BackendResponseError
 from tito_core.versions import VersionSpan, clip_spans, decode_spans
+from tito_sglang._sessions import Session
 
 BACKEND_NAME: Final = "sglang"
 
@@ -69,13 +70,22 @@ def routed_experts_start(request: GenerateRequest) -> int:
     return max(0, request.prefix_len - 1)
 
 
-def encode_generate(request: GenerateRequest) -> bytes:
-    """Encode ``request`` as the JSON body of ``POST /generate``."""
+def encode_generate(request: GenerateRequest, session: Session | None = None) -> bytes:
+    """Encode ``request`` as the JSON body of ``POST /generate``.
+
+    In a ``session`` only the ids it does not hold yet are sent (``input_ids[session.length:]``), with
+    ``session_params`` naming the session and the request to continue from.
+    """
+    ids: Any
+    if session is not None:
+        ids = _as_list(request.input_ids[session.length :])
+    elif request.input_ids_json is not None:
+        ids = msgspec.Raw(request.input_ids_json)
+    else:
+        ids = _as_list(request.input_ids)
     body: dict[str, Any] = {
         "rid": request.rid,
-        "input_ids": (
-            msgspec.Raw(request.input_ids_json) if request.input_ids_json is not None else _as_list(request.input_ids)
-        ),
+        "input_ids": ids,
         "sampling_params": sampling_params(request.sampling, request.grammar),
         "return_logprob": request.return_logprobs or request.return_prompt_logprobs,
         "stream": False,
@@ -87,6 +97,11 @@ def encode_generate(request: GenerateRequest) -> bytes:
     if request.return_routed_experts:
         body["return_routed_experts"] = True
         body["routed_experts_start_len"] = routed_experts_start(request)
+    if session is not None:
+        params: dict[str, str] = {"id": session.id}
+        if session.parent is not None:
+            params["rid"] = session.parent
+        body["session_params"] = params
     return _encoder.encode(body)
 
 
@@ -178,6 +193,15 @@ def decode_generate(
             f"{BACKEND_NAME}: the answer is for request {meta.id!r}, not {request.rid!r}",
             field="meta_info.id",
             value=meta.id,
+            backend=BACKEND_NAME,
+        )
+    if meta.prompt_tokens is not None and meta.prompt_tokens != len(request.input_ids):
+        # The engine ran on another prompt than the trajectory + new ids (in a session: it holds other tokens).
+        raise BackendResponseError(
+            f"{BACKEND_NAME}: the engine counted {meta.prompt_tokens} prompt tokens, tito expected "
+            f"{len(request.input_ids)} (the trajectory so far and the new prompt)",
+            field="meta_info.prompt_tokens",
+            value=meta.prompt_tokens,
             backend=BACKEND_NAME,
         )
     output_ids = view.output_ids

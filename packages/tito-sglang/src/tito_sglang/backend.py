@@ -13,6 +13,7 @@ from tito_core.backend import GenerateRequest, GenerateResult
 from tito_core.errors import BackendError, BackendResponseError
 from tito_core.http import HttpBackend, HttpOptions
 from tito_sglang import _wire
+from tito_sglang._sessions import Session, SessionMode, SessionPool, session_refused
 
 __all__ = ["SGLangBackend"]
 
@@ -37,6 +38,10 @@ class SGLangBackend(HttpBackend):
         model_path: Local directory of the served model; its ``config.json`` gives the routed-experts
             row shape ``(layers, top_k)`` for MoE models.
         routed_experts_shape: ``(layers, top_k)`` of a routed-experts row, overriding ``model_path``.
+        session: Keep each trajectory branch in an SGLang session, so a call sends only the ids the engine
+            has not seen (``"on"``), send the whole trajectory every call (``"off"``), or use sessions where
+            the server has them and fall back to stateless with one warning (``"auto"``, the default). See
+            docs/sglang.md.
         **options: The connection options of :class:`~tito_core.http.HttpBackend` (``timeout``,
             ``retry``, ``max_connections``, ``headers``, ``api_key``, ``verify``, ``trust_env``,
             ``client``, ``transport``, ``max_response_bytes``, ...).
@@ -54,9 +59,12 @@ class SGLangBackend(HttpBackend):
         *,
         model_path: str | Path | None = None,
         routed_experts_shape: tuple[int, int] | None = None,
+        session: SessionMode = "auto",
         **options: Unpack[HttpOptions],
     ) -> None:
         super().__init__(base_url, **options)
+        own_client = options.get("client") is None and options.get("transport") is None
+        self._sessions = SessionPool(self._http, session, close_at_exit=own_client)
         self.model_path = Path(model_path) if model_path is not None else None
         self._routed_shape = routed_experts_shape
         self._routed_shape_resolved = routed_experts_shape is not None
@@ -88,17 +96,50 @@ class SGLangBackend(HttpBackend):
     # -- generation ---------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        """Run one generation on ``/generate``; abort it on the server when cancelled or timed out."""
-        body = _wire.encode_generate(request)
+        """Run one generation on ``/generate``; abort it on the server when cancelled or timed out.
+
+        In a session, an answer proving the server no longer knows the session (HTTP 400 before anything was
+        generated: restarted, or a router that sent it to another worker) is followed by the same request
+        without a session, once (see :meth:`SessionPool.lost`).
+        """
+        session = await self._sessions.begin(request)
+        try:
+            return await self._generate(request, session)
+        except BackendError as exc:
+            if session is None or not session_refused(exc):
+                raise
+            self._sessions.lost(session, exc)
+            return await self._generate(request, None)
+
+    async def _generate(self, request: GenerateRequest, session: Session | None) -> GenerateResult:
+        body = _wire.encode_generate(request, session)
 
         async def abort() -> None:
             await self.abort(request.rid)
 
-        answer = await self._http.post("/generate", body, abort=abort, max_body=self._answer_limit(request))
-        shape = self._routed_shape
-        if request.return_routed_experts and not self._routed_shape_resolved:
-            shape = self._resolve_routed_shape()
-        return _wire.decode_generate(answer, request, routed_experts_shape=shape)
+        try:
+            answer = await self._http.post("/generate", body, abort=abort, max_body=self._answer_limit(request))
+            shape = self._routed_shape
+            if request.return_routed_experts and not self._routed_shape_resolved:
+                shape = self._resolve_routed_shape()
+            result = _wire.decode_generate(answer, request, routed_experts_shape=shape)
+        except BaseException:
+            if session is not None and request.sequence is not None:
+                # The request may be lost, half-generated or refused: it is never a parent; start afresh.
+                self._sessions.end(request.sequence)
+            raise
+        if session is not None:
+            self._sessions.advance(request, session, result)
+        return result
+
+    def end_sequence(self, sequence: str) -> None:
+        """Close ``sequence``'s session on the server (in the background): its branch ended."""
+        self._sessions.end(sequence)
+
+    @property
+    def sessions(self) -> SessionPool:
+        """The SGLang sessions this backend holds (mode, detected support, count)."""
+        return self._sessions
 
     def _answer_limit(self, request: GenerateRequest) -> int:
         """Body limit of the answer: output ids and logprobs, prompt logprobs asked for, routed experts."""
@@ -117,6 +158,13 @@ class SGLangBackend(HttpBackend):
     async def abort(self, rid: str) -> None:
         """Ask the server to stop request ``rid`` (a no-op on the server when it already finished)."""
         await self._http.post("/abort_request", _wire.encode_abort(rid))
+
+    async def aclose(self) -> None:
+        """Close the sessions still held, then the connections of the current event loop."""
+        try:
+            await self._sessions.aclose()
+        finally:
+            await super().aclose()
 
     # -- discovery ----------------------------------------------------------------------------
 
@@ -145,6 +193,8 @@ class SGLangBackend(HttpBackend):
         if not self._max_context_known:
             self._max_context = await self._fetch_context_length()
             self._max_context_known = True
+            if self._max_context:
+                self._sessions.capacity = self._max_context
         return self._max_context
 
     async def _fetch_context_length(self) -> int | None:
