@@ -572,7 +572,8 @@ async def test_weight_versions_of_a_recorded_answer_across_an_update() -> None:
     then continued (``/pause_generation``, ``/update_weight_version``, ``/continue_generation``)."""
     recorded = json.loads((DATA / "sglang_generate_weight_update.json").read_text())
     assert len(recorded["output_ids"]) == 400
-    result = await make_backend(FakeServer({"/generate": recorded})).generate(request())
+    prompt = array("i", range(100, 100 + recorded["meta_info"]["prompt_tokens"]))  # as long as the one sent
+    result = await make_backend(FakeServer({"/generate": recorded})).generate(request(input_ids=prompt))
     assert result.weight_versions == (
         VersionSpan(version="default", start=0, end=208),
         VersionSpan(version="1", start=208, end=400),
