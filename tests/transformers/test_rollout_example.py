@@ -38,4 +38,6 @@ def test_the_arithmetic_example_runs_and_a_rerun_adds_nothing(tiny_model_dir: Pa
         assert [lp is not None for lp in traj.logprobs] == [bool(m) for m in traj.loss_mask]
     again = rollout(EXAMPLE / "tito.toml", EXAMPLE / "tasks.jsonl", out, **overrides)
     assert (again.skipped, again.written) == (64, 0)
-    assert len(out.read_bytes().splitlines()) == 64
+    lines = out.read_bytes().splitlines()
+    assert len(lines) == 64 + 16  # the records, and each group's advantages entry after its last record
+    assert sum(line.startswith(b'{"kind":"advantages"') for line in lines) == 16
