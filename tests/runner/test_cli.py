@@ -223,6 +223,16 @@ def test_export_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "The answer is 4.<|im_end|>" in capsys.readouterr().out  # the prepare hook named the tokenizer
 
 
+def test_export_and_inspect_of_a_missing_file_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = str(tmp_path / "nope.jsonl")
+    assert main(["export", "--to", "trl", missing, "-o", str(tmp_path / "trl.jsonl")]) == 2
+    assert f"tito export: error: no such file: {missing}" in capsys.readouterr().err
+    assert main(["inspect", missing]) == 2
+    assert f"tito inspect: error: no such file: {missing}" in capsys.readouterr().err
+    assert main(["export", "--to", "trl", missing]) == 2
+    assert "no output file: give it after the rollout file or as -o/--output" in capsys.readouterr().err
+
+
 def test_inspect_fits_the_terminal(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -46,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TitoError as exc:
         print(f"tito {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except FileNotFoundError as exc:  # a rollout file to export or inspect that is not there
+        print(f"tito {args.command}: error: no such file: {exc.filename}", file=sys.stderr)
+        return 2
 
 
 def _parser() -> argparse.ArgumentParser:
