@@ -9,6 +9,10 @@ Routes:
     ``GET /health``, and with ``sessions=True`` ``POST /open_session`` / ``/close_session`` and ``/generate``
     with ``session_params`` (as SGLang 0.5.23: the parent's prompt and output, then the ids sent; an unknown
     session or parent is a 400). vLLM: ``GET /v1/models``, ``POST /inference/v1/generate``, ``POST /v1/completions``.
+    Weight updates (both dialects): ``POST /pause_generation`` / ``/pause``, ``/continue_generation`` / ``/resume``,
+    ``/update_weight_version``. A generation that arrives while the server is paused is held (keep mode) and
+    answered after the resume; when the version changed meanwhile, its first half is labelled with the version it
+    arrived under and the rest with the new one (``weight_versions`` spans), as a request frozen mid-decode.
     Control (for a server in another process): ``GET /_control/log``, ``POST /_control/random``
     (``{"rate": 0.1, "seed": 7}``), ``POST /_control/clear``.
 
@@ -224,6 +228,8 @@ class Received:
     sent_ids: int | None = None  # ids the request carried (fewer than input_ids in a session)
     session: str | None = None
     parent: str | None = None
+    version: str = "default"  # the weight version when the request arrived
+    held: bool = False  # it arrived while the server was paused, and waited for the resume
 
 
 @dataclass
@@ -255,6 +261,7 @@ class _Draft:
     prompt_lp_start: int | None = None
     prompt_lp_ids: list[int] | None = None
     prompt_tokens: int | None = None  # reported instead of len(prompt)
+    versions: list[dict[str, Any]] = field(default_factory=list)  # weight_versions spans over ids
 
 
 @dataclass(eq=False)
@@ -347,6 +354,10 @@ class FaultServer:
         self._conns: set[_Conn] = set()
         self._background: set[asyncio.Task[None]] = set()
         self._encode_cache: dict[str, list[int]] = {}
+        self.weight_version = "default"
+        self.pauses: list[str] = []  # "pause" / "resume" / "version:<v>", in order
+        self._running = asyncio.Event()
+        self._running.set()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -565,6 +576,10 @@ class FaultServer:
             sampling = body.get("sampling_params") or body
             rec.max_new_tokens = sampling.get("max_new_tokens", sampling.get("max_tokens"))
         self.received.append(rec)
+        rec.version = self.weight_version
+        if is_gen and not self._running.is_set():  # keep mode: frozen until the resume
+            rec.held = True
+            await self._running.wait()
         if is_gen and self.sessions_enabled and isinstance(body.get("session_params"), dict):
             refused = self._session_prompt(rec, body["session_params"])
             if refused is not None:
@@ -594,6 +609,18 @@ class FaultServer:
             return 200, b"{}"
         if path == "/health":
             return 200, b""
+        if path in ("/pause_generation", "/pause"):
+            self._running.clear()
+            self.pauses.append("pause")
+            return 200, b'{"status": "paused"}'
+        if path in ("/continue_generation", "/resume"):
+            self._running.set()
+            self.pauses.append("resume")
+            return 200, b'{"status": "resumed"}'
+        if path == "/update_weight_version":
+            self.weight_version = str(body.get("new_version"))
+            self.pauses.append(f"version:{self.weight_version}")
+            return 200, b'{"success": true}'
         if path == "/open_session" and self.sessions_enabled:
             session_id = body.get("session_id") or f"s{len(self.sessions)}-{rec.n}"
             if session_id in self.sessions:
@@ -828,6 +855,7 @@ class FaultServer:
         draft = _Draft(rid=rid, echo_rid=rid, prompt=prompt, ids=ids, lps=lps, lp_ids=list(ids), finish=finish,
                        text=text, prompt_echo=echo, with_logprobs=with_lp, prompt_lp_start=prompt_lp_start,
                        prompt_lp_ids=prompt[prompt_lp_start:] if prompt_lp_start is not None else None)  # fmt: skip
+        draft.versions = self._spans(rec, len(ids))
         if bad in ("not_json", "wrong_shape"):
             self.answers.setdefault(rid, []).append(Answer(rid, path, [], [], "none", bad))
             if bad == "not_json":
@@ -840,6 +868,14 @@ class FaultServer:
         if nodes is not None and rid in nodes:
             nodes[rid] = [*prompt, *ids]  # what a child of this request continues from
         return self._dialect(path, draft)
+
+    def _spans(self, rec: Received, n: int) -> list[dict[str, Any]]:
+        """The weight_versions spans of an answer of ``n`` ids: two when the version changed while it was held."""
+        now = self.weight_version
+        if rec.version == now or n < 2:
+            return [{"version": now, "start": 0, "end": n}]
+        half = n // 2
+        return [{"version": rec.version, "start": 0, "end": half}, {"version": now, "start": half, "end": n}]
 
     @staticmethod
     def _mutate(d: _Draft, bad: str) -> None:
@@ -890,7 +926,8 @@ class FaultServer:
                 "prompt_tokens": d.prompt_tokens if d.prompt_tokens is not None else n_prompt,
                 "completion_tokens": len(d.ids),
                 "cached_tokens": 0,
-                "weight_version": "default",
+                "weight_version": d.versions[-1]["version"] if d.versions else "default",
+                "weight_versions": d.versions,
             }
             if d.with_logprobs:
                 meta["output_token_logprobs"] = [[lp, i, None] for lp, i in zip(d.lps, d.lp_ids, strict=False)]
@@ -905,6 +942,8 @@ class FaultServer:
                  "prompt_tokens_details": None}  # fmt: skip
         choice: dict[str, Any] = {"index": 0, "finish_reason": d.finish, "stop_reason": None, "token_ids": d.ids,
                                   "routed_experts": None}  # fmt: skip
+        if path == "/inference/v1/generate":
+            choice["weight_versions"] = d.versions
         if path == "/inference/v1/generate":
             if d.with_logprobs:
                 choice["logprobs"] = {

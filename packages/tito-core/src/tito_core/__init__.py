@@ -43,6 +43,7 @@ _EXPORTS = {
     "rollout": "tito_core.runner",
     "arollout": "tito_core.runner",
     "RolloutRecord": "tito_core.runner",
+    "weight_update": "tito_core.weights",
 }
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "load_tokenizer",
     "rollout",
     "sampling_params",
+    "weight_update",
 ]
 
 if TYPE_CHECKING:
@@ -98,6 +100,7 @@ if TYPE_CHECKING:
     from .tokenizers import aload_tokenizer, load_tokenizer
     from .tool_parsers.base import ParsedOutput, ToolCall, ToolParser
     from .trajectory import Segment, Trajectory, TrajectoryRecord, Turn, Usage
+    from .weights import weight_update
 
 
 def __getattr__(name: str) -> Any:

@@ -293,9 +293,26 @@ class Backend(abc.ABC):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Run one generation and return exactly what the engine produced."""
 
+    supports_pause: ClassVar[bool] = False
+    """True for backends whose engine can freeze the requests in flight and go on with them later
+    (:meth:`pause_generation`, :meth:`resume_generation`), and relabel its weights (:meth:`set_weight_version`):
+    what :func:`tito_core.weights.weight_update` needs."""
+
     async def max_context_length(self) -> int | None:
         """The engine's context window in tokens, or None when unknown."""
         return None
+
+    async def pause_generation(self) -> None:
+        """Freeze the requests in flight without aborting them (they go on after :meth:`resume_generation`)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot pause generation (supports_pause is False)")
+
+    async def resume_generation(self) -> None:
+        """Let the requests frozen by :meth:`pause_generation` go on."""
+        raise NotImplementedError(f"{type(self).__name__} cannot resume generation (supports_pause is False)")
+
+    async def set_weight_version(self, version: str) -> None:
+        """Label the engine's current weights ``version`` (what its answers' weight-version spans then say)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot label its weights (supports_pause is False)")
 
     def end_sequence(self, sequence: str) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Forget :attr:`GenerateRequest.sequence` ``sequence``: its branch was reset, forked, or a call failed.

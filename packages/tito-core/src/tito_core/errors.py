@@ -141,6 +141,18 @@ class BackendThrottledError(BackendError):
     """
 
 
+class WeightUpdateError(BackendError):
+    """A weight-update handshake failed: an engine refused the pause or the version, or was left paused.
+
+    Attributes:
+        paused: Names of the engines still paused when it was raised (empty when every one was resumed).
+    """
+
+    def __init__(self, message: str, *, paused: list[str] | None = None, backend: str | None = None) -> None:
+        self.paused = list(paused or [])
+        super().__init__(message, backend=backend)
+
+
 class GenerationAbortedError(BackendError):
     """The engine aborted the generation (finish reason ``abort``); the tokens it produced are kept."""
 

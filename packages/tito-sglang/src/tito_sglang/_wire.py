@@ -110,6 +110,15 @@ def encode_abort(rid: str) -> bytes:
     return _encoder.encode({"rid": rid})
 
 
+PAUSE_IN_PLACE: Final = b'{"mode":"in_place"}'
+"""``POST /pause_generation``: freeze the running requests in the scheduler, keeping their KV cache."""
+
+
+def encode_weight_version(version: str) -> bytes:
+    """``POST /update_weight_version``: relabel the weights without aborting anything (SGLang's default aborts)."""
+    return _encoder.encode({"new_version": version, "abort_all_requests": False})
+
+
 # -- response --------------------------------------------------------------------------------------
 
 LogprobEntry = tuple[float | None, int, str | None]

@@ -51,6 +51,7 @@ class SGLangBackend(HttpBackend):
     name: ClassVar[str] = "sglang"
     json_input_ids: ClassVar[bool] = True
     supports_grammar: ClassVar[bool] = True
+    supports_pause: ClassVar[bool] = True
     default_base_url: ClassVar[str] = "http://127.0.0.1:30000"
 
     def __init__(
@@ -158,6 +159,20 @@ class SGLangBackend(HttpBackend):
     async def abort(self, rid: str) -> None:
         """Ask the server to stop request ``rid`` (a no-op on the server when it already finished)."""
         await self._http.post("/abort_request", _wire.encode_abort(rid))
+
+    # -- weight updates (tito_core.weights.weight_update) ------------------------------------------
+
+    async def pause_generation(self) -> None:
+        """``POST /pause_generation`` in place: running requests freeze with their KV cache, none is aborted."""
+        await self._http.post("/pause_generation", _wire.PAUSE_IN_PLACE)
+
+    async def resume_generation(self) -> None:
+        """``POST /continue_generation``: the frozen requests go on."""
+        await self._http.post("/continue_generation", b"{}")
+
+    async def set_weight_version(self, version: str) -> None:
+        """``POST /update_weight_version`` with ``abort_all_requests: false`` (SGLang aborts them by default)."""
+        await self._http.post("/update_weight_version", _wire.encode_weight_version(version))
 
     async def aclose(self) -> None:
         """Close the sessions still held, then the connections of the current event loop."""

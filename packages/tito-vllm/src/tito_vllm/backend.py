@@ -80,6 +80,7 @@ class _VLLMServer(HttpBackend):
     name: ClassVar[str] = "vllm"
     mode: ClassVar[Mode]
     supports_grammar: ClassVar[bool] = True
+    supports_pause: ClassVar[bool] = True
     default_base_url: ClassVar[str] = "http://127.0.0.1:8000"
 
     def __init__(
@@ -109,6 +110,20 @@ class _VLLMServer(HttpBackend):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.base_url!r}, model={self.model!r})"
+
+    # -- weight updates (tito_core.weights.weight_update; the routes need VLLM_SERVER_DEV_MODE=1) ----------
+
+    async def pause_generation(self) -> None:
+        """``POST /pause?mode=keep``: requests in flight freeze in the queue and go on at :meth:`resume_generation`."""
+        await self._http.post("/pause?mode=keep", b"")
+
+    async def resume_generation(self) -> None:
+        """``POST /resume``."""
+        await self._http.post("/resume", b"")
+
+    async def set_weight_version(self, version: str) -> None:
+        """``POST /update_weight_version``: the label the answers' ``weight_versions`` spans carry from now on."""
+        await self._http.post("/update_weight_version", json.dumps({"new_version": version}).encode())
 
     # -- server facts ------------------------------------------------------------------------------
 

@@ -13,11 +13,13 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..backend import Backend
 from ..errors import BackendConnectionError, TitoError
+from ..weights import weight_update
 
 __all__ = ["Server", "ServerPool", "probe"]
 
@@ -79,6 +81,13 @@ class ServerPool:
         self.probe_timeout = probe_timeout
         self._changed = asyncio.Condition()
         self._checker: asyncio.Task[None] | None = None
+
+    def weight_update(self, *, version: str | int | None = None, **options: Any) -> AbstractAsyncContextManager[None]:
+        """Pause every server of the pool in keep mode around a weight update (:func:`tito_core.weights.weight_update`).
+
+        ``async with pool.weight_update(version=7): await push_weights()``: the rollouts in flight go on after it.
+        """
+        return weight_update([s.backend for s in self.servers], version=version, **options)
 
     async def check_all(self) -> list[Server]:
         """Check every server now; returns the unhealthy ones."""

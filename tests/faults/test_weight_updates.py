@@ -1,0 +1,128 @@
+"""Weight updates while rollouts are in flight (``tito_core.weights.weight_update``), against the fault server of
+each adapter: keep mode loses nothing and labels every token once; a refused pause, a lost resume and an update
+that fails halfway leave every engine resumed (or name the one still paused) and every rollout with a status."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tito_core.errors import ConfigError, WeightUpdateError
+from tito_core.weights import weight_update
+
+from .conftest import Harness, Outcome, slow_add
+from .server import Fault, FaultServer, on_path
+
+PAUSE = {"sglang": "/pause_generation", "vllm": "/pause"}
+RESUME = {"sglang": "/continue_generation", "vllm": "/resume"}
+
+
+def _covered_once(outcome: Outcome) -> list[int]:
+    """Check that each turn's version spans tile its output exactly; return the turns' span counts."""
+    counts = []
+    for turn in outcome.traj.turns:
+        spans = turn.weight_versions
+        assert spans is not None, f"turn {turn.index} recorded no versions"
+        assert spans[0].start == 0 and spans[-1].end == turn.output_len
+        assert all(a.end == b.start for a, b in zip(spans, spans[1:], strict=False))
+        counts.append(len(spans))
+    return counts
+
+
+async def _in_flight(h: Harness, n: int, backend: Any) -> list[asyncio.Task[Outcome]]:
+    """``n`` rollouts of three model calls each (the tool takes 0.3 s), started; returns once all made a call."""
+    h.server.tool_turns = 2
+    tasks = [asyncio.ensure_future(h.rollout(backend=backend, tools=(slow_add,))) for _ in range(n)]
+    assert await h.wait_for(lambda: len(h.server.gen_requests()) >= n, timeout=10.0)
+    return tasks
+
+
+async def test_keep_mode_loses_no_rollout_and_labels_every_token_once(h: Harness) -> None:
+    backend = h.backend()
+    tasks = await _in_flight(h, 8, backend)
+    async with weight_update([backend], version=1):
+        # the rollouts' next calls arrive while the engine is paused: they are held, not refused or aborted
+        assert await h.wait_for(lambda: sum(r.held for r in h.server.received) >= 4, timeout=5.0)
+    outcomes = await asyncio.gather(*tasks)
+    assert h.server.pauses == ["pause", "version:1", "resume"]
+    two_spans = 0
+    for outcome in outcomes:
+        assert outcome.error is None and outcome.traj.status == "completed"
+        h.check(outcome)  # recorded exactly what the engine sent, no request generated twice
+        counts = _covered_once(outcome)
+        two_spans += counts.count(2)
+        versions = [[s.version for s in turn.weight_versions or ()] for turn in outcome.traj.turns]
+        assert versions[0] == ["default"] and versions[-1] == ["1"]
+    assert two_spans >= 4  # the held calls straddled the update: both versions in one turn
+
+
+async def test_a_refused_pause_resumes_the_engines_already_paused(h: Harness, qwen3_tokenizer: Any) -> None:
+    other = await FaultServer(qwen3_tokenizer).start()
+    try:
+        first, second = h.backend(), h.backend(other.url)
+        other.inject(Fault.http_status(500), on_path(PAUSE[h.adapter]))
+        ran = False
+        with pytest.raises(WeightUpdateError, match=f"{other.url} refused to pause") as caught:
+            async with weight_update([first, second], version=2):
+                ran = True
+        assert not ran and caught.value.paused == []
+        assert h.server.pauses == ["pause", "resume"] and other.pauses == []  # nothing left paused
+        outcome = await h.rollout(backend=first)  # and the engine generates as before
+        assert outcome.traj.status == "completed"
+    finally:
+        await other.aclose()
+
+
+async def test_a_lost_resume_is_sent_again(h: Harness) -> None:
+    backend = h.backend()
+    tasks = await _in_flight(h, 4, backend)
+    h.server.inject(Fault.reset(after_read=True), on_path(RESUME[h.adapter]))  # the first resume's answer is lost
+    async with weight_update([backend], version="v2", retry_delay_s=0.05):
+        assert await h.wait_for(lambda: any(r.held for r in h.server.received), timeout=5.0)
+    assert h.server.pauses == ["pause", "version:v2", "resume"]
+    for outcome in await asyncio.gather(*tasks):
+        assert outcome.traj.status == "completed"
+        h.check(outcome)
+        _covered_once(outcome)
+
+
+async def test_an_update_that_fails_halfway_leaves_the_engine_resumed_and_every_rollout_with_a_status(
+    h: Harness,
+) -> None:
+    backend = h.backend()
+    tasks = await _in_flight(h, 4, backend)
+    with pytest.raises(RuntimeError, match="the weight push failed"):
+        async with weight_update([backend], version=3):
+            assert await h.wait_for(lambda: any(r.held for r in h.server.received), timeout=5.0)
+            raise RuntimeError("the weight push failed")
+    assert h.server.pauses == ["pause", "resume"]  # resumed; the version was not changed
+    for outcome in await asyncio.gather(*tasks):
+        assert outcome.traj.status == "completed"
+        h.check(outcome)
+        assert {s.version for turn in outcome.traj.turns for s in turn.weight_versions or ()} == {"default"}
+
+
+async def test_an_engine_that_cannot_be_resumed_is_named_and_its_rollouts_end_with_a_status(h: Harness) -> None:
+    backend = h.backend(timeout=1.0)
+    tasks = await _in_flight(h, 2, backend)
+    h.server.inject(Fault.http_status(500), on_path(RESUME[h.adapter]), times=-1)
+    with pytest.raises(WeightUpdateError, match="could not be resumed") as caught:
+        async with weight_update([backend], version=4, resume_attempts=2, retry_delay_s=0.05):
+            assert await h.wait_for(lambda: any(r.held for r in h.server.received), timeout=5.0)
+    assert caught.value.paused == [h.server.url]
+    for outcome in await asyncio.gather(*tasks):  # held past the backend's timeout: ended, with the reason
+        assert outcome.traj.status in ("failed", "aborted") and outcome.traj.status_reason
+        h.check(outcome)
+    h.server.rules.clear()
+    await backend.resume_generation()  # the server's own state, for the next test
+
+
+async def test_a_backend_without_pause_is_refused_before_anything() -> None:
+    from tito_core.testing.scripted import ScriptedBackend
+    from tito_core.testing.tokenizers import load_qwen_tokenizer
+
+    with pytest.raises(ConfigError, match="has no pause"):
+        async with weight_update([ScriptedBackend(load_qwen_tokenizer("qwen3"))]):
+            pass
