@@ -169,7 +169,7 @@ def _rollout(args: argparse.Namespace) -> int:
     finally:
         if executor is not None:
             executor.close()  # the Ray workers (and the local Ray, if this run started one)
-    return 0 if summary.written == summary.planned else 1
+    return 0 if summary.written + summary.dropped == summary.planned else 1  # stale ones dropped as configured
 
 
 def _settings(items: Sequence[str]) -> dict[str, Any]:
@@ -261,6 +261,7 @@ def _inspect(args: argparse.Namespace) -> int:
         console.print(title, style="bold")
         for r in records:
             _print_record(console, r)
+    console.print(_file_versions(records), highlight=False)
     if args.task_id is not None:
         tokenizer = _inspect_tokenizer(args)
         for r in records:
@@ -324,6 +325,24 @@ def _versions(record: Any) -> str:
     if low is None or high is None:
         return "-"
     return low if low == high else f"{low}..{high}"
+
+
+def _file_versions(records: Sequence[Any]) -> str:
+    """The line under ``tito inspect``'s table: the weight-version range of the records, and how many are stale."""
+    from .versions import version_range
+
+    versions = [v for r in records for v in (r.weight_version_min, r.weight_version_max) if v is not None]
+    span = version_range(versions)
+    known = sum(1 for r in records if r.weight_version_min is not None)
+    if span is None:
+        line = "weight versions: none reported"
+    else:
+        text = span[0] if span[0] == span[1] else f"{span[0]}..{span[1]}"
+        line = f"weight versions: {text} ({known} of {len(records)} rollouts report versions)"
+    stale = sum(1 for r in records if r.stale)
+    if stale:
+        line += f"; {stale} marked stale"
+    return line
 
 
 def _inspect_tokenizer(args: argparse.Namespace) -> Any:
