@@ -208,3 +208,19 @@ def test_the_cli_sets_the_current_version_and_logs_dropped_rollouts(
     assert summary["current_version"] == "4" and (not out.exists() or not out.read_text())
     assert main([*args, "--output", str(out), "--quiet"]) == 0  # the file's current_version (2): nothing stale
     assert [r.staleness for r in read_records(out)] == [0, 0]
+
+
+def test_rollout_batches_mark_and_drop_as_the_runner_does() -> None:
+    pa = pytest.importorskip("pyarrow")
+    from tito_core.runner.ray_executor import RolloutBatches
+    from tito_core.runner.records import record_from_row
+
+    batch = pa.Table.from_pylist([{**task, "group": 0} for task in tasks(1)])
+    keys: dict[str, Any] = {"group_size": 2, "current_version": 7, "max_staleness": 2, "group_reward": GROUP}
+    keys["reward"] = "tests.runner.helpers:sample_index"
+    marked = [record_from_row(row) for row in RolloutBatches(versioned(by_sample({0: "3", 1: "6"}), **keys))(batch)
+              .to_pylist()]  # fmt: skip
+    assert [(r.sample, r.staleness, r.stale) for r in marked] == [(0, 4, True), (1, 1, False)]
+    dropped = RolloutBatches(versioned(by_sample({0: "3", 1: "6"}), **keys, stale="drop"), samples="trl")(batch)
+    assert dropped.column("sample").to_pylist() == [1]
+    assert dropped.column("advantage").to_pylist() == pytest.approx([1.0], abs=1e-5)  # over the whole group
