@@ -224,3 +224,21 @@ def test_rollout_batches_mark_and_drop_as_the_runner_does() -> None:
     dropped = RolloutBatches(versioned(by_sample({0: "3", 1: "6"}), **keys, stale="drop"), samples="trl")(batch)
     assert dropped.column("sample").to_pylist() == [1]
     assert dropped.column("advantage").to_pylist() == pytest.approx([1.0], abs=1e-5)  # over the whole group
+
+
+def test_export_leaves_out_rollouts_stale_against_the_given_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tito_core.cli import main
+
+    out = tmp_path / "out.jsonl"
+    rollout(versioned(by_sample({0: "3", 1: "6"}), group_size=2), tasks(1), out)  # no current version: no mark
+    target = tmp_path / "trl.jsonl"
+    assert main(["export", "--to", "trl", str(out), str(target), "--max-staleness", "2", "--current-version", "7"]) == 0
+    assert [row["sample"] for row in lines(target)] == [1]
+    assert main(["export", "--to", "trl", str(out), str(target)]) == 0
+    assert [row["sample"] for row in lines(target)] == [0, 1]
+    capsys.readouterr()
+    assert main(["export", "--to", "trl", str(out), str(tmp_path / "x.jsonl"), "--max-staleness", "2"]) == 2
+    assert "--max-staleness needs --current-version" in capsys.readouterr().err
+    assert not (tmp_path / "x.jsonl").exists()

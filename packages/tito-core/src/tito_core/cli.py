@@ -4,6 +4,7 @@
     tito rollout ... --executor ray [--address auto] --workers 8
     tito rollout ... --retry-failed --set sampling.temperature=0.5
     tito export --to slime|verl|trl|agl rollouts.jsonl -o out.jsonl [--branch-reward shared|last]
+        [--max-staleness N --current-version V]
     tito inspect rollouts.jsonl [--id TASK_ID [--tokenizer DIR | --config tito.toml]]
     tito demo
 
@@ -111,6 +112,13 @@ def _parser() -> argparse.ArgumentParser:
         "sample with the episode's reward, each token trained in the branch that generated it; last keeps only "
         "the final branch",
     )
+    export.add_argument(
+        "--max-staleness",
+        type=int,
+        help="leave out rollouts whose oldest token is more than N weight versions behind --current-version "
+        "(docs/async.md)",
+    )
+    export.add_argument("--current-version", help="the trainer's current weight version, for --max-staleness")
 
     inspect = commands.add_parser("inspect", help="show a rollout file's records")
     inspect.add_argument("rollouts", help="the rollout file")
@@ -220,10 +228,21 @@ def _export(args: argparse.Namespace) -> int:
     target = args.output or args.out
     if target is None:
         raise ConfigError("no output file: give it after the rollout file or as -o/--output")
+    if args.max_staleness is not None and args.current_version is None:
+        raise ConfigError("--max-staleness needs --current-version: staleness is counted from the current version")
+    if args.max_staleness is not None and args.max_staleness < 0:
+        raise ConfigError(f"--max-staleness must be >= 0, got {args.max_staleness}")
     rollouts = branches = 0
     last = None
+    rows = training_rows(
+        read_records(args.rollouts),
+        args.to,
+        branch_reward=args.branch_reward,
+        current_version=args.current_version,
+        max_staleness=args.max_staleness,
+    )
     with open(target, "w", encoding="utf-8") as out:
-        for row in training_rows(read_records(args.rollouts), args.to, branch_reward=args.branch_reward):
+        for row in rows:
             out.write(json.dumps(row) + "\n")
             branches += 1
             if (row["task_id"], row["sample"]) != last:
