@@ -4,6 +4,7 @@
     tito rollout ... --executor ray [--address auto] --workers 8
     tito rollout ... --retry-failed --set sampling.temperature=0.5
     tito export --to slime|verl|trl|agl rollouts.jsonl -o out.jsonl [--branch-reward shared|last]
+        [--max-staleness N --current-version V]
     tito inspect rollouts.jsonl [--id TASK_ID [--tokenizer DIR | --config tito.toml]]
     tito demo
 
@@ -114,6 +115,13 @@ def _parser() -> argparse.ArgumentParser:
         "sample with the episode's reward, each token trained in the branch that generated it; last keeps only "
         "the final branch",
     )
+    export.add_argument(
+        "--max-staleness",
+        type=int,
+        help="leave out rollouts whose oldest token is more than N weight versions behind --current-version "
+        "(docs/async.md)",
+    )
+    export.add_argument("--current-version", help="the trainer's current weight version, for --max-staleness")
 
     inspect = commands.add_parser("inspect", help="show a rollout file's records")
     inspect.add_argument("rollouts", help="the rollout file")
@@ -172,7 +180,7 @@ def _rollout(args: argparse.Namespace) -> int:
     finally:
         if executor is not None:
             executor.close()  # the Ray workers (and the local Ray, if this run started one)
-    return 0 if summary.written == summary.planned else 1
+    return 0 if summary.written + summary.dropped == summary.planned else 1  # stale ones dropped as configured
 
 
 def _settings(items: Sequence[str]) -> dict[str, Any]:
@@ -223,10 +231,21 @@ def _export(args: argparse.Namespace) -> int:
     target = args.output or args.out
     if target is None:
         raise ConfigError("no output file: give it after the rollout file or as -o/--output")
+    if args.max_staleness is not None and args.current_version is None:
+        raise ConfigError("--max-staleness needs --current-version: staleness is counted from the current version")
+    if args.max_staleness is not None and args.max_staleness < 0:
+        raise ConfigError(f"--max-staleness must be >= 0, got {args.max_staleness}")
     rollouts = branches = 0
     last = None
+    rows = training_rows(
+        read_records(args.rollouts),
+        args.to,
+        branch_reward=args.branch_reward,
+        current_version=args.current_version,
+        max_staleness=args.max_staleness,
+    )
     with open(target, "w", encoding="utf-8") as out:
-        for row in training_rows(read_records(args.rollouts), args.to, branch_reward=args.branch_reward):
+        for row in rows:
             out.write(json.dumps(row) + "\n")
             branches += 1
             if (row["task_id"], row["sample"]) != last:
@@ -264,6 +283,7 @@ def _inspect(args: argparse.Namespace) -> int:
         console.print(title, style="bold")
         for r in records:
             _print_record(console, r)
+    console.print(_file_versions(records), highlight=False)
     if args.task_id is not None:
         tokenizer = _inspect_tokenizer(args)
         for r in records:
@@ -327,6 +347,24 @@ def _versions(record: Any) -> str:
     if low is None or high is None:
         return "-"
     return low if low == high else f"{low}..{high}"
+
+
+def _file_versions(records: Sequence[Any]) -> str:
+    """The line under ``tito inspect``'s table: the weight-version range of the records, and how many are stale."""
+    from .versions import version_range
+
+    versions = [v for r in records for v in (r.weight_version_min, r.weight_version_max) if v is not None]
+    span = version_range(versions)
+    known = sum(1 for r in records if r.weight_version_min is not None)
+    if span is None:
+        line = "weight versions: none reported"
+    else:
+        text = span[0] if span[0] == span[1] else f"{span[0]}..{span[1]}"
+        line = f"weight versions: {text} ({known} of {len(records)} rollouts report versions)"
+    stale = sum(1 for r in records if r.stale)
+    if stale:
+        line += f"; {stale} marked stale"
+    return line
 
 
 def _inspect_tokenizer(args: argparse.Namespace) -> Any:

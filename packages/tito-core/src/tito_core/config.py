@@ -83,6 +83,14 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             table; it replaces ``conversation_manager``.
         branch_reward: How a rollout with several branches becomes training samples where tito makes them
             (``RolloutBatches(samples=...)``): ``"shared"`` or ``"last"`` (:data:`tito_core.export.BranchReward`).
+        current_version: The trainer's current weight version (an int, or a version string as the engines report
+            it); each record's ``staleness`` is counted from it when the record is written (docs/async.md).
+        max_staleness: Versions a rollout's oldest generated token may be behind ``current_version``; more makes
+            it stale (:mod:`tito_core.runner.staleness`). None (the default) turns the check off. Needs
+            ``current_version``.
+        stale: What happens to a stale rollout: ``"mark"`` (the default) writes it with ``stale = true`` for the
+            trainer to filter; ``"drop"`` does not write it (it is counted in the summary, and a rerun on the
+            same output runs it again, under the weights current then).
     """
 
     group_size: int = 1
@@ -104,6 +112,9 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     conversation_manager_options: dict[str, Any] = msgspec.field(default_factory=dict)
     context_manager: str | dict[str, Any] | None = None
     branch_reward: Literal["shared", "last"] = "shared"
+    current_version: str | int | None = None
+    max_staleness: int | None = None
+    stale: Literal["drop", "mark"] = "mark"
 
     def __post_init__(self) -> None:
         for name in ("group_size", "concurrency", "row_group_size"):
@@ -127,6 +138,15 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"`rollout.{name}` must be >= 0, got {value}")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ConfigError(f"`rollout.max_staleness` must be >= 0, got {self.max_staleness}")
+        if self.current_version == "":
+            raise ConfigError("`rollout.current_version` must be a version (an int or a non-empty string), not ''")
+        if self.max_staleness is not None and self.current_version is None:
+            raise ConfigError(
+                "`rollout.max_staleness` needs `rollout.current_version`: staleness is counted from the trainer's "
+                "current weight version"
+            )
 
 
 class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

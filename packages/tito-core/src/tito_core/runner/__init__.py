@@ -10,6 +10,7 @@ command line over them. Modules, one job each:
 * :mod:`~tito_core.runner.servers`: routing between inference servers;
 * :mod:`~tito_core.runner.executor`: the seam between the run and where rollouts execute;
 * :mod:`~tito_core.runner.records`: the file format;
+* :mod:`~tito_core.runner.staleness`: how far a record's weights are behind the trainer's;
 * :mod:`~tito_core.runner.summary` and :mod:`~tito_core.runner.progress`: reporting.
 """
 

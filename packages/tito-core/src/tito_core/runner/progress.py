@@ -27,7 +27,7 @@ class Reporter(Protocol):
         """A rollout started."""
 
     def record(self, record: RolloutRecord, stats: RunStats) -> None:
-        """A record was written."""
+        """A record was written, or dropped as stale (:meth:`RunStats.was_dropped`)."""
 
     def finish(self, summary: RunSummary) -> None:
         """The run ended (completely or not: ``summary.interrupted``)."""
@@ -50,7 +50,10 @@ class QuietReporter:
 
 
 class JsonReporter(QuietReporter):
-    """One JSON object per line: ``start``, one ``rollout`` per record, ``summary``."""
+    """One JSON object per line: ``start``, one ``rollout`` per finished rollout, ``summary``.
+
+    A ``rollout`` line of a stale rollout that was not written (``rollout.stale = "drop"``) has ``"dropped": true``.
+    """
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
@@ -76,7 +79,12 @@ class JsonReporter(QuietReporter):
                 "server": record.server,
                 "output_tokens": record.tokens.output,
                 "wall_s": round(record.timings.wall_s, 4),
-                "done": stats.written,
+                "weight_version_min": record.weight_version_min,
+                "weight_version_max": record.weight_version_max,
+                "staleness": record.staleness,
+                "stale": record.stale,
+                "dropped": stats.was_dropped(record),
+                "done": stats.done,
                 "in_flight": stats.in_flight,
             }
         )
@@ -117,9 +125,10 @@ class RichReporter:
     def _line(self, stats: RunStats) -> str:
         mean = stats.mean_reward()
         reward = "-" if mean is None else f"{mean:.3f}"
+        stale = f"  stale {stats.stale + stats.dropped}" if stats.max_staleness is not None else ""
         return (
-            f"in flight {stats.in_flight}  failed {stats.failed}  {stats.written / stats.elapsed:.2f} rollouts/s  "
-            f"{stats.output_tokens / stats.elapsed:,.0f} tok/s  reward {reward}"
+            f"in flight {stats.in_flight}  failed {stats.failed}{stale}  {stats.written / stats.elapsed:.2f} "
+            f"rollouts/s  {stats.output_tokens / stats.elapsed:,.0f} tok/s  reward {reward}"
         )
 
     def started(self, stats: RunStats) -> None:
@@ -130,13 +139,29 @@ class RichReporter:
     def record(self, record: RolloutRecord, stats: RunStats) -> None:
         """Advance the bar."""
         if self._progress is not None:
-            self._progress.update(self._task, completed=stats.written, line=self._line(stats))
+            self._progress.update(self._task, completed=stats.done, line=self._line(stats))
 
     def finish(self, summary: RunSummary) -> None:
         """Stop the bar and print the summary table."""
         if self._progress is not None:
             self._progress.stop()
         self.console.print(summary_table(summary))
+
+
+def _version_line(summary: RunSummary) -> str:
+    low, high = summary.weight_version_min, summary.weight_version_max
+    span = "- (none reported)" if low is None or high is None else (low if low == high else f"{low}..{high}")
+    return span if summary.current_version is None else f"{span} (current {summary.current_version})"
+
+
+def _stale_line(summary: RunSummary) -> str:
+    """How many rollouts were stale, and what became of them."""
+    limit = f"more than {summary.max_staleness} versions behind {summary.current_version}"
+    if summary.dropped:
+        return f"{summary.dropped} dropped ({limit}; not written, a rerun runs them again)"
+    if summary.stale:
+        return f"{summary.stale} marked stale ({limit}; written with stale=true)"
+    return f"none ({limit})"
 
 
 def summary_table(summary: RunSummary) -> Any:
@@ -163,6 +188,9 @@ def summary_table(summary: RunSummary) -> Any:
             f"  std {num(summary.file_reward_std)}",
         )
     head.add_row("tokens", f"{summary.total_tokens:,} total, {summary.output_tokens:,} generated")
+    head.add_row("weight versions", _version_line(summary))
+    if summary.max_staleness is not None:
+        head.add_row("stale", _stale_line(summary))
     head.add_row(
         "throughput",
         f"{summary.rollouts_per_s:.2f} rollouts/s, {summary.output_tokens_per_s:,.1f} output tok/s "

@@ -46,6 +46,7 @@ from .records import RolloutRecord, arrow_schema, record_to_row
 from .run import group_advantages, prepare_config
 from .samples import ExportFormat, training_rows
 from .servers import ServerPool
+from .staleness import with_staleness
 from .worker import RolloutWorker
 
 __all__ = ["RayExecutor", "RolloutActor", "RolloutBatches"]
@@ -356,6 +357,10 @@ class RolloutBatches:
         ds.map_batches(RolloutBatches, fn_constructor_kwargs={"config": "tito.toml"}, concurrency=4,
                        batch_format="pyarrow")
 
+    With ``rollout.current_version``, each record's staleness is set as the runner sets it; with
+    ``rollout.max_staleness`` and ``rollout.stale = "drop"``, stale rollouts are left out of the returned rows
+    (after the group's advantages, which are computed over the whole group).
+
     With ``samples`` (a trainer format: ``"slime"``, ``"verl"``, ``"trl"`` or ``"agl"``), the rows are training
     samples instead: one per training branch of each rollout, as ``tito export`` writes them
     (:func:`~tito_core.runner.samples.training_rows`, with the config's ``rollout.branch_reward``).
@@ -409,12 +414,15 @@ class RolloutBatches:
         await LocalExecutor(settings.concurrency).run(items, worker, keep)
         order = {task.id: n for n, task in enumerate(tasks)}
         done.sort(key=lambda r: (order[r.task_id], r.sample))
-        if worker.group_reward is None:
-            return done
-        out: list[RolloutRecord] = []
-        # sorted by task, so each group is one run of records; every group runs whole here: nothing earlier
-        for _, group in itertools.groupby(done, key=lambda r: r.task_id):
-            out.extend(await group_advantages(worker.group_reward, list(group), earlier={}))
+        out: list[RolloutRecord] = done
+        if worker.group_reward is not None:
+            out = []
+            # sorted by task, so each group is one run of records; every group runs whole here: nothing earlier
+            for _, group in itertools.groupby(done, key=lambda r: r.task_id):
+                out.extend(await group_advantages(worker.group_reward, list(group), earlier={}))
+        out = [with_staleness(r, settings.current_version, settings.max_staleness) for r in out]
+        if settings.stale == "drop":
+            out = [r for r in out if not r.stale]
         return out
 
     def __del__(self) -> None:

@@ -115,6 +115,11 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
         weight_version_min: The oldest weight version of the rollout's generated tokens, every branch included
             (order: :func:`tito_core.versions.version_key`); None when the backend reported no versions.
         weight_version_max: The newest one; None likewise.
+        staleness: Versions between ``rollout.current_version`` and ``weight_version_min`` when the record was
+            written (:func:`tito_core.runner.staleness.staleness`); None without a current version, or when the
+            versions are not integers.
+        stale: True when ``staleness`` exceeded ``rollout.max_staleness`` and ``rollout.stale = "mark"`` kept the
+            record: a trainer filters these out (with ``"drop"``, stale records are not written at all).
     """
 
     task_id: str
@@ -130,6 +135,8 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
     server: str | None = None
     weight_version_min: str | None = None
     weight_version_max: str | None = None
+    staleness: int | None = None
+    stale: bool = False
 
     @property
     def key(self) -> Key:
@@ -671,6 +678,8 @@ def record_from_row(row: dict[str, Any]) -> RolloutRecord:
     """The record of a row written by :func:`record_to_row` (a Parquet or Ray Data row)."""
     fields = dict(row)
     fields["trajectory"] = msgspec.json.decode(fields["trajectory"], type=TrajectoryRecord)
+    if fields.get("stale") is None:  # a part written before the column existed
+        fields["stale"] = False
     return msgspec.convert(fields, RolloutRecord)
 
 
@@ -693,5 +702,7 @@ def arrow_schema(pa: Any) -> Any:
             ("server", pa.string()),
             ("weight_version_min", pa.string()),
             ("weight_version_max", pa.string()),
+            ("staleness", pa.int64()),
+            ("stale", pa.bool_()),
         ]
     )

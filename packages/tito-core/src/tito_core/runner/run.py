@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import TitoConfig, load_config, with_overrides
+from ..config import RolloutSettings, TitoConfig, load_config, with_overrides
 from ..errors import ConfigError, DatasetError
 from .dataset import Task, load_tasks, task_from_row
 from .executor import Executor, LocalExecutor, WorkItem
@@ -35,6 +35,7 @@ from .records import (
     open_writer,
 )
 from .rewards import GroupRewardFn, call_maybe_async
+from .staleness import with_staleness
 from .summary import RunStats, RunSummary
 from .worker import RolloutWorker, import_object
 
@@ -131,13 +132,21 @@ async def arollout(
             _discard_if_empty(Path(output))  # a config error leaves no empty output behind
         raise
     skipped = len(tasks) * settings.group_size - len(items)
-    stats = RunStats(str(output), planned=len(items), skipped=skipped, previous=writer.outcomes())
+    stats = RunStats(
+        str(output),
+        planned=len(items),
+        skipped=skipped,
+        previous=writer.outcomes(),
+        current_version=settings.current_version,
+        max_staleness=settings.max_staleness,
+        drop_stale=settings.stale == "drop",
+    )
     reporter = reporter if reporter is not None else QuietReporter()
     reporter.start(stats)
     interrupted = True
     try:
         group_reward = worker.group_reward if worker is not None else _group_reward(settings.group_reward, base_dir)
-        sink = _Sink(writer, stats, reporter, group_reward, items, writer.outcomes())
+        sink = _Sink(writer, stats, reporter, group_reward, items, writer.outcomes(), settings=settings)
         await sink.settle_resumed([t.id for t in tasks], settings.group_size)
         if worker is not None:
             runner = executor if executor is not None else LocalExecutor(settings.concurrency)
@@ -272,6 +281,10 @@ class _Sink:
 
     No finished record waits for its group: a run killed mid-group keeps every record written, and the rerun
     computes the group's entry (:meth:`settle_resumed`) from the rewards on disk and the new records.
+
+    Each record's staleness is set here, when it is written; a stale one is dropped with ``rollout.stale =
+    "drop"``. A group with a dropped rollout gets no advantages in this run (it is not whole on disk): the rerun
+    that runs the dropped rollout again writes them.
     """
 
     def __init__(
@@ -282,8 +295,15 @@ class _Sink:
         group_reward: GroupRewardFn | None,
         items: Sequence[WorkItem],
         previous: Mapping[Key, Outcome],
+        *,
+        settings: RolloutSettings | None = None,
     ) -> None:
         self.writer = writer
+        settings = settings if settings is not None else RolloutSettings()
+        self.current_version = settings.current_version
+        self.max_staleness = settings.max_staleness
+        self.drop_stale = settings.stale == "drop"
+        self.incomplete: set[str] = set()  # groups with a dropped rollout: no advantages this run
         self.stats = stats
         self.reporter = reporter
         self.group_reward = group_reward
@@ -316,14 +336,30 @@ class _Sink:
 
     async def emit(self, record: RolloutRecord) -> None:
         self.stats.in_flight -= 1
-        self._write(record)
+        record = with_staleness(record, self.current_version, self.max_staleness)
+        dropped = record.stale and self.drop_stale
+        if dropped:
+            logger.info("%s: dropping stale rollout %s/%d (%s versions behind %s)", self.writer.path,
+                        record.task_id, record.sample, record.staleness, self.current_version)  # fmt: skip
+            self.stats.drop(record)
+            self.reporter.record(record, self.stats)
+        else:
+            self._write(record)
         if self.group_reward is None:
             return
         task_id = record.task_id
-        self.rewards[task_id][record.sample] = record.reward
-        self.written[task_id].append(record.status)
+        if dropped:
+            self.incomplete.add(task_id)
+        else:
+            self.rewards[task_id][record.sample] = record.reward
+            self.written[task_id].append(record.status)
         self.expected[task_id] -= 1
         if self.expected[task_id] > 0:
+            return
+        if task_id in self.incomplete:
+            self.incomplete.discard(task_id)
+            self.rewards.pop(task_id, None)
+            self.written.pop(task_id, None)
             return
         entry = await advantage_entry(self.group_reward, task_id, self.rewards.pop(task_id))
         self.writer.write_advantages(entry)

@@ -19,6 +19,7 @@ from ..errors import ConfigError
 from ..export import BranchReward, TrainingBranch, training_branches
 from ..trajectory import Trajectory
 from .records import RolloutRecord
+from .staleness import is_stale
 
 __all__ = ["ExportFormat", "GeneratedTokens", "generated_tokens", "training_rows", "verl_metrics"]
 
@@ -56,19 +57,31 @@ _CONVERTERS: dict[str, Converter] = {
 
 
 def training_rows(
-    records: Iterable[RolloutRecord], to: ExportFormat, *, branch_reward: BranchReward = "shared"
+    records: Iterable[RolloutRecord],
+    to: ExportFormat,
+    *,
+    branch_reward: BranchReward = "shared",
+    current_version: str | int | None = None,
+    max_staleness: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The training rows of ``records``, in order: one per training branch of each (see the module doc).
 
+    With ``max_staleness``, records more than that many versions behind ``current_version`` are skipped
+    (:func:`tito_core.runner.staleness.is_stale`, whatever their ``stale`` mark says).
+
     Raises:
-        ConfigError: An unknown format or ``branch_reward``.
+        ConfigError: An unknown format or ``branch_reward``; ``max_staleness`` without ``current_version``.
     """
+    if max_staleness is not None and current_version is None:
+        raise ConfigError("max_staleness needs current_version: staleness is counted from the current version")
     if to not in get_args(ExportFormat):
         raise ConfigError(f"unknown export format {to!r}; expected one of {list(get_args(ExportFormat))}")
     if branch_reward not in get_args(BranchReward):
         raise ConfigError(f"branch_reward must be one of {list(get_args(BranchReward))}, not {branch_reward!r}")
     convert = _CONVERTERS[to]
     for record in records:
+        if is_stale(record, current_version, max_staleness):
+            continue
         traj = Trajectory.from_record(record.trajectory)
         for branch in training_branches(traj, branch_reward=branch_reward):
             fields = convert(branch, record)

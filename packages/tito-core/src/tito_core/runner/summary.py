@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
+from ..versions import version_range
 from .records import Key, Outcome, RolloutRecord
 
 __all__ = ["GroupStats", "RunStats", "RunSummary"]
@@ -47,6 +48,13 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
         file_statuses: Their statuses.
         file_reward_mean: Their mean reward (over the records that have one).
         file_reward_std: Its population standard deviation.
+        weight_version_min: The oldest weight version of the records this run wrote (None: none reported).
+        weight_version_max: The newest one.
+        current_version: ``rollout.current_version``, as text (None: not set).
+        max_staleness: ``rollout.max_staleness`` (None: off).
+        stale: Stale records this run wrote, marked ``stale`` (``rollout.stale = "mark"``); counted in ``written``.
+        dropped: Stale rollouts this run did not write (``rollout.stale = "drop"``); not in ``written``. A rerun on
+            the same output runs them again.
     """
 
     output: str
@@ -68,13 +76,35 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     file_statuses: dict[str, int] = msgspec.field(default_factory=dict)
     file_reward_mean: float | None = None
     file_reward_std: float | None = None
+    weight_version_min: str | None = None
+    weight_version_max: str | None = None
+    current_version: str | None = None
+    max_staleness: int | None = None
+    stale: int = 0
+    dropped: int = 0
 
 
 class RunStats:
     """Counters updated as rollouts start and finish (one event loop; no locking)."""
 
-    def __init__(self, output: str, planned: int, skipped: int, previous: Mapping[Key, Outcome] | None = None) -> None:
+    def __init__(
+        self,
+        output: str,
+        planned: int,
+        skipped: int,
+        previous: Mapping[Key, Outcome] | None = None,
+        *,
+        current_version: str | int | None = None,
+        max_staleness: int | None = None,
+        drop_stale: bool = False,
+    ) -> None:
         self.output = output
+        self.drop_stale = drop_stale
+        self.current_version = None if current_version is None else str(current_version)
+        self.max_staleness = max_staleness
+        self.stale = 0
+        self.dropped = 0
+        self.versions: set[str] = set()
         self.previous = dict(previous or {})
         self.planned = planned
         self.skipped = skipped
@@ -115,6 +145,22 @@ class RunStats:
         self.output_tokens += record.tokens.output
         if record.server is not None:
             self.servers[record.server] += 1
+        self.versions.update(v for v in (record.weight_version_min, record.weight_version_max) if v is not None)
+        if record.stale:
+            self.stale += 1
+
+    def drop(self, record: RolloutRecord) -> None:
+        """A stale rollout finished and was not written (``rollout.stale = "drop"``)."""
+        self.dropped += 1
+
+    def was_dropped(self, record: RolloutRecord) -> bool:
+        """Whether ``record`` (given to a reporter) was dropped as stale rather than written."""
+        return record.stale and self.drop_stale
+
+    @property
+    def done(self) -> int:
+        """Rollouts of this run that finished: written or dropped."""
+        return self.written + self.dropped
 
     def regrade(self, statuses: Sequence[str], status: str) -> None:
         """Records written with ``statuses`` now read back as ``status`` (their group reward function failed)."""
@@ -130,6 +176,7 @@ class RunStats:
     def summary(self, *, interrupted: bool = False) -> RunSummary:
         """Freeze the counters."""
         wall = self.elapsed
+        versions = version_range(self.versions) or (None, None)
         file_statuses = Counter(status for status, _ in self.previous.values()) + self.statuses
         file_rewards = [reward for _, reward in self.previous.values() if reward is not None] + self.rewards
         groups = []
@@ -163,4 +210,10 @@ class RunStats:
             file_statuses=dict(sorted(file_statuses.items())),
             file_reward_mean=statistics.fmean(file_rewards) if file_rewards else None,
             file_reward_std=statistics.pstdev(file_rewards) if file_rewards else None,
+            weight_version_min=versions[0],
+            weight_version_max=versions[1],
+            current_version=self.current_version,
+            max_staleness=self.max_staleness,
+            stale=self.stale,
+            dropped=self.dropped,
         )

@@ -46,7 +46,9 @@ class ScriptedBackend(Backend):
         context_length: Reported context window (None: unknown).
         delay: Seconds to sleep in each call (to test cancellation and concurrency).
         weight_version: Reported as the weight version of every output token (an attribute: set it to
-            simulate a weight update); None reports no versions, as an engine that says nothing.
+            simulate a weight update); None reports no versions, as an engine that says nothing. A callable
+            is given each request and returns the version of that call (e.g. by ``request.sequence``, which
+            starts with the rollout id).
     """
 
     name = "scripted"
@@ -58,7 +60,7 @@ class ScriptedBackend(Backend):
         *,
         context_length: int | None = None,
         delay: float = 0.0,
-        weight_version: str | None = None,
+        weight_version: str | Callable[[GenerateRequest], str | None] | None = None,
     ) -> None:
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
@@ -125,13 +127,14 @@ class ScriptedBackend(Backend):
             prompt_logprobs=prompt_logprobs,
             prompt_tokens=len(request.input_ids),
             cached_tokens=request.prefix_len,
-            weight_versions=self._versions(len(ids)),
+            weight_versions=self._versions(request, len(ids)),
         )
 
-    def _versions(self, n: int) -> tuple[VersionSpan, ...] | None:
-        if self.weight_version is None:
+    def _versions(self, request: GenerateRequest, n: int) -> tuple[VersionSpan, ...] | None:
+        version = self.weight_version(request) if callable(self.weight_version) else self.weight_version
+        if version is None:
             return None
-        return (VersionSpan(version=self.weight_version, start=0, end=n),) if n else ()
+        return (VersionSpan(version=version, start=0, end=n),) if n else ()
 
 
 def _text(script: Any, request: GenerateRequest) -> str:
