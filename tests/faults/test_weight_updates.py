@@ -5,6 +5,7 @@ that fails halfway leave every engine resumed (or name the one still paused) and
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ def _covered_once(outcome: Outcome) -> list[int]:
         spans = turn.weight_versions
         assert spans is not None, f"turn {turn.index} recorded no versions"
         assert spans[0].start == 0 and spans[-1].end == turn.output_len
-        assert all(a.end == b.start for a, b in zip(spans, spans[1:], strict=False))
+        assert all(a.end == b.start for a, b in itertools.pairwise(spans))
         counts.append(len(spans))
     return counts
 
