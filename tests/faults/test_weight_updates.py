@@ -127,3 +127,16 @@ async def test_a_backend_without_pause_is_refused_before_anything() -> None:
     with pytest.raises(ConfigError, match="has no pause"):
         async with weight_update([ScriptedBackend(load_qwen_tokenizer("qwen3"))]):
             pass
+
+
+async def test_a_runner_pool_updates_every_server(h: Harness, qwen3_tokenizer: Any) -> None:
+    from tito_core.runner.servers import ServerPool
+
+    other = await FaultServer(qwen3_tokenizer).start()
+    try:
+        pool = ServerPool([(h.server.url, h.backend()), (other.url, h.backend(other.url))])
+        async with pool.weight_update(version=5):
+            assert h.server.pauses == other.pauses == ["pause"]
+        assert h.server.pauses == other.pauses == ["pause", "version:5", "resume"]
+    finally:
+        await other.aclose()

@@ -461,3 +461,15 @@ async def test_tool_choice_forces_a_call_with_the_parsers_grammar(
 
 async def test_structured_output_is_forced(sglang_backend: SGLangBackend, tokenizer: Any) -> None:
     await forced_structured_output(sglang_backend, tokenizer)
+
+
+async def test_a_weight_update_in_keep_mode_loses_no_rollout_in_flight(sglang_url: str, tokenizer: Any) -> None:
+    """Eight 3-call agents; ``weight_update`` pauses SGLang in place mid-run, relabels, continues."""
+    from ..weight_updates import check_versions, keep_mode_update
+
+    backend = SGLangBackend(sglang_url, timeout=300.0)
+    try:
+        trajectories = await keep_mode_update(backend, tokenizer, lambda rx: {"regex": rx})
+    finally:
+        await backend.aclose()
+    REPORT.append("weight update in keep mode, 8 rollouts in flight: " + check_versions(trajectories))

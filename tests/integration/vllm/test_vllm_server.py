@@ -504,3 +504,15 @@ async def test_same_greedy_ids_as_sglang(vllm_url: str, tiny_model_dir: Any, qwe
     reason = record_and_compare("vllm", tiny_model_dir, prompt, output)
     if reason:
         pytest.skip(reason)
+
+
+async def test_a_weight_update_in_keep_mode_loses_no_rollout_in_flight(vllm_url: str, qwen3: Any) -> None:
+    """Eight 3-call agents; ``weight_update`` pauses vLLM (``/pause?mode=keep``) mid-run, relabels, resumes."""
+    from ..weight_updates import check_versions, keep_mode_update
+
+    backend = VLLMBackend(vllm_url, endpoint="generate", timeout=300.0)
+    try:
+        trajectories = await keep_mode_update(backend, qwen3, lambda rx: {"structured_outputs": {"regex": rx}})
+    finally:
+        await backend.aclose()
+    REPORT.append("weight update in keep mode, 8 rollouts in flight: " + check_versions(trajectories))
