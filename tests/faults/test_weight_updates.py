@@ -140,3 +140,16 @@ async def test_a_runner_pool_updates_every_server(h: Harness, qwen3_tokenizer: A
         assert h.server.pauses == other.pauses == ["pause", "version:5", "resume"]
     finally:
         await other.aclose()
+
+
+async def test_recompute_mode_is_sglangs_retract_and_vllm_has_none(h: Harness) -> None:
+    backend = h.backend()
+    if h.adapter == "vllm":
+        with pytest.raises(WeightUpdateError, match="cannot pause in 'recompute' mode"):
+            async with weight_update([backend], mode="recompute"):
+                pass
+        assert h.server.pauses == []
+    else:
+        async with weight_update([backend], mode="recompute"):
+            pass
+        assert h.server.pauses == ["pause", "resume"]

@@ -631,3 +631,13 @@ async def test_weight_versions_follow_the_cut_at_a_stop_token() -> None:
         VersionSpan(version="3", start=0, end=2),
         VersionSpan(version="4", start=2, end=3),
     )
+
+
+def test_pause_modes_are_sglangs_in_place_and_retract() -> None:
+    from tito_sglang import _wire
+
+    assert json.loads(_wire.encode_pause("keep")) == {"mode": "in_place"}
+    assert json.loads(_wire.encode_pause("recompute")) == {"mode": "retract"}
+    with pytest.raises(ValueError, match="unknown pause mode 'abort'"):
+        _wire.encode_pause("abort")
+    assert json.loads(_wire.encode_weight_version("3")) == {"new_version": "3", "abort_all_requests": False}

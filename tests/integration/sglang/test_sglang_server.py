@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 
 from tito_core.backend import GenerateRequest, SamplingParams
@@ -473,3 +474,80 @@ async def test_a_weight_update_in_keep_mode_loses_no_rollout_in_flight(sglang_ur
     finally:
         await backend.aclose()
     REPORT.append("weight update in keep mode, 8 rollouts in flight: " + check_versions(trajectories))
+
+
+@pytest.mark.parametrize("mode", ["recompute", "keep"])
+async def test_new_weights_mid_generation_each_token_logprob_is_its_spans_weights(
+    sglang_url: str, sglang_model_dir: Any, tokenizer: Any, mode: str
+) -> None:
+    """Eight 120-token generations in flight; ``weight_update`` loads another checkpoint (``/update_weights_from_disk``)
+    labelled "1". Each recorded logprob is compared with the engine's prompt logprob of that token re-scored under
+    the weights of its span: the new checkpoint for "1" tokens, then the first one again for "default" tokens.
+
+    ``recompute`` (SGLang's ``retract``): every token matches. ``keep`` (``in_place``): the tokens before the
+    update match; those after it were computed over the KV cache of the old weights, and the difference is
+    reported (the reason ``recompute`` exists)."""
+    from tito_core import weight_update
+    from tito_core.testing.tiny_model import build_tiny_qwen3
+
+    second = build_tiny_qwen3(seed=1)
+    backend = SGLangBackend(sglang_url, timeout=300.0)
+
+    async def load(path: Any, version: str) -> None:
+        async with httpx.AsyncClient(base_url=sglang_url, timeout=120.0) as client:
+            body = {"model_path": str(path), "weight_version": version, "abort_all_requests": False,
+                    "flush_cache": mode == "recompute"}  # fmt: skip
+            answer = await client.post("/update_weights_from_disk", json=body)
+            assert answer.status_code == 200 and answer.json().get("success"), answer.text
+
+    prompts = [prompt_ids(tokenizer, f"Tell me a story about the number {n}.") for n in range(8)]
+    sampling = SamplingParams(max_new_tokens=120, temperature=1.0, ignore_eos=True)
+    requests = [
+        GenerateRequest(
+            rid=uuid.uuid4().hex, input_ids=p, prefix_len=0, sampling=msgspec.structs.replace(sampling, seed=n)
+        )
+        for n, p in enumerate(prompts)
+    ]
+    tasks = [asyncio.ensure_future(backend.generate(r)) for r in requests]
+    try:
+        await asyncio.sleep(1.5)  # the generations are under way
+        async with weight_update([backend], version="1", mode=mode):  # type: ignore[arg-type]
+            await load(second, "1")
+        results = await asyncio.gather(*tasks)
+        straddled = [r for r in results if r.weight_versions and len(r.weight_versions) == 2]
+        assert len(straddled) >= 4, [r.weight_versions for r in results]
+
+        async def rescore(request: GenerateRequest, result: Any) -> list[float]:
+            ids = [*request.input_ids, *result.output_ids]
+            again = GenerateRequest(rid=uuid.uuid4().hex, input_ids=ids, prefix_len=len(request.input_ids),
+                                    sampling=SamplingParams(max_new_tokens=1), return_prompt_logprobs=True)  # fmt: skip
+            scored = await backend.generate(again)
+            assert scored.prompt_logprobs is not None
+            return list(scored.prompt_logprobs)
+
+        diffs: dict[str, list[float]] = {"1": [], "default": []}
+        for version, weights in (("1", second), ("default", sglang_model_dir)):
+            if version == "default":
+                await load(weights, "default")
+            for request, result in zip(requests, results, strict=True):
+                scored = await rescore(request, result)
+                for span in result.weight_versions or ():
+                    if span.version == version:
+                        recorded = (result.output_logprobs or [])[span.start : span.end]
+                        again = scored[span.start : span.end]
+                        diffs[version] += [abs(a - b) for a, b in zip(recorded, again, strict=True)]
+        assert sum(map(len, diffs.values())) == sum(len(r.output_ids) for r in results)  # every token checked once
+        assert max(diffs["default"]) < 1e-2, max(diffs["default"])  # bf16, batched differently
+        if mode == "recompute":
+            assert max(diffs["1"]) < 1e-2, max(diffs["1"])
+    finally:
+        for task in tasks:
+            task.cancel()
+        await load(sglang_model_dir, "default")
+        await backend.aclose()
+    REPORT.append(
+        f"new weights mid-generation ({mode}): {len(straddled)} of 8 generations straddled the update, e.g. "
+        f"{[(s.version, s.start, s.end) for s in straddled[0].weight_versions or ()]}; each token re-scored under "
+        f"its span's weights: max |logprob diff| {max(diffs['default']):.2e} over {len(diffs['default'])} old tokens, "
+        f"{max(diffs['1']):.2e} over {len(diffs['1'])} new ones"
+    )

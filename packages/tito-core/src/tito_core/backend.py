@@ -271,6 +271,10 @@ class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
     weight_versions: tuple[VersionSpan, ...] | None = None
 
 
+PauseMode = Literal["keep", "recompute"]
+"""How a paused engine holds its requests in flight (:meth:`Backend.pause_generation`)."""
+
+
 class Backend(abc.ABC):
     """An inference engine client.
 
@@ -302,8 +306,12 @@ class Backend(abc.ABC):
         """The engine's context window in tokens, or None when unknown."""
         return None
 
-    async def pause_generation(self) -> None:
-        """Freeze the requests in flight without aborting them (they go on after :meth:`resume_generation`)."""
+    async def pause_generation(self, mode: PauseMode = "keep") -> None:
+        """Stop generating without aborting the requests in flight (they go on after :meth:`resume_generation`).
+
+        ``keep``: frozen with their KV cache, which they go on from. ``recompute``: put back in the queue, their
+        prompt and the tokens generated so far recomputed when they go on (under the weights loaded meanwhile).
+        """
         raise NotImplementedError(f"{type(self).__name__} cannot pause generation (supports_pause is False)")
 
     async def resume_generation(self) -> None:

@@ -25,7 +25,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable, Sequence
 
-from .backend import Backend
+from .backend import Backend, PauseMode
 from .errors import ConfigError, WeightUpdateError
 
 __all__ = ["weight_update"]
@@ -42,6 +42,7 @@ async def weight_update(
     backends: Iterable[Backend],
     *,
     version: str | int | None = None,
+    mode: PauseMode = "keep",
     resume_attempts: int = 3,
     retry_delay_s: float = 0.5,
 ) -> AsyncIterator[None]:
@@ -50,6 +51,10 @@ async def weight_update(
     Args:
         backends: The engines serving the policy (each a distinct server; every one must ``supports_pause``).
         version: The new weights' version (an int is labelled as its decimal text); None keeps the label.
+        mode: ``keep`` (the requests in flight go on from their KV cache: fastest; their tokens after the update
+            are the new weights' over a prefix cached under the old ones) or ``recompute`` (their prompt and
+            tokens so far are prefilled again under the new weights, so every later token's logprob is the new
+            weights' exactly; SGLang only).
         resume_attempts: Tries per engine to resume it (a lost answer to a resume is tried again).
         retry_delay_s: Seconds between those tries.
 
@@ -66,7 +71,7 @@ async def weight_update(
     paused: list[Backend] = []
     for backend in targets:
         try:
-            await backend.pause_generation()
+            await backend.pause_generation(mode)
         except BaseException as exc:
             left = await _resume(paused, resume_attempts, retry_delay_s)
             raise WeightUpdateError(

@@ -110,8 +110,15 @@ def encode_abort(rid: str) -> bytes:
     return _encoder.encode({"rid": rid})
 
 
-PAUSE_IN_PLACE: Final = b'{"mode":"in_place"}'
-"""``POST /pause_generation``: freeze the running requests in the scheduler, keeping their KV cache."""
+_PAUSE_MODES: Final = {"keep": b'{"mode":"in_place"}', "recompute": b'{"mode":"retract"}'}
+
+
+def encode_pause(mode: str) -> bytes:
+    """``POST /pause_generation``: ``in_place`` keeps the running requests' KV cache, ``retract`` requeues them."""
+    try:
+        return _PAUSE_MODES[mode]
+    except KeyError:
+        raise ValueError(f"unknown pause mode {mode!r}; expected 'keep' or 'recompute'") from None
 
 
 def encode_weight_version(version: str) -> bytes:

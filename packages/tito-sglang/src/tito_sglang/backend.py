@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Unpack
 
 import msgspec
 
-from tito_core.backend import GenerateRequest, GenerateResult
+from tito_core.backend import GenerateRequest, GenerateResult, PauseMode
 from tito_core.errors import BackendError, BackendResponseError
 from tito_core.http import HttpBackend, HttpOptions
 from tito_sglang import _wire
@@ -162,9 +162,13 @@ class SGLangBackend(HttpBackend):
 
     # -- weight updates (tito_core.weights.weight_update) ------------------------------------------
 
-    async def pause_generation(self) -> None:
-        """``POST /pause_generation`` in place: running requests freeze with their KV cache, none is aborted."""
-        await self._http.post("/pause_generation", _wire.PAUSE_IN_PLACE)
+    async def pause_generation(self, mode: PauseMode = "keep") -> None:
+        """``POST /pause_generation``; no request is aborted.
+
+        ``keep`` is SGLang's ``in_place`` (requests freeze with their KV cache), ``recompute`` its ``retract``
+        (requests go back to the queue and are prefilled again on resume).
+        """
+        await self._http.post("/pause_generation", _wire.encode_pause(mode))
 
     async def resume_generation(self) -> None:
         """``POST /continue_generation``: the frozen requests go on."""

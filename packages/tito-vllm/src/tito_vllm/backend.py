@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Literal, TypeVar, Unpack
 
 import msgspec
 
-from tito_core.backend import FinishReason, GenerateRequest, GenerateResult, SamplingParams
+from tito_core.backend import FinishReason, GenerateRequest, GenerateResult, PauseMode, SamplingParams
 from tito_core.errors import BackendError, BackendResponseError, ConfigError, ContextLengthError
 from tito_core.http import HttpBackend, HttpOptions
 from tito_core.versions import decode_spans
@@ -113,8 +113,14 @@ class _VLLMServer(HttpBackend):
 
     # -- weight updates (tito_core.weights.weight_update; the routes need VLLM_SERVER_DEV_MODE=1) ----------
 
-    async def pause_generation(self) -> None:
-        """``POST /pause?mode=keep``: requests in flight freeze in the queue and go on at :meth:`resume_generation`."""
+    async def pause_generation(self, mode: PauseMode = "keep") -> None:
+        """``POST /pause?mode=keep``: requests in flight freeze with their KV cache until the resume.
+
+        vLLM 0.32 has no pause that recomputes the requests in flight (``mode="recompute"``): its other modes
+        wait for them or abort them.
+        """
+        if mode != "keep":
+            raise ConfigError(f"vLLM cannot pause in {mode!r} mode: its pause keeps the KV cache (mode='keep')")
         await self._http.post("/pause?mode=keep", b"")
 
     async def resume_generation(self) -> None:

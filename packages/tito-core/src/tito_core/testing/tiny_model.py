@@ -44,7 +44,7 @@ _ROPE_THETA = 1_000_000.0
 _MARKER = "model.safetensors"
 
 
-def build_tiny_qwen3(out_dir: str | os.PathLike[str] | None = None) -> Path:
+def build_tiny_qwen3(out_dir: str | os.PathLike[str] | None = None, *, seed: int = _SEED) -> Path:
     """Build (once) the tiny random Qwen3 model and return its directory.
 
     The directory holds ``config.json``, ``generation_config.json`` (eos ids ``[151645, 151643]``, no
@@ -53,20 +53,24 @@ def build_tiny_qwen3(out_dir: str | os.PathLike[str] | None = None) -> Path:
 
     Args:
         out_dir: Where to put it. ``None`` uses the shared cache,
-            ``cache_root() / "models" / "tiny-qwen3-v<N>"``. An existing complete build is reused.
+            ``cache_root() / "models" / "tiny-qwen3-v<N>"`` (``...-seed<S>`` for another seed). An existing
+            complete build is reused.
+        seed: The weights' random seed: another seed gives another checkpoint of the same architecture and
+            tokenizer (a weight update to load in a test).
 
     Returns:
         The model directory.
 
     """
-    target = Path(out_dir) if out_dir is not None else cache_root() / "models" / f"tiny-qwen3-v{_BUILD_VERSION}"
+    name = f"tiny-qwen3-v{_BUILD_VERSION}" + ("" if seed == _SEED else f"-seed{seed}")
+    target = Path(out_dir) if out_dir is not None else cache_root() / "models" / name
     if (target / _MARKER).is_file():
         return target
     tokenizer_dir = qwen_tokenizer_dir("qwen3")  # outside the staging dir: it has its own cache
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        _build(staging, tokenizer_dir)
+        _build(staging, tokenizer_dir, seed)
         _publish(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -88,7 +92,7 @@ def _publish(staging: Path, target: Path) -> None:
         os.replace(path, target / path.name)
 
 
-def _build(out: Path, tokenizer_dir: Path) -> None:
+def _build(out: Path, tokenizer_dir: Path, seed: int) -> None:
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
 
@@ -111,7 +115,7 @@ def _build(out: Path, tokenizer_dir: Path) -> None:
     else:
         settings["rope_theta"] = _ROPE_THETA
     config = Qwen3Config(**settings)
-    torch.manual_seed(_SEED)
+    torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     model.save_pretrained(str(out), safe_serialization=True)
     # eos/pad ids only: no sampling defaults, so an engine's own defaults (temperature 1, no top-k/p) apply.
