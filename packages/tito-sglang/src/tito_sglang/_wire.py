@@ -214,7 +214,7 @@ def decode_generate(
                 "logprobs were requested but meta_info.output_token_logprobs is missing",
                 "meta_info.output_token_logprobs",
             )
-        entry_ids = [e[1] for e in entries]
+        logprobs, entry_ids = _split_entries(entries)
         if entry_ids != output_ids:
             raise _response_error(
                 f"output_token_logprobs ids {entry_ids[:8]}... do not match output_ids "
@@ -222,7 +222,6 @@ def decode_generate(
                 "meta_info.output_token_logprobs",
                 entry_ids[:8],
             )
-        logprobs = [e[0] for e in entries]
         if None in logprobs:
             raise _response_error("output_token_logprobs holds a null logprob", "meta_info.output_token_logprobs")
         output_logprobs = logprobs  # type: ignore[assignment]
@@ -290,6 +289,14 @@ def decode_generate(
         routed_experts_shape=shape,
         weight_versions=versions,
     )
+
+
+def _split_entries(entries: list[LogprobEntry]) -> tuple[list[float | None], list[int]]:
+    """The logprobs and the ids of ``[logprob, id, text]`` triples (transposed in C, not per entry in Python)."""
+    if not entries:
+        return [], []
+    logprobs, ids, _ = zip(*entries, strict=True)
+    return list(logprobs), list(ids)
 
 
 def _stop_token_cut(request: GenerateRequest, output_ids: list[int]) -> int | None:
