@@ -11,6 +11,7 @@ import base64
 import binascii
 import sys
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any, Final
 
 import msgspec
@@ -23,6 +24,7 @@ from tito_sglang._sessions import Session
 BACKEND_NAME: Final = "sglang"
 
 _encoder = msgspec.json.Encoder()
+_LOGPROB, _ID = attrgetter("logprob"), attrgetter("id")
 
 # -- request ---------------------------------------------------------------------------------------
 
@@ -112,7 +114,17 @@ def encode_abort(rid: str) -> bytes:
 
 # -- response --------------------------------------------------------------------------------------
 
-LogprobEntry = tuple[float | None, int, str | None]
+
+class LogprobEntry(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):
+    """One ``[logprob, id, text]`` triple of ``meta_info.*_token_logprobs``.
+
+    A struct outside the garbage collector: a long output has one triple per token, and as tuples they made the
+    collector sweep the whole process every few thousand tokens.
+    """
+
+    logprob: float | None
+    id: int
+    text: str | None
 
 
 class FinishReasonView(msgspec.Struct):
@@ -292,11 +304,8 @@ def decode_generate(
 
 
 def _split_entries(entries: list[LogprobEntry]) -> tuple[list[float | None], list[int]]:
-    """The logprobs and the ids of ``[logprob, id, text]`` triples (transposed in C, not per entry in Python)."""
-    if not entries:
-        return [], []
-    logprobs, ids, _ = zip(*entries, strict=True)
-    return list(logprobs), list(ids)
+    """The logprobs and the ids of ``[logprob, id, text]`` triples (picked in C, not per entry in Python)."""
+    return list(map(_LOGPROB, entries)), list(map(_ID, entries))
 
 
 def _stop_token_cut(request: GenerateRequest, output_ids: list[int]) -> int | None:
@@ -335,15 +344,15 @@ def _prompt_logprobs(meta: MetaInfoView, request: GenerateRequest) -> list[float
             len(entries),
         )
     for offset, entry in enumerate(entries):
-        if entry[1] != input_ids[start + offset]:
+        if entry.id != input_ids[start + offset]:
             raise _response_error(
-                f"input_token_logprobs id {entry[1]} at position {start + offset} does not match the "
+                f"input_token_logprobs id {entry.id} at position {start + offset} does not match the "
                 f"prompt id {input_ids[start + offset]}",
                 "meta_info.input_token_logprobs",
-                entry[1],
+                entry.id,
             )
     skip = request.prefix_len - start
-    return [entry[0] for entry in entries[skip:]]
+    return [entry.logprob for entry in entries[skip:]]
 
 
 def decode_routed_experts(
