@@ -2,7 +2,8 @@
 
 ``tito-httpx`` is tito sending through ``httpx.AsyncHTTPTransport`` (httpcore) instead of its own
 connection pool, for comparison; ``tito-before`` is tito from another source tree (``run.py --baseline``, put
-first on ``PYTHONPATH``), to compare a change with what it replaces in the same run. Runs in the
+first on ``PYTHONPATH``), to compare a change with what it replaces in the same run; ``tito-sessions`` is tito
+with ``session="on"`` (the fake server keeps sessions as SGLang does: only new ids are sent). Runs in the
 interpreter that has the implementation installed (the peer needs Python >= 3.12), reads one
 JSON command per line on stdin and answers one ``RESULT <json>`` line on stdout. Every command runs on
 the same event loop, so shared HTTP clients stay warm between commands.
@@ -249,8 +250,10 @@ class Client:
                 transport = httpx.AsyncHTTPTransport(
                     limits=httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
                 )
-            # The fake server has no sessions (404 on /open_session): "off" compares like with like, no probe.
-            self.shared = SGLangBackend(url, timeout=600.0, transport=transport, session="off")
+            # "off": every call sends the whole trajectory, as strands-sglang does; "tito-sessions" keeps each
+            # rollout in a (fake) SGLang session and sends only the new ids.
+            session = "on" if self.impl == "tito-sessions" else "off"
+            self.shared = SGLangBackend(url, timeout=600.0, transport=transport, session=session)
         elif self.impl == "peer":
             from strands_sglang import SGLangClient
 

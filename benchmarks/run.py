@@ -39,10 +39,11 @@ sys.path.insert(0, str(HERE))
 
 from workload import SIZES, Workload  # noqa: E402
 
-IMPLS = ("noop", "tito", "tito-before", "tito-httpx", "peer")
+IMPLS = ("noop", "tito", "tito-sessions", "tito-before", "tito-httpx", "peer")
 NAMES = {
     "noop": "no-op floor",
     "tito": "tito",
+    "tito-sessions": "tito, SGLang sessions",
     "tito-before": "tito (before)",
     "tito-httpx": "tito through httpx",
     "peer": "strands-sglang",
@@ -238,7 +239,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
         plan = [(size, levels, impls) for size in conc_sizes]
         # strands-sglang's client fails 1,000 rollouts at once (connection timeouts): the lag runs leave it out
-        plan += [(size, lag_levels, [i for i in impls if i != "peer"]) for size in lag_sizes if lag_levels]
+        plan += [
+            (size, lag_levels, [i for i in impls if i not in ("peer", "tito-sessions")])
+            for size in lag_sizes
+            if lag_levels
+        ]
         for size, size_levels, size_impls in plan:
             workload = Workload.for_size(size, args.calls)
             post_json(url + "/configure", workload.as_dict())
@@ -369,15 +374,17 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
     lines.append("")
     extra = any("tito-httpx" in by for lv in report["throughput"].values() for by in lv.values())
     before = any("tito-before" in by for lv in report["throughput"].values() for by in lv.values())
+    sessions = any("tito-sessions" in by for lv in report["throughput"].values() for by in lv.values())
     lines.append(
         "| size | concurrent rollouts | no-op floor calls/s | tito calls/s | strands-sglang calls/s | tito / peer |"
         + (" tito (before) calls/s |" if before else "")
+        + (" tito, SGLang sessions calls/s |" if sessions else "")
         + (" tito through httpx calls/s |" if extra else "")
         + " max loop lag ms (floor / tito / peer"
         + (" / before" if before else "")
         + ") |"
     )
-    lines.append("|---|---|---|---|---|---|---|" + ("---|" if before else "") + ("---|" if extra else ""))
+    lines.append("|---|---|---|---|---|---|---|" + ("---|" * (before + sessions + extra)))
     for size, by_level in report["throughput"].items():
         for level, by_impl in by_level.items():
             get = {impl: by_impl[impl]["calls_per_s"] for impl in by_impl}
@@ -386,6 +393,7 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
                 f"| {SIZES.get(int(size), size)} | {level} | {fmt(get.get('noop'), 0)} | {fmt(get.get('tito'), 0)} | "
                 f"{fmt(get.get('peer'), 0)} | {fmt(ratio(get.get('tito'), get.get('peer')), 1)} |"
                 + (f" {fmt(get.get('tito-before'), 0)} |" if before else "")
+                + (f" {fmt(get.get('tito-sessions'), 0)} |" if sessions else "")
                 + (f" {fmt(get.get('tito-httpx'), 0)} |" if extra else "")
                 + f" {fmt(lag.get('noop'), 0)} / {fmt(lag.get('tito'), 0)} / {fmt(lag.get('peer'), 0)}"
                 + (f" / {fmt(lag.get('tito-before'), 0)}" if before else "")
