@@ -362,7 +362,8 @@ def docs(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Performance: tito vs strands-sglang on a fake SGLang server, the no-op Strands floor, and client time on
     the real CPU engines (docs/performance.md). Not a test. `nox -s bench -- --repeats 3` passes options to
-    benchmarks/run.py; TITO_BENCH_REAL=0 skips the real engines."""
+    benchmarks/run.py (`-- --profile 128000`: only a cProfile of tito at 137k, under benchmarks/results/);
+    TITO_BENCH_REAL=0 skips the real engines."""
     from pathlib import Path
 
     install_core(session, ADAPTERS["sglang"], ADAPTERS["vllm"])
@@ -380,6 +381,8 @@ def bench(session: nox.Session) -> None:
         session.warn("No Python >= 3.12 interpreter here: strands-sglang (which needs one) is NOT measured.")
         args = ["--no-peer", *args]
     session.run("python", "benchmarks/run.py", *args)
+    if "--profile" in args:  # a profile only: benchmarks/results/profile-tito-<size>.pstats and .txt
+        return
     session.run("python", "benchmarks/rollouts.py")  # the rollout runner at 64 and 512 concurrent rollouts
     session.install("-e", f"{CORE}[ray]")
     session.run("python", "benchmarks/ray_rollouts.py")  # local vs Ray with 1 and 2 workers (docs/scaling.md)

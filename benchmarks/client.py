@@ -1,7 +1,9 @@
 """One benchmark client (``tito``, ``peer`` = strands-sglang, or ``noop``) serving commands from the runner.
 
 ``tito-httpx`` is tito sending through ``httpx.AsyncHTTPTransport`` (httpcore) instead of its own
-connection pool, for comparison. Runs in the
+connection pool, for comparison; ``tito-before`` is tito from another source tree (``run.py --baseline``, put
+first on ``PYTHONPATH``), to compare a change with what it replaces in the same run; ``tito-sessions`` is tito
+with ``session="on"`` (the fake server keeps sessions as SGLang does: only new ids are sent). Runs in the
 interpreter that has the implementation installed (the peer needs Python >= 3.12), reads one
 JSON command per line on stdin and answers one ``RESULT <json>`` line on stdout. Every command runs on
 the same event loop, so shared HTTP clients stay warm between commands.
@@ -13,15 +15,21 @@ Commands:
     Strands' handling of the events) and the server's handler time; per rollout the ``invoke_async``
     wall time, the tool time, the tokenizer time and the bytes the stored trajectory takes.
     ``{"op": "throughput", "workload": {...}, "concurrency": C, "url": URL}``: C rollouts at once
-    from this process (one model and agent each, one shared HTTP client); wall time and model calls.
+    from this process (one model and agent each, one shared HTTP client); wall time, model calls and the
+    largest event-loop lag (how late a 10 ms timer fired) while they ran.
+    ``{"op": "profile", "workload": {...}, "repeats": R, "url": URL, "out": PATH}``: R rollouts under cProfile
+    (after a warm-up); the stats go to ``PATH`` (``.pstats``) and the top 30 by own time to ``PATH`` + ``.txt``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import cProfile
 import gc
+import io
 import json
 import os
+import pstats
 import sys
 import time
 import types
@@ -242,7 +250,10 @@ class Client:
                 transport = httpx.AsyncHTTPTransport(
                     limits=httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
                 )
-            self.shared = SGLangBackend(url, timeout=600.0, transport=transport)
+            # "off": every call sends the whole trajectory, as strands-sglang does; "tito-sessions" keeps each
+            # rollout in a (fake) SGLang session and sends only the new ids.
+            session = "on" if self.impl == "tito-sessions" else "off"
+            self.shared = SGLangBackend(url, timeout=600.0, transport=transport, session=session)
         elif self.impl == "peer":
             from strands_sglang import SGLangClient
 
@@ -328,15 +339,55 @@ class Client:
         await self.rollout(workload, Timings())  # warm-up
         self.drain()
         gc.collect()
+        lags: list[float] = [0.0]
+        monitor = asyncio.ensure_future(loop_lag(lags))
         started = time.perf_counter()
-        await asyncio.gather(*(self.rollout(workload, Timings()) for _ in range(concurrency)))
+        try:
+            await asyncio.gather(*(self.rollout(workload, Timings()) for _ in range(concurrency)))
+        finally:
+            monitor.cancel()
         wall = time.perf_counter() - started
         server = self.drain()
-        return {"wall": wall, "calls": concurrency * workload.calls, "server": sum(server)}
+        return {"wall": wall, "calls": concurrency * workload.calls, "server": sum(server), "lag": max(lags)}
+
+    async def profile(self, workload: Workload, repeats: int, out: str) -> dict[str, Any]:
+        """The ``profile`` command: ``repeats`` rollouts under cProfile, written to ``out`` (+ ``.txt``)."""
+        await self.rollout(workload, Timings())  # warm-up
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(repeats):
+            await self.rollout(workload, Timings())
+        profiler.disable()
+        self.drain()
+        profiler.dump_stats(out)
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+        Path(out + ".txt").write_text(text.getvalue())
+        return {"pstats": out, "text": out + ".txt", "calls": repeats * workload.calls}
+
+    async def aclose(self) -> None:
+        """Close the shared HTTP client (no "Unclosed client session" warning at exit)."""
+        close = getattr(self.shared, "aclose", None) or getattr(self.shared, "close", None)
+        if close is not None:
+            done = close()
+            if asyncio.iscoroutine(done):
+                await done
 
     def drain(self) -> list[float]:
         """The server's handler times since the last drain."""
         return server_times(self.url) if self.url and self.impl != "noop" else []
+
+
+LAG_TICK = 0.01
+
+
+async def loop_lag(lags: list[float]) -> None:
+    """Append how late each 10 ms sleep wakes up (the event loop's lag) until cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        started = loop.time()
+        await asyncio.sleep(LAG_TICK)
+        lags.append(loop.time() - started - LAG_TICK)
 
 
 def main() -> None:
@@ -348,6 +399,7 @@ def main() -> None:
     handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
         "latency": lambda c: client.latency(Workload(**c["workload"]), int(c["repeats"]), bool(c.get("warmup", True))),
         "throughput": lambda c: client.throughput(Workload(**c["workload"]), int(c["concurrency"])),
+        "profile": lambda c: client.profile(Workload(**c["workload"]), int(c["repeats"]), str(c["out"])),
     }
     for line in sys.stdin:
         if not line.strip():
@@ -360,6 +412,7 @@ def main() -> None:
             print("RESULT " + json.dumps(result), flush=True)
         except Exception as exc:  # reported to the runner, which decides
             print("ERROR " + json.dumps(f"{type(exc).__name__}: {exc}"), flush=True)
+    loop.run_until_complete(client.aclose())
     loop.close()
 
 

@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import time
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,25 @@ CONTEXT_LENGTH = 262144
 _MAX_HEADER = 64 * 1024
 
 
+class _SessionParams(msgspec.Struct):
+    id: str
+    rid: str | None = None
+
+
 class _GenerateBody(msgspec.Struct):
     input_ids: list[int]
     rid: str | None = None
     return_logprob: bool = False
     logprob_start_len: int | None = None
+    session_params: _SessionParams | None = None
+
+
+class _Session(msgspec.Struct):
+    """What SGLang keeps per session: the last request's id and its whole sequence (prompt and output)."""
+
+    rid: str | None = None
+    tokens: array = msgspec.field(default_factory=lambda: array("i"))
+    tool_responses: int = 0
 
 
 class _Canned(msgspec.Struct):
@@ -61,12 +76,15 @@ class FakeSGLang:
         self.canned: dict[int, _Canned] = {}
         self.handler_times: list[float] = []
         self.requests = 0
+        self.sessions: dict[str, _Session] = {}
         self._decoder = msgspec.json.Decoder(_GenerateBody)
         self._encoder = msgspec.json.Encoder()
         self.routes: dict[tuple[str, str], Callable[[bytes], tuple[int, bytes]]] = {
             ("POST", "/generate"): self.generate,
             ("POST", "/configure"): self.configure,
             ("POST", "/abort_request"): lambda _body: (200, b"{}"),
+            ("POST", "/open_session"): self.open_session,
+            ("POST", "/close_session"): self.close_session,
             ("GET", "/stats"): self.stats,
             ("GET", "/health"): lambda _body: (200, b"ok"),
             ("GET", "/server_info"): lambda _body: (
@@ -106,15 +124,43 @@ class FakeSGLang:
         times, self.handler_times = self.handler_times, []
         return 200, self._encoder.encode(times)
 
+    def open_session(self, body: bytes) -> tuple[int, bytes]:
+        """``/open_session``: answers the session id (the one asked for, else a new one)."""
+        asked = msgspec.json.decode(body).get("session_id") or f"session-{len(self.sessions)}-{time.monotonic_ns()}"
+        self.sessions[asked] = _Session()
+        return 200, self._encoder.encode(asked)
+
+    def close_session(self, body: bytes) -> tuple[int, bytes]:
+        """``/close_session``: forget the session."""
+        self.sessions.pop(msgspec.json.decode(body).get("session_id"), None)
+        return 200, b"{}"
+
+    def _prompt(self, request: _GenerateBody) -> tuple[Any, int, _Session | None] | tuple[None, str, None]:
+        """The whole prompt (session prefix + sent ids), its ``<tool_response>`` count and the session, or an error."""
+        ids, params = request.input_ids, request.session_params
+        if params is None:
+            return ids, ids.count(TOOL_RESPONSE), None
+        session = self.sessions.get(params.id)
+        if session is None or params.rid != session.rid:
+            return None, f"session {params.id!r} does not continue from {params.rid!r}", None
+        prompt = array("i", session.tokens) if params.rid is not None else array("i")
+        prompt.extend(ids)
+        return prompt, session.tool_responses + ids.count(TOOL_RESPONSE), session
+
     def generate(self, body: bytes) -> tuple[int, bytes]:
-        """One non-streaming ``/generate``."""
+        """One non-streaming ``/generate`` (in a session: the session's sequence followed by the sent ids)."""
         started = time.perf_counter()
         request = self._decoder.decode(body)
         if self.workload is None:
             return 503, b'{"error": "not configured: POST /configure first"}'
-        ids = request.input_ids
-        turn = min(ids.count(TOOL_RESPONSE), self.workload.calls - 1)
+        ids, count, session = self._prompt(request)
+        if ids is None:
+            return 400, self._encoder.encode({"error": count})
+        turn = min(int(count), self.workload.calls - 1)
         canned = self.canned[turn]
+        if session is not None:
+            session.rid, session.tool_responses = request.rid, int(count)
+            session.tokens = ids + array("i", canned.output_ids)  # a new array: ``ids`` is this prompt
         self.requests += 1
         meta: dict[str, Any] = {
             "id": request.rid or f"fake-{self.requests}",

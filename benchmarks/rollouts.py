@@ -42,7 +42,7 @@ def _config(url: str, tokenizer: str, concurrency: int, group_size: int) -> dict
     return {
         "backend": "sglang",
         "tokenizer": tokenizer,
-        "backend_options": {"base_url": url},
+        "backend_options": {"base_url": url, "session": "off"},  # the fake server has no sessions: no probe
         "rollout": {
             "group_size": group_size,
             "concurrency": concurrency,
@@ -60,7 +60,7 @@ async def _bare(url: str, tokenizer: str, rollouts: int, concurrency: int) -> tu
     from tito_core import TitoModel, get_backend, load_tokenizer
 
     tok = load_tokenizer(tokenizer)
-    backend = get_backend("sglang", base_url=url)
+    backend = get_backend("sglang", base_url=url, session="off")
     gate = asyncio.Semaphore(concurrency)
     output = 0
 

@@ -15,6 +15,8 @@ concurrent rollouts from one process. See docs/performance.md for the definition
 Usage:
     python benchmarks/run.py --peer-python /path/to/py312-venv/bin/python
     python benchmarks/run.py --no-peer --sizes 1000,8000 --repeats 3 --concurrency 1,64
+    python benchmarks/run.py --no-peer --profile 128000     # cProfile of tito at 137k, under --results
+    python benchmarks/run.py --baseline /tmp/main           # also tito from another tree ("tito (before)")
 """
 
 from __future__ import annotations
@@ -37,8 +39,15 @@ sys.path.insert(0, str(HERE))
 
 from workload import SIZES, Workload  # noqa: E402
 
-IMPLS = ("noop", "tito", "tito-httpx", "peer")
-NAMES = {"noop": "no-op floor", "tito": "tito", "tito-httpx": "tito through httpx", "peer": "strands-sglang"}
+IMPLS = ("noop", "tito", "tito-sessions", "tito-before", "tito-httpx", "peer")
+NAMES = {
+    "noop": "no-op floor",
+    "tito": "tito",
+    "tito-sessions": "tito, SGLang sessions",
+    "tito-before": "tito (before)",
+    "tito-httpx": "tito through httpx",
+    "peer": "strands-sglang",
+}
 READY_TIMEOUT = 180.0
 COMMAND_TIMEOUT = 900.0
 
@@ -47,9 +56,11 @@ COMMAND_TIMEOUT = 900.0
 class Worker:
     """A child process spoken to with one JSON line per command (bounded waits, never a hang)."""
 
-    def __init__(self, name: str, argv: list[str], ready: str, timeout: float = READY_TIMEOUT) -> None:
+    def __init__(
+        self, name: str, argv: list[str], ready: str, timeout: float = READY_TIMEOUT, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
-        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, env=env)
         self._pending = b""
         self.first = self.read_line(ready, timeout)
 
@@ -182,7 +193,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     conc_sizes = [int(s) for s in args.concurrency_sizes.split(",") if s]
     levels = [int(c) for c in args.concurrency.split(",") if c]
-    impls = [i for i in IMPLS if (i != "peer" or args.peer_python) and (i != "tito-httpx" or args.httpx_transport)]
+    lag_levels = [int(c) for c in args.lag_concurrency.split(",") if c]
+    lag_sizes = [int(s) for s in args.lag_sizes.split(",") if s]
+    impls = [
+        i
+        for i in IMPLS
+        if (i != "peer" or args.peer_python)
+        and (i != "tito-httpx" or args.httpx_transport)
+        and (i != "tito-before" or args.baseline)
+    ]
+    if args.profile:
+        impls = ["tito"]
     report: dict[str, Any] = {"latency": {}, "throughput": {}, "notes": []}
 
     server = Worker(
@@ -193,7 +214,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         url = f"http://127.0.0.1:{int(server.first.split()[1])}"
         for impl in impls:
             python = args.peer_python if impl == "peer" else sys.executable
-            workers[impl] = Worker(impl, [python, str(HERE / "client.py"), impl, tokenizer_dir], "READY")
+            argv = [python, str(HERE / "client.py"), impl, tokenizer_dir]
+            workers[impl] = Worker(impl, argv, "READY", env=worker_env(impl, args.baseline))
+        if args.profile:
+            report["profile"] = profile(workers["tito"], url, args)
+            return report
         for size in sizes:
             workload = Workload.for_size(size, args.calls)
             post_json(url + "/configure", workload.as_dict())
@@ -212,17 +237,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 report["latency"].setdefault(str(size), {})[impl] = summarize_latency(
                     {"rows": rows[impl]}, workload.calls
                 )
-        for size in conc_sizes:
+        plan = [(size, levels, impls) for size in conc_sizes]
+        # strands-sglang's client fails 1,000 rollouts at once (connection timeouts): the lag runs leave it out
+        plan += [
+            (size, lag_levels, [i for i in impls if i not in ("peer", "tito-sessions")])
+            for size in lag_sizes
+            if lag_levels
+        ]
+        for size, size_levels, size_impls in plan:
             workload = Workload.for_size(size, args.calls)
             post_json(url + "/configure", workload.as_dict())
-            for level in levels:
+            for level in size_levels:
                 if level * size > args.max_concurrent_tokens:
                     report["notes"].append(
                         f"skipped {level} concurrent rollouts at {SIZES.get(size, size)}: over "
                         f"--max-concurrent-tokens={args.max_concurrent_tokens:.0f}"
                     )
                     continue
-                for impl in impls:
+                for impl in size_impls:
                     print(f"  calls/s {SIZES.get(size, size)} x{level} {impl} ...", file=sys.stderr, flush=True)
                     raw = workers[impl].call(
                         {"op": "throughput", "workload": workload.as_dict(), "concurrency": level, "url": url}
@@ -231,6 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "calls_per_s": raw["calls"] / raw["wall"],
                         "wall_s": raw["wall"],
                         "server_s": raw["server"],
+                        "lag_ms": 1e3 * raw.get("lag", float("nan")),
                     }
     finally:
         for worker in workers.values():
@@ -243,6 +276,60 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 server.process.kill()
                 server.process.wait(timeout=10)
     return report
+
+
+def worker_env(impl: str, baseline: str) -> dict[str, str] | None:
+    """The environment of a worker: ``tito-before`` imports tito from the ``baseline`` tree first."""
+    if impl != "tito-before":
+        return None
+    packages = Path(baseline).resolve() / "packages"
+    paths = [str(packages / name / "src") for name in ("tito-core", "tito-sglang", "tito-vllm")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")])}
+
+
+def profile(worker: Worker, url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Profile (cProfile) tito's rollouts at ``--profile`` tokens: a ``.pstats`` and its top 30 under ``--results``."""
+    size = int(args.profile)
+    workload = Workload.for_size(size, args.calls)
+    post_json(url + "/configure", workload.as_dict())
+    results = Path(args.results).resolve()
+    results.mkdir(parents=True, exist_ok=True)
+    out = results / f"profile-tito-{SIZES.get(size, size)}.pstats"
+    command = {"op": "profile", "workload": workload.as_dict(), "repeats": args.repeats, "url": url, "out": str(out)}
+    return worker.call(command)
+
+
+def headline(report: dict[str, Any]) -> dict[str, float | None]:
+    """The issue-20 figures of the last line (see docs/performance.md)."""
+    lat, thr = report["latency"], report["throughput"]
+    per_call = [ratio(by["peer"]["client_ms"], by["tito"]["client_ms"]) for by in lat.values() if "peer" in by]
+    calls = [
+        ratio(by["tito"]["calls_per_s"], by["peer"]["calls_per_s"])
+        for levels in thr.values()
+        for level, by in levels.items()
+        if "peer" in by and int(level) in MAIN_LEVELS
+    ]
+
+    def own(size: str) -> float | None:
+        by = lat.get(size, {})
+        if "tito" not in by or "noop" not in by:
+            return None
+        return float(by["tito"]["total_ms"] - by["noop"]["total_ms"] - by["tito"]["tokenizer_ms"])
+
+    at34 = thr.get("32000", {}).get("64", {})
+    lags = [levels["1000"]["tito"]["lag_ms"] for levels in thr.values() if "tito" in levels.get("1000", {})]
+    return {
+        "per_call_ratio_min": min((r for r in per_call if r is not None), default=None),
+        "calls_ratio_min": min((r for r in calls if r is not None), default=None),
+        "own_ms_1k": own("1000"),
+        "own_ms_137k": own("128000"),
+        "floor_share_34k": ratio(at34.get("tito", {}).get("calls_per_s"), at34.get("noop", {}).get("calls_per_s")),
+        "loop_lag_ms_1000": max(lags, default=None),
+    }
+
+
+MAIN_LEVELS = (1, 64, 512)
+"""The concurrency levels of the calls/s comparison (1,000 is run for the event-loop lag)."""
 
 
 def render(report: dict[str, Any], args: argparse.Namespace) -> str:
@@ -286,18 +373,31 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
             )
     lines.append("")
     extra = any("tito-httpx" in by for lv in report["throughput"].values() for by in lv.values())
+    before = any("tito-before" in by for lv in report["throughput"].values() for by in lv.values())
+    sessions = any("tito-sessions" in by for lv in report["throughput"].values() for by in lv.values())
     lines.append(
         "| size | concurrent rollouts | no-op floor calls/s | tito calls/s | strands-sglang calls/s | tito / peer |"
+        + (" tito (before) calls/s |" if before else "")
+        + (" tito, SGLang sessions calls/s |" if sessions else "")
         + (" tito through httpx calls/s |" if extra else "")
+        + " max loop lag ms (floor / tito / peer"
+        + (" / before" if before else "")
+        + ") |"
     )
-    lines.append("|---|---|---|---|---|---|" + ("---|" if extra else ""))
+    lines.append("|---|---|---|---|---|---|---|" + ("---|" * (before + sessions + extra)))
     for size, by_level in report["throughput"].items():
         for level, by_impl in by_level.items():
             get = {impl: by_impl[impl]["calls_per_s"] for impl in by_impl}
+            lag = {impl: by_impl[impl].get("lag_ms") for impl in by_impl}
             lines.append(
                 f"| {SIZES.get(int(size), size)} | {level} | {fmt(get.get('noop'), 0)} | {fmt(get.get('tito'), 0)} | "
                 f"{fmt(get.get('peer'), 0)} | {fmt(ratio(get.get('tito'), get.get('peer')), 1)} |"
+                + (f" {fmt(get.get('tito-before'), 0)} |" if before else "")
+                + (f" {fmt(get.get('tito-sessions'), 0)} |" if sessions else "")
                 + (f" {fmt(get.get('tito-httpx'), 0)} |" if extra else "")
+                + f" {fmt(lag.get('noop'), 0)} / {fmt(lag.get('tito'), 0)} / {fmt(lag.get('peer'), 0)}"
+                + (f" / {fmt(lag.get('tito-before'), 0)}" if before else "")
+                + " |"
             )
     lines.extend(f"note: {note}" for note in report["notes"])
     if not peer:
@@ -307,10 +407,11 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
     per_call = ratio(lat34.get("peer", {}).get("client_ms"), lat34.get("tito", {}).get("client_ms"))
     calls = ratio(thr64.get("tito", {}).get("calls_per_s"), thr64.get("peer", {}).get("calls_per_s"))
     share = lat34["tito"]["total_ms"] - lat34["noop"]["total_ms"] if "tito" in lat34 and "noop" in lat34 else None
+    head = headline(report)
     lines.append("")
     lines.append(
         f"ratio_vs_strands_sglang_per_call_34k={fmt(per_call)} ratio_vs_strands_sglang_calls_per_s_64={fmt(calls)} "
-        f"tito_share_over_floor_34k={fmt(share)}"
+        f"tito_share_over_floor_34k={fmt(share)} " + " ".join(f"{key}={fmt(value)}" for key, value in head.items())
     )
     return "\n".join(lines)
 
@@ -325,6 +426,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed rollouts per size (after one warm-up)")
     parser.add_argument("--concurrency", default="1,64,512", help="concurrent rollouts for calls/s")
     parser.add_argument("--concurrency-sizes", default="1000,8000,32000", help="sizes for the calls/s runs")
+    parser.add_argument("--lag-concurrency", default="1000", help="extra concurrency levels for the event-loop lag")
+    parser.add_argument("--lag-sizes", default="1000", help="sizes of the --lag-concurrency runs")
+    parser.add_argument("--profile", default="", help="only profile tito (cProfile) at this size, e.g. 128000")
+    parser.add_argument("--results", default=str(HERE / "results"), help="where --profile writes its files")
+    parser.add_argument("--baseline", default="", help="a source tree whose tito also runs, as 'tito (before)'")
     parser.add_argument(
         "--max-concurrent-tokens", type=float, default=20e6, help="skip calls/s runs holding more tokens at once"
     )
@@ -353,6 +459,10 @@ def main() -> None:
         "load_average": os.getloadavg(),
         "seconds": time.monotonic() - started,
     }
+    if args.profile:
+        print(Path(report["profile"]["text"]).read_text())
+        print(f"profile: {report['profile']['pstats']} ({report['profile']['calls']} model calls)")
+        return
     text = render(report, args)
     header = (
         f"tito vs strands-sglang, fake SGLang server, Qwen3 tokenizer; python {platform.python_version()}, "

@@ -486,3 +486,14 @@ async def test_create_loads_the_tokenizer_off_the_event_loop(qwen3_tokenizer, tm
     beat.cancel()
     assert ticks > 3  # the loop kept running while the tokenizer loaded
     assert is_tokenizer_cached(path) and len(model.tokenizer) == len(qwen3_tokenizer)
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, 0.5, True, None, "-0.1"], ids=repr)
+def test_logprob_check_refuses_what_the_fast_path_cannot_vouch_for(bad):
+    """The C-level fast path of the logprob check lets nothing through that the per-value check refuses."""
+    from tito_core.errors import BackendResponseError
+    from tito_core.recording import _check_logprobs
+
+    _check_logprobs([-0.5, 0, -1e-7, -30.25] * 100, "b", "output_logprobs", allow_none=False)  # plainly valid
+    with pytest.raises(BackendResponseError, match="position 201"):
+        _check_logprobs([-0.5] * 201 + [bad] + [-0.1] * 50, "b", "output_logprobs", allow_none=False)

@@ -349,6 +349,18 @@ async def test_forced_generate_endpoint_does_not_fall_back() -> None:
     assert info.value.status == 403
 
 
+@pytest.mark.parametrize("endpoint", ["generate", "completions"])
+async def test_prompt_ids_are_sent_as_the_models_json_when_it_keeps_one(endpoint: str) -> None:
+    """The model's cached JSON of the trajectory ids (O(new tokens) per call) is sent byte for byte."""
+    path = "/inference/v1/generate" if endpoint == "generate" else "/v1/completions"
+    fake = FakeVLLM({path: response_of("generate_tokens" if endpoint == "generate" else "completions_tokens")})
+    backend = make(fake, endpoint=endpoint)
+    assert backend.json_input_ids
+    await backend.generate(request(input_ids_json=msgspec.json.encode(PROMPT)))
+    (body,) = fake.bodies(path)
+    assert body["token_ids" if endpoint == "generate" else "prompt"] == PROMPT
+
+
 # -- tokens mode, /v1/completions ------------------------------------------------------------------
 
 

@@ -30,7 +30,7 @@ import uuid
 import weakref
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import msgspec
 from strands.types.content import Message, Messages
@@ -151,9 +151,8 @@ class _IdsJson:
         new = _JSON.encode(list(new_ids))
         if not self.body:
             return new
-        if len(new) == 2:
-            return b"[" + self.body + b"]"
-        return b"[" + self.body + b"," + new[1:]
+        # one join: each ``+`` of a long body would copy all of it again (~0.4 ms per copy at 137k tokens)
+        return b"".join((b"[", self.body, b"]" if len(new) == 2 else b"," + new[1:]))
 
 
 def _assistant_signature(message: Message) -> list[tuple[Any, ...]]:
@@ -233,7 +232,27 @@ def _check_ids(ids: Sequence[int], vocab_size: int, backend: str, field: str) ->
         raise _bad(backend, field, high, f"token id {high} is outside the tokenizer's vocabulary (size {vocab_size})")
 
 
+_NUMBERS = frozenset({float, int})
+
+
+def _plainly_valid(values: Sequence[float | None]) -> bool:
+    """True when every value is a finite float or int <= the slack, checked in C (a 9k-token output: ~0.4 ms).
+
+    All finite and <= 0 makes the sum finite; a NaN or an infinity makes it NaN or infinite. False (also for
+    None entries or a huge sum that overflows) only means "look closer": the loop names the culprit.
+    """
+    if not set(map(type, values)) <= _NUMBERS:
+        return False
+    numbers = cast("Sequence[float]", values)
+    try:
+        return math.isfinite(sum(numbers)) and max(numbers) <= _LOGPROB_SLACK
+    except OverflowError:  # ints too large for a float
+        return False
+
+
 def _check_logprobs(values: Sequence[float | None], backend: str, field: str, *, allow_none: bool) -> None:
+    if len(values) and _plainly_valid(values):
+        return
     for position, value in enumerate(values):
         if value is None:
             if allow_none:

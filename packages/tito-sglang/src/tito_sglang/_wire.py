@@ -11,6 +11,7 @@ import base64
 import binascii
 import sys
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any, Final
 
 import msgspec
@@ -23,6 +24,7 @@ from tito_sglang._sessions import Session
 BACKEND_NAME: Final = "sglang"
 
 _encoder = msgspec.json.Encoder()
+_LOGPROB, _ID = attrgetter("logprob"), attrgetter("id")
 
 # -- request ---------------------------------------------------------------------------------------
 
@@ -128,7 +130,17 @@ def encode_weight_version(version: str) -> bytes:
 
 # -- response --------------------------------------------------------------------------------------
 
-LogprobEntry = tuple[float | None, int, str | None]
+
+class LogprobEntry(msgspec.Struct, array_like=True, forbid_unknown_fields=True, gc=False):
+    """One ``[logprob, id, text]`` triple of ``meta_info.*_token_logprobs``.
+
+    A struct outside the garbage collector: a long output has one triple per token, and as tuples they made the
+    collector sweep the whole process every few thousand tokens.
+    """
+
+    logprob: float | None
+    id: int
+    text: str | None
 
 
 class FinishReasonView(msgspec.Struct):
@@ -230,7 +242,7 @@ def decode_generate(
                 "logprobs were requested but meta_info.output_token_logprobs is missing",
                 "meta_info.output_token_logprobs",
             )
-        entry_ids = [e[1] for e in entries]
+        logprobs, entry_ids = _split_entries(entries)
         if entry_ids != output_ids:
             raise _response_error(
                 f"output_token_logprobs ids {entry_ids[:8]}... do not match output_ids "
@@ -238,7 +250,6 @@ def decode_generate(
                 "meta_info.output_token_logprobs",
                 entry_ids[:8],
             )
-        logprobs = [e[0] for e in entries]
         if None in logprobs:
             raise _response_error("output_token_logprobs holds a null logprob", "meta_info.output_token_logprobs")
         output_logprobs = logprobs  # type: ignore[assignment]
@@ -308,6 +319,11 @@ def decode_generate(
     )
 
 
+def _split_entries(entries: list[LogprobEntry]) -> tuple[list[float | None], list[int]]:
+    """The logprobs and the ids of ``[logprob, id, text]`` triples (picked in C, not per entry in Python)."""
+    return list(map(_LOGPROB, entries)), list(map(_ID, entries))
+
+
 def _stop_token_cut(request: GenerateRequest, output_ids: list[int]) -> int | None:
     """Output length up to the first stop token id, when SGLang could not stop there itself.
 
@@ -344,15 +360,15 @@ def _prompt_logprobs(meta: MetaInfoView, request: GenerateRequest) -> list[float
             len(entries),
         )
     for offset, entry in enumerate(entries):
-        if entry[1] != input_ids[start + offset]:
+        if entry.id != input_ids[start + offset]:
             raise _response_error(
-                f"input_token_logprobs id {entry[1]} at position {start + offset} does not match the "
+                f"input_token_logprobs id {entry.id} at position {start + offset} does not match the "
                 f"prompt id {input_ids[start + offset]}",
                 "meta_info.input_token_logprobs",
-                entry[1],
+                entry.id,
             )
     skip = request.prefix_len - start
-    return [entry[0] for entry in entries[skip:]]
+    return [entry.logprob for entry in entries[skip:]]
 
 
 def decode_routed_experts(

@@ -415,6 +415,7 @@ class VLLMBackend(_VLLMServer):
     """
 
     mode: ClassVar[Mode] = "tokens"
+    json_input_ids: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -464,7 +465,7 @@ class VLLMBackend(_VLLMServer):
         body["sampling_params"] = sampling
         if self.return_prompt_ids:
             body["return_token_ids"] = True
-        body["token_ids"] = _ids(request.input_ids)
+        body["token_ids"] = _prompt_json(request)
         echoed = len(request.input_ids) if self.return_prompt_ids else 0
         limit = self._answer_limit(request, echoed_tokens=echoed)
         response = await self._post(_GENERATE_PATH, body, _wire.GenerateResponse, max_body=limit)
@@ -495,7 +496,7 @@ class VLLMBackend(_VLLMServer):
             body["return_tokens_as_token_ids"] = True
         if request.return_prompt_logprobs:
             body["prompt_logprobs"] = 0
-        body["prompt"] = _ids(request.input_ids)
+        body["prompt"] = _prompt_json(request)
         limit = self._answer_limit(request, echoed_tokens=len(request.input_ids))
         response = await self._post(_COMPLETIONS_PATH, body, _wire.CompletionResponse, max_body=limit)
         self._check_echoed_id(response.id, "cmpl-", request, "id")
@@ -614,6 +615,13 @@ def openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             converted.append(call)
         out.append({**message, "tool_calls": converted})
     return out
+
+
+def _prompt_json(request: GenerateRequest) -> Any:
+    """The prompt ids for the JSON body: the model's JSON of them when it keeps one (O(new tokens) per call)."""
+    if request.input_ids_json is not None:
+        return msgspec.Raw(request.input_ids_json)
+    return _ids(request.input_ids)
 
 
 def _ids(values: Sequence[int]) -> list[int]:
