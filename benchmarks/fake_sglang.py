@@ -83,6 +83,10 @@ class FakeSGLang:
             ("POST", "/generate"): self.generate,
             ("POST", "/configure"): self.configure,
             ("POST", "/abort_request"): lambda _body: (200, b"{}"),
+            # weight updates (benchmarks/weight_update.py): acknowledged at once, nothing is held
+            ("POST", "/pause_generation"): lambda _body: (200, b'{"status":"paused"}'),
+            ("POST", "/continue_generation"): lambda _body: (200, b'{"status":"resumed"}'),
+            ("POST", "/update_weight_version"): lambda _body: (200, b'{"success":true}'),
             ("POST", "/open_session"): self.open_session,
             ("POST", "/close_session"): self.close_session,
             ("GET", "/stats"): self.stats,
