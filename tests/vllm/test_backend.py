@@ -7,6 +7,7 @@ Qwen3 model (``tito_core.testing.tiny_model``); each holds the request that prod
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import struct
 from collections.abc import Callable
@@ -394,6 +395,16 @@ async def test_completions_decodes_ids_logprobs_and_echo() -> None:
     assert result.output_logprobs == choice["logprobs"]["token_logprobs"]
     assert result.prompt_ids == PROMPT
     assert result.finish_reason == "length"
+
+
+async def test_completions_with_more_logprob_tokens_than_output_ids_is_misaligned() -> None:
+    """Found by the fault suite's fuzzing: a ``tokens`` list longer than the output was a bare ValueError."""
+    recorded = copy.deepcopy(response_of("completions_tokens"))
+    logprobs = recorded["choices"][0]["logprobs"]
+    logprobs["tokens"] = [*logprobs["tokens"], "token_id:1"]
+    fake = FakeVLLM({"/v1/completions": recorded})
+    with pytest.raises(BackendResponseError, match="logprob tokens for"):
+        await make(fake, endpoint="completions").generate(request())
 
 
 async def test_completions_stop_string_and_prompt_logprobs() -> None:

@@ -296,6 +296,8 @@ class _VLLMServer(HttpBackend):
     def _check_tagged_tokens(self, tokens: Sequence[str | None], output_ids: list[int], path: str) -> None:
         """With ``return_tokens_as_token_ids`` each logprob names its token as ``token_id:N``: check it."""
         prefix = _wire.TOKEN_ID_PREFIX
+        if len(tokens) != len(output_ids):
+            raise self._misaligned(path, f"{len(tokens)} logprob tokens for {len(output_ids)} output tokens")
         for position, (token, token_id) in enumerate(zip(tokens, output_ids, strict=True)):
             if token is None or not token.startswith(prefix):
                 return  # the server does not tag tokens with ids: the length check is all we can do
