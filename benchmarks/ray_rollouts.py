@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rollouts import _config  # the runner benchmark's config: the fake server, the lookup tool
-from run import Worker, post_json
+from run import fake_server
 from workload import USER_PROMPT, Workload
 
 HERE = Path(__file__).resolve().parent
@@ -63,35 +63,32 @@ def main() -> None:
     from tito_core.testing.tokenizers import qwen_tokenizer_dir
 
     tokenizer = str(qwen_tokenizer_dir("qwen3"))
-    server = Worker("fake server", [sys.executable, str(HERE / "fake_sglang.py"), "--tokenizer", tokenizer], "PORT ")
-    ray.init(
-        num_cpus=args.num_cpus,
-        object_store_memory=128 * 1024 * 1024,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(HERE)}},  # the workers import the `lookup` tool from here
-    )
-    try:
-        url = f"http://127.0.0.1:{int(server.first.split()[1])}"
-        post_json(url + "/configure", Workload.for_size(args.size, args.calls).as_dict())
-        config = _config(url, tokenizer, args.concurrency, 4)
-        print(
-            f"{args.rollouts} rollouts of {args.calls} model calls (~{args.size} tokens) on the fake SGLang server; "
-            f"concurrency {args.concurrency} per worker; {os.cpu_count()} cores, Ray num_cpus={args.num_cpus}"
+    with fake_server(tokenizer, Workload.for_size(args.size, args.calls)) as url:
+        ray.init(
+            num_cpus=args.num_cpus,
+            object_store_memory=128 * 1024 * 1024,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(HERE)}},  # the workers import the `lookup` tool from here
         )
-        print(f"{'executor':<16} {'rollouts/s':>10}   runs")
-        rates = _measure(config, args.rollouts, LocalExecutor(args.concurrency), args.repeats)
-        print(f"{'local':<16} {max(rates):>10.1f}   {', '.join(f'{r:.1f}' for r in rates)}", flush=True)
-        for workers in [int(w) for w in args.workers.split(",") if w]:
-            with RayExecutor(workers, concurrency=args.concurrency, num_cpus=args.num_cpus / workers) as executor:
-                _measure(config, 8 * workers, executor, 1)  # start and warm up the workers
-                rates = _measure(config, args.rollouts, executor, args.repeats)
-            name = f"ray, {workers} worker{'s' if workers > 1 else ''}"
-            print(f"{name:<16} {max(rates):>10.1f}   {', '.join(f'{r:.1f}' for r in rates)}", flush=True)
-    finally:
-        ray.shutdown()
-        server.process.terminate()
-        server.process.wait(timeout=15)
+        try:
+            config = _config(url, tokenizer, args.concurrency, 4)
+            print(
+                f"{args.rollouts} rollouts of {args.calls} model calls (~{args.size} tokens) on the fake SGLang "
+                "server; "
+                f"concurrency {args.concurrency} per worker; {os.cpu_count()} cores, Ray num_cpus={args.num_cpus}"
+            )
+            print(f"{'executor':<16} {'rollouts/s':>10}   runs")
+            rates = _measure(config, args.rollouts, LocalExecutor(args.concurrency), args.repeats)
+            print(f"{'local':<16} {max(rates):>10.1f}   {', '.join(f'{r:.1f}' for r in rates)}", flush=True)
+            for workers in [int(w) for w in args.workers.split(",") if w]:
+                with RayExecutor(workers, concurrency=args.concurrency, num_cpus=args.num_cpus / workers) as executor:
+                    _measure(config, 8 * workers, executor, 1)  # start and warm up the workers
+                    rates = _measure(config, args.rollouts, executor, args.repeats)
+                name = f"ray, {workers} worker{'s' if workers > 1 else ''}"
+                print(f"{name:<16} {max(rates):>10.1f}   {', '.join(f'{r:.1f}' for r in rates)}", flush=True)
+        finally:
+            ray.shutdown()
 
 
 if __name__ == "__main__":

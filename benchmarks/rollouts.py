@@ -22,10 +22,8 @@ from strands import tool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run import Worker, post_json
+from run import fake_server
 from workload import SYSTEM_PROMPT, USER_PROMPT, Workload
-
-HERE = Path(__file__).resolve().parent
 
 
 @tool
@@ -99,10 +97,7 @@ def main() -> None:
     from tito_core.testing.tokenizers import qwen_tokenizer_dir
 
     tokenizer = str(qwen_tokenizer_dir("qwen3"))
-    server = Worker("fake server", [sys.executable, str(HERE / "fake_sglang.py"), "--tokenizer", tokenizer], "PORT ")
-    try:
-        url = f"http://127.0.0.1:{int(server.first.split()[1])}"
-        post_json(url + "/configure", Workload.for_size(args.size, args.calls).as_dict())
+    with fake_server(tokenizer, Workload.for_size(args.size, args.calls)) as url:
         print(f"workload: {args.calls} model calls per rollout, ~{args.size} tokens; fake SGLang server at {url}")
         print(
             f"{'concurrency':>11} {'rollouts':>8} {'runner r/s':>10} {'out tok/s':>10} {'bare r/s':>9} {'overhead':>12}"
@@ -120,9 +115,6 @@ def main() -> None:
             )
             if summary.statuses != {"completed": summary.written}:
                 print(f"  statuses: {summary.statuses}")
-    finally:
-        server.process.terminate()
-        server.process.wait(timeout=15)
 
 
 if __name__ == "__main__":

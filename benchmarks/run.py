@@ -22,6 +22,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +118,21 @@ def post_json(url: str, payload: Any) -> None:
     request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST")
     with urllib.request.urlopen(request, timeout=120) as answer:
         answer.read()
+
+
+@contextlib.contextmanager
+def fake_server(tokenizer_dir: str, workload: Workload) -> Iterator[str]:
+    """The fast fake SGLang server (``fake_sglang.py``) in its own process, set to ``workload``; yields its URL."""
+    server = Worker(
+        "fake server", [sys.executable, str(HERE / "fake_sglang.py"), "--tokenizer", tokenizer_dir], "PORT "
+    )
+    try:
+        url = f"http://127.0.0.1:{int(server.first.split()[1])}"
+        post_json(url + "/configure", workload.as_dict())
+        yield url
+    finally:
+        server.process.terminate()
+        server.process.wait(timeout=15)
 
 
 def find_python312() -> str | None:

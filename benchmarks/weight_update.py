@@ -21,10 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rollouts import lookup
-from run import Worker, post_json
+from run import fake_server
 from workload import SYSTEM_PROMPT, USER_PROMPT, Workload
-
-HERE = Path(__file__).resolve().parent
 
 
 async def _run(url: str, tokenizer: str, rollouts: int, updates: int) -> tuple[float, list[float]]:
@@ -73,22 +71,16 @@ def main() -> None:
     from tito_core.testing.tokenizers import qwen_tokenizer_dir
 
     tokenizer = str(qwen_tokenizer_dir("qwen3"))
-    server = Worker("fake server", [sys.executable, str(HERE / "fake_sglang.py"), "--tokenizer", tokenizer], "PORT ")
-    try:
-        url = f"http://127.0.0.1:{int(server.first.split()[1])}"
-        post_json(url + "/configure", Workload.for_size(args.size, args.calls).as_dict())
+    with fake_server(tokenizer, Workload.for_size(args.size, args.calls)) as url:
         _, idle = asyncio.run(_run(url, tokenizer, 0, args.updates))
         plain, _ = asyncio.run(_run(url, tokenizer, args.rollouts, 0))
         wall, times = asyncio.run(_run(url, tokenizer, args.rollouts, args.updates))
-        print(f"weight update with {args.rollouts} rollouts in flight ({args.calls} calls, ~{args.size} tokens each):")
-        print(
-            f"  {len(times)} handshakes (pause, relabel, resume): median {1000 * statistics.median(times):.1f} ms, "
-            f"max {1000 * max(times):.1f} ms (on an idle loop: median {1000 * statistics.median(idle):.2f} ms); "
-            f"the rollouts took {wall:.2f} s with them, {plain:.2f} s without"
-        )
-    finally:
-        server.process.terminate()
-        server.process.wait(timeout=15)
+    print(f"weight update with {args.rollouts} rollouts in flight ({args.calls} calls, ~{args.size} tokens each):")
+    print(
+        f"  {len(times)} handshakes (pause, relabel, resume): median {1000 * statistics.median(times):.1f} ms, "
+        f"max {1000 * max(times):.1f} ms (on an idle loop: median {1000 * statistics.median(idle):.2f} ms); "
+        f"the rollouts took {wall:.2f} s with them, {plain:.2f} s without"
+    )
 
 
 if __name__ == "__main__":

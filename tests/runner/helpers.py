@@ -114,3 +114,18 @@ async def async_thread_reward(sample: Any) -> float:
     """Notes the thread it runs in (the event loop's)."""
     REWARD_THREADS.append(threading.current_thread().name)
     return 1.0
+
+
+def trained_once(traj: Any) -> int:
+    """Check that ``training_branches`` trains every token generated in any branch exactly once; return the count.
+
+    Counted independently of the exporters: the output segments of each branch past its shared prefix.
+    """
+    from tito_core.export import training_branches
+
+    generated = sum(
+        seg.length for b in traj.all_branches for seg in b.segments if seg.kind == "output" and seg.start >= b.fork_at
+    )
+    trained = sum(sum(s.trajectory.loss_mask[s.prompt_length :]) for s in training_branches(traj))
+    assert trained == generated
+    return generated

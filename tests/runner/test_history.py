@@ -16,7 +16,7 @@ from tito_core.runner import read_records
 from tito_core.tokenizers import load_tokenizer
 from tito_core.trajectory import Trajectory
 
-from .helpers import call, config, lines, tasks, tokenizer_dir
+from .helpers import call, config, lines, tasks, tokenizer_dir, trained_once
 
 SUMMARY = "SUMMARY: the agent added numbers."
 
@@ -41,15 +41,6 @@ class _Agent:
         return "The answer is 3."
 
 
-def _trained_once(traj: Trajectory) -> None:
-    """Every token generated in any branch is trained exactly once over the samples of ``training_branches``."""
-    generated = sum(
-        seg.length for b in traj.all_branches for seg in b.segments if seg.kind == "output" and seg.start >= b.fork_at
-    )
-    trained = sum(sum(s.trajectory.loss_mask[s.prompt_length :]) for s in training_branches(traj))
-    assert trained == generated
-
-
 def test_sliding_window_forks_every_rewrite_and_every_branch_is_exported(tmp_path: Path) -> None:
     agent = _Agent()
     cfg = config([agent] * 50, tools=["tests.runner.helpers:add"], concurrency=1,
@@ -61,7 +52,7 @@ def test_sliding_window_forks_every_rewrite_and_every_branch_is_exported(tmp_pat
     assert record.status == "completed"
     traj = Trajectory.from_record(record.trajectory)
     assert len(traj.all_branches) >= 3 and all("rewritten" in (b.fork_reason or "") for b in traj.all_branches[1:])
-    _trained_once(traj)
+    trained_once(traj)
     final_only = sum(traj.loss_mask)
     everything = sum(sum(b.loss_mask[b.first_output_from(b.fork_at) :]) for b in traj.all_branches)
     assert everything > final_only  # what exporting the final branch alone used to drop
@@ -100,7 +91,7 @@ def test_the_summary_is_model_output_recorded_in_the_branch_that_generated_it(tm
     sample = next(s for s in training_branches(traj) if s.trajectory is branch)
     assert tokenizer.decode(sample.trajectory.token_ids[sample.prompt_length :]).startswith(SUMMARY)
     assert sum(sample.trajectory.loss_mask[sample.prompt_length :]) > 0  # trained: loss 1
-    _trained_once(traj)
+    trained_once(traj)
 
 
 def test_a_bad_conversation_manager_fails_before_any_work(tmp_path: Path) -> None:

@@ -10,10 +10,11 @@ from typing import Any, Literal
 from strands import tool
 
 from tito_core import Trajectory, rollout
-from tito_core.export import training_branches
 from tito_core.runner import read_records
 from tito_core.runner.samples import generated_tokens, training_rows
 from tito_core.testing.tokenizers import qwen_tokenizer_dir
+
+from ..runner.helpers import trained_once
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
 Small = Literal[1, 2, 3, 4, 5]
@@ -40,16 +41,6 @@ def _overrides(tiny_model_dir: Path, **rollout_keys: Any) -> dict[str, Any]:
     }
 
 
-def _trained_once(traj: Trajectory) -> int:
-    """Check that the training samples train every generated token exactly once; return how many that is."""
-    generated = sum(
-        seg.length for b in traj.all_branches for seg in b.segments if seg.kind == "output" and seg.start >= b.fork_at
-    )
-    trained = sum(sum(s.trajectory.loss_mask[s.prompt_length :]) for s in training_branches(traj))
-    assert trained == generated
-    return generated
-
-
 def test_sliding_window_on_the_embedded_backend(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "long.jsonl"
     summary = rollout(EXAMPLE / "long_horizon.toml", EXAMPLE / "long_tasks.jsonl", out, **_overrides(tiny_model_dir))
@@ -60,7 +51,7 @@ def test_sliding_window_on_the_embedded_backend(tiny_model_dir: Path, tmp_path: 
         assert len(traj.all_branches) >= 2, record.status_reason  # the window trimmed the history: it forked
         assert all("rewritten" in (b.fork_reason or "") for b in traj.all_branches[1:])
         assert sum(len(b.turns) for b in traj.all_branches) >= 3
-        _trained_once(traj)
+        trained_once(traj)
     rows = list(training_rows(records, "slime"))
     assert len(rows) > len(records) and sum(row["final"] for row in rows) == len(records)
     for row in rows:
@@ -84,7 +75,7 @@ def test_summarizing_on_the_embedded_backend_records_the_summary(tiny_model_dir:
     summaries = 0
     for record in read_records(out):
         traj = Trajectory.from_record(record.trajectory)
-        _trained_once(traj)
+        trained_once(traj)
         for branch in traj.all_branches:
             if branch.fork_reason == "the system prompt or the tool list changed":  # the summarizer's own prompt
                 own = branch.first_output_from(branch.fork_at)
