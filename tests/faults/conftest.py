@@ -180,17 +180,22 @@ def check_trajectory(server: FaultServer, traj: Trajectory) -> None:
         ids, lps = branch.token_ids, branch.logprobs
         spans = set()
         for turn in branch.turns:
-            answers = [a for a in server.answers.get(turn.rid, [])]
-            assert len(answers) == 1, f"{where}: turn {turn.index} rid {turn.rid} answered {len(answers)} times"
-            answer = answers[0]
             start, end = turn.output_start, turn.output_start + turn.output_len
-            assert ids[start:end] == answer.output_ids, f"{where}: turn {turn.index} output is not the server's"
-            assert lps[start:end] == answer.logprobs, f"{where}: turn {turn.index} logprobs are not the server's"
+            at = start  # a partial rollout: the request's answer, then each continuation's, from where it stopped
+            for rid in (turn.rid, *turn.continued_rids):
+                answers = [a for a in server.answers.get(rid, [])]
+                assert len(answers) == 1, f"{where}: turn {turn.index} rid {rid} answered {len(answers)} times"
+                answer = answers[0]
+                n = len(answer.output_ids)
+                assert ids[at : at + n] == answer.output_ids, f"{where}: turn {turn.index} output is not the server's"
+                assert lps[at : at + n] == answer.logprobs, f"{where}: turn {turn.index} logprobs are not the server's"
+                sent = [r for r in server.received if r.rid == rid and r.generated]
+                assert len(sent) == 1 and sent[0].input_ids == ids[:at], (
+                    f"{where}: turn {turn.index}: the engine consumed another prompt than the one recorded"
+                )
+                at += n
+            assert at == end, f"{where}: turn {turn.index} holds {end - at} tokens no answer sent"
             assert ids[start:end] not in forged
-            sent = [r for r in server.received if r.rid == turn.rid and r.generated]
-            assert len(sent) == 1 and sent[0].input_ids == ids[:start], (
-                f"{where}: turn {turn.index}: the engine consumed another prompt than the one recorded"
-            )
             spans.add((start, end))
         for segment in branch.segments:
             if segment.kind == "output":

@@ -13,6 +13,10 @@ Routes:
     ``/update_weight_version``. A generation that arrives while the server is paused is held (keep mode) and
     answered after the resume; when the version changed meanwhile, its first half is labelled with the version it
     arrived under and the rest with the new one (``weight_versions`` spans), as a request frozen mid-decode.
+    With ``decode_s`` > 0 a generation decodes for that long before it answers; a pause in abort mode
+    (``{"mode": "abort"}`` / ``?mode=abort``) ends the ones decoding with ``finish_reason`` abort and the first
+    half of their ids, and a later request whose prompt is such a prompt plus its half gets the other half (a
+    partial rollout's continuation, labelled with the version current then).
     Control (for a server in another process): ``GET /_control/log``, ``POST /_control/random``
     (``{"rate": 0.1, "seed": 7}``), ``POST /_control/clear``.
 
@@ -230,6 +234,8 @@ class Received:
     parent: str | None = None
     version: str = "default"  # the weight version when the request arrived
     held: bool = False  # it arrived while the server was paused, and waited for the resume
+    cut: bool = False  # a pause in abort mode ended it while it was decoding
+    continued: bool = False  # it continued a generation cut by an abort-mode pause
 
 
 @dataclass
@@ -355,9 +361,12 @@ class FaultServer:
         self._background: set[asyncio.Task[None]] = set()
         self._encode_cache: dict[str, list[int]] = {}
         self.weight_version = "default"
-        self.pauses: list[str] = []  # "pause" / "resume" / "version:<v>", in order
+        self.pauses: list[str] = []  # "pause" / "pause:abort" / "resume" / "version:<v>", in order
+        self.decode_s = 0.0  # how long a generation decodes before it answers (an abort-mode pause cuts it)
         self._running = asyncio.Event()
         self._running.set()
+        self._cut = asyncio.Event()  # set (and replaced) by each abort-mode pause
+        self._rests: dict[tuple[int, ...], tuple[list[int], str]] = {}  # prompt + half -> other half, finish
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -577,7 +586,7 @@ class FaultServer:
             rec.max_new_tokens = sampling.get("max_new_tokens", sampling.get("max_tokens"))
         self.received.append(rec)
         rec.version = self.weight_version
-        if is_gen and not self._running.is_set():  # keep mode: frozen until the resume
+        if is_gen and not self._running.is_set():  # paused: frozen until the resume
             rec.held = True
             await self._running.wait()
         if is_gen and self.sessions_enabled and isinstance(body.get("session_params"), dict):
@@ -586,6 +595,12 @@ class FaultServer:
                 rec.status = 400
                 await self._send(conn, http_response(400, json.dumps({"error": {"message": refused}}).encode()))
                 return
+        if is_gen:
+            rec.continued = tuple(rec.input_ids or ()) in self._rests
+        if is_gen and self.decode_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._cut.wait(), self.decode_s)
+                rec.cut = True
         fault = self._pick(rec, pre_read=False)
         if is_gen and rec.rid is not None:
             self._seen_rids.add(rec.rid)
@@ -611,7 +626,12 @@ class FaultServer:
             return 200, b""
         if path in ("/pause_generation", "/pause"):
             self._running.clear()
-            self.pauses.append("pause")
+            if body.get("mode") == "abort" or "mode=abort" in request.query:
+                self._cut.set()
+                self._cut = asyncio.Event()
+                self.pauses.append("pause:abort")
+            else:
+                self.pauses.append("pause")
             return 200, b'{"status": "paused"}'
         if path in ("/continue_generation", "/resume"):
             self._running.set()
@@ -835,12 +855,21 @@ class FaultServer:
     def _generate(self, path: str, rec: Received, body: dict[str, Any], bad: str | None) -> bytes:
         rid = rec.rid or f"anon-{rec.n}"
         prompt = list(rec.input_ids or [])
-        text = self._text(rid, prompt)
-        ids = [*self._encode(text)[:4000], IM_END]
-        finish = "stop"
+        rest = self._rests.pop(tuple(prompt), None)
+        if rest is not None:  # the continuation of a generation an abort-mode pause cut
+            ids, finish = rest
+            text = self.tokenizer.decode(ids)
+        else:
+            text = self._text(rid, prompt)
+            ids = [*self._encode(text)[:4000], IM_END]
+            finish = "stop"
         limit = rec.max_new_tokens
         if isinstance(limit, int) and 0 <= limit < len(ids):
             ids, finish = ids[:limit], "length"
+        if rec.cut and len(ids) >= 2:
+            half = len(ids) // 2
+            self._rests[(*prompt, *ids[:half])] = (ids[half:], finish)
+            ids, finish = ids[:half], "abort"
         lps = [_logprob(rid, i) for i in range(len(ids))]
         if path == "/generate":
             with_lp = bool(body.get("return_logprob"))

@@ -1,6 +1,8 @@
 """Weight updates while rollouts are in flight (``tito_core.weights.weight_update``), against the fault server of
-each adapter: keep mode loses nothing and labels every token once; a refused pause, a lost resume and an update
-that fails halfway leave every engine resumed (or name the one still paused) and every rollout with a status."""
+each adapter: keep mode loses nothing and labels every token once; abort mode continues every cut call from its
+tokens (a partial rollout), again when a second update cuts the continuation, and keeps the tokens of a
+continuation that fails; a refused pause, a lost resume and an update that fails halfway leave every engine
+resumed (or name the one still paused) and every rollout with a status."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 from tito_core.errors import ConfigError, WeightUpdateError
 from tito_core.weights import weight_update
 
-from .conftest import Harness, Outcome, slow_add
+from .conftest import Harness, Outcome, check_trajectory, slow_add
 from .server import Fault, FaultServer, on_path
 
 PAUSE = {"sglang": "/pause_generation", "vllm": "/pause"}
@@ -153,3 +155,88 @@ async def test_recompute_mode_is_sglangs_retract_and_vllm_has_none(h: Harness) -
         async with weight_update([backend], mode="recompute"):
             pass
         assert h.server.pauses == ["pause", "resume"]
+
+
+def _continued(outcomes: list[Outcome]) -> list[Any]:
+    return [turn for o in outcomes for turn in o.traj.turns if turn.continued_rids]
+
+
+async def test_abort_mode_continues_every_cut_call_from_its_tokens(h: Harness) -> None:
+    backend = h.backend()
+    h.server.decode_s = 0.4  # each generation decodes for 0.4 s: the abort-mode pause cuts the ones under way
+    tasks = await _in_flight(h, 8, backend)
+    async with weight_update([backend], version=1, mode="abort"):
+        assert await h.wait_for(lambda: sum(r.cut for r in h.server.received) >= 8, timeout=5.0)
+        cut = [r.rid for r in h.server.received if r.cut]
+        assert not any(r.rid and "-c" in r.rid for r in h.server.received)  # nothing is continued while paused
+    outcomes = await asyncio.gather(*tasks)
+    assert h.server.pauses == ["pause:abort", "version:1", "resume"]
+    for outcome in outcomes:
+        assert outcome.error is None and outcome.traj.status == "completed"
+        assert outcome.traj.branch == 0 and len(outcome.traj.turns) == 3  # never restarted, nothing forked
+        h.check(outcome)  # each turn: the cut answer, then its continuation's, each generated once
+        _covered_once(outcome)
+    continued = _continued(outcomes)
+    assert sorted(t.rid for t in continued) == sorted(cut)
+    for turn in continued:
+        assert turn.continued_rids == (f"{turn.rid}-c1",) and turn.finish_reason == "stop"
+        assert [s.version for s in turn.weight_versions or ()] == ["default", "1"]  # one turn, two spans
+    assert sum(r.continued for r in h.server.received) == len(cut)
+
+
+async def test_an_abort_while_a_continuation_decodes_continues_it_again(h: Harness) -> None:
+    backend = h.backend()
+    h.server.decode_s = 0.4
+    tasks = await _in_flight(h, 2, backend)
+    async with weight_update([backend], version=1, mode="abort"):
+        assert await h.wait_for(lambda: sum(r.cut for r in h.server.received) >= 2, timeout=5.0)
+    assert await h.wait_for(lambda: sum(r.continued for r in h.server.received) >= 2, timeout=5.0)
+    async with weight_update([backend], version=2, mode="abort"):  # the continuations are decoding: cut again
+        assert await h.wait_for(lambda: sum(r.cut and r.continued for r in h.server.received) >= 2, timeout=5.0)
+    outcomes = await asyncio.gather(*tasks)
+    for outcome in outcomes:
+        assert outcome.traj.status == "completed"
+        h.check(outcome)
+        _covered_once(outcome)
+    twice = [t for t in _continued(outcomes) if len(t.continued_rids) == 2]
+    assert len(twice) == 2
+    for turn in twice:
+        assert turn.continued_rids == (f"{turn.rid}-c1", f"{turn.rid}-c2")
+        assert [s.version for s in turn.weight_versions or ()] == ["default", "1", "2"]
+
+
+async def test_a_continuation_lost_to_a_fault_keeps_the_cut_tokens_and_ends_with_a_status(h: Harness) -> None:
+    backend = h.backend()
+    h.server.decode_s = 0.4
+    h.server.inject(Fault.reset(after_read=True), lambda r: (r.rid or "").endswith("-c1"), times=-1)
+    tasks = await _in_flight(h, 2, backend)
+    async with weight_update([backend], version=1, mode="abort"):
+        assert await h.wait_for(lambda: sum(r.cut for r in h.server.received) >= 2, timeout=5.0)
+    for outcome in await asyncio.gather(*tasks):
+        assert outcome.error is not None
+        traj = outcome.traj
+        assert traj.status in ("failed", "aborted") and traj.status_reason
+        last = traj.turns[-1]  # the cut call: its tokens are recorded, as an aborted turn with no continuation
+        assert last.finish_reason == "abort" and last.output_len > 0 and last.continued_rids == ()
+        assert [s.version for s in last.weight_versions or ()] == ["default"]
+        h.check(outcome)
+
+
+async def test_a_rollout_cancelled_while_waiting_for_the_resume_keeps_the_cut_tokens(h: Harness) -> None:
+    backend = h.backend()
+    h.server.decode_s = 0.4
+    models = [h.model(backend) for _ in range(2)]
+    tasks = [asyncio.ensure_future(h.rollout(model=m)) for m in models]
+    assert await h.wait_for(lambda: len(h.server.gen_requests()) >= 2, timeout=10.0)
+    async with weight_update([backend], version=1, mode="abort"):
+        assert await h.wait_for(lambda: sum(r.cut for r in h.server.received) >= 2, timeout=5.0)
+        await asyncio.sleep(0.2)  # the cut calls wait for the resume
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert not any(r.continued for r in h.server.received)
+    for model in models:
+        traj = model.trajectory
+        assert traj.status == "aborted" and traj.status_reason
+        assert len(traj.turns) == 1 and traj.turns[0].finish_reason == "abort" and traj.turns[0].output_len > 0
+        check_trajectory(h.server, traj)

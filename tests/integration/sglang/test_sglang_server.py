@@ -551,3 +551,32 @@ async def test_new_weights_mid_generation_each_token_logprob_is_its_spans_weight
         f"its span's weights: max |logprob diff| {max(diffs['default']):.2e} over {len(diffs['default'])} old tokens, "
         f"{max(diffs['1']):.2e} over {len(diffs['1'])} new ones"
     )
+
+
+async def test_new_weights_mid_rollout_in_abort_mode_continue_the_cut_calls_exactly(
+    sglang_url: str, sglang_model_dir: Any, tokenizer: Any
+) -> None:
+    """Eight 2-call rollouts; ``weight_update(mode="abort")`` cuts the calls in flight, another checkpoint is loaded
+    (``/update_weights_from_disk``, cache flushed) and each cut call goes on from its tokens: every token of those
+    calls has the logprob of the weights that sampled it (see ``weight_updates.new_weights_mid_rollout``)."""
+    from tito_core.testing.tiny_model import build_tiny_qwen3
+
+    from ..weight_updates import new_weights_mid_rollout
+
+    second = build_tiny_qwen3(seed=1)
+    backend = SGLangBackend(sglang_url, timeout=300.0)
+
+    async def load(version: str) -> None:
+        path = second if version == "1" else sglang_model_dir
+        async with httpx.AsyncClient(base_url=sglang_url, timeout=120.0) as client:
+            body = {"model_path": str(path), "weight_version": version, "abort_all_requests": False,
+                    "flush_cache": True}  # fmt: skip
+            answer = await client.post("/update_weights_from_disk", json=body)
+            assert answer.status_code == 200 and answer.json().get("success"), answer.text
+
+    try:
+        REPORT.append(await new_weights_mid_rollout(backend, tokenizer, load, mode="abort"))
+    finally:
+        await load("default")
+        await backend.set_weight_version("default")
+        await backend.aclose()

@@ -516,3 +516,38 @@ async def test_a_weight_update_in_keep_mode_loses_no_rollout_in_flight(vllm_url:
     finally:
         await backend.aclose()
     REPORT.append("weight update in keep mode, 8 rollouts in flight: " + check_versions(trajectories))
+
+
+@pytest.mark.parametrize("mode", ["keep", "abort"])
+async def test_new_weights_mid_rollout_each_token_logprob_is_its_spans_weights(
+    vllm_url: str, tiny_model_dir: Any, qwen3: Any, mode: str
+) -> None:
+    """Eight 2-call rollouts; ``weight_update`` pauses vLLM, another checkpoint is loaded from disk (the dev-mode
+    ``/collective_rpc`` ``reload_weights``; vLLM 0.32 has no other disk reload) and each token's logprob is compared
+    with the engine's re-scoring under the weights of its span (``weight_updates.new_weights_mid_rollout``):
+    ``abort`` continues the cut calls under the new weights, exactly; ``keep`` resumes them over the old KV cache."""
+    import subprocess
+
+    from ..weight_updates import new_weights_mid_rollout
+    from .conftest import SERVER_PYTHON
+
+    built = subprocess.run([SERVER_PYTHON, "-m", "tito_core.testing.tiny_model", "--seed", "1"],
+                           capture_output=True, text=True, timeout=600, check=True)  # fmt: skip
+    second = built.stdout.strip().splitlines()[-1]
+    backend = VLLMBackend(vllm_url, endpoint="generate", timeout=300.0)
+
+    async def load(version: str) -> None:
+        path = second if version == "1" else str(tiny_model_dir)
+        async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as client:
+            body = {"method": "reload_weights", "kwargs": {"weights_path": path}}
+            (await client.post("/collective_rpc", json=body)).raise_for_status()
+            reset = await client.post("/reset_prefix_cache")  # no KV of the other weights is reused
+            paused = (await client.get("/is_paused")).json().get("is_paused")
+            assert paused or reset.json().get("success"), reset.text  # refused only while requests are frozen
+
+    try:
+        REPORT.append(await new_weights_mid_rollout(backend, qwen3, load, mode=mode))  # type: ignore[arg-type]
+    finally:
+        await load("default")
+        await backend.set_weight_version("default")
+        await backend.aclose()

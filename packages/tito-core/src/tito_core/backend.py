@@ -271,8 +271,8 @@ class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
     weight_versions: tuple[VersionSpan, ...] | None = None
 
 
-PauseMode = Literal["keep", "recompute"]
-"""How a paused engine holds its requests in flight (:meth:`Backend.pause_generation`)."""
+PauseMode = Literal["keep", "recompute", "abort"]
+"""How a paused engine treats its requests in flight (:meth:`Backend.pause_generation`)."""
 
 
 class Backend(abc.ABC):
@@ -307,10 +307,13 @@ class Backend(abc.ABC):
         return None
 
     async def pause_generation(self, mode: PauseMode = "keep") -> None:
-        """Stop generating without aborting the requests in flight (they go on after :meth:`resume_generation`).
+        """Stop generating until :meth:`resume_generation`; requests sent meanwhile wait for the resume.
 
-        ``keep``: frozen with their KV cache, which they go on from. ``recompute``: put back in the queue, their
-        prompt and the tokens generated so far recomputed when they go on (under the weights loaded meanwhile).
+        ``keep``: the requests in flight freeze with their KV cache, which they go on from. ``recompute``: they
+        go back to the queue, their prompt and the tokens generated so far recomputed when they go on (under the
+        weights loaded meanwhile). ``abort``: they end now with ``finish_reason="abort"`` and the tokens
+        generated so far, which :func:`tito_core.weights.weight_update` callers continue as partial rollouts.
+        A backend refuses a mode its engine lacks with a :class:`~tito_core.errors.ConfigError`.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot pause generation (supports_pause is False)")
 

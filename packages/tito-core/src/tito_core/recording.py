@@ -23,6 +23,7 @@ about it, in the order of one model call:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -48,9 +49,11 @@ from .errors import (
     TitoError,
 )
 from .grammar import ToolChoiceError, forced_tools, tool_call_grammar
+from .partial import cannot_continue, continuation, finished_anyway, joined
 from .tool_parsers.base import ParsedOutput, ToolCall, ToolParser
 from .trajectory import Status, Trajectory, Turn, Usage
 from .versions import check_spans
+from .weights import aborted_by_update, aborting_updates, wait_for_resume
 
 if TYPE_CHECKING:
     from strands.types.content import SystemContentBlock
@@ -106,6 +109,14 @@ class _Mark(msgspec.Struct, frozen=True):
     count: int
     offset: int
     kind: _MarkKind
+
+
+class _Progress:
+    """A call's result so far, and the ids of the continuations joined into it (after weight-update aborts)."""
+
+    def __init__(self, result: GenerateResult) -> None:
+        self.result = result
+        self.rids: list[str] = []
 
 
 class _Pending(msgspec.Struct, frozen=True):
@@ -434,13 +445,66 @@ class Rollout:
         new_ids, n_boundary = ([], 0) if renders else await self._prompt(plan, messages, system)
         request = await self._request(messages, system, tools, new_ids, options, grammar)
         started = time.perf_counter()
+        updates = aborting_updates(self.backend)
         result = await self.backend.generate(request)
-        latency_ms = int((time.perf_counter() - started) * 1000)
         check_result(request, result, vocab_size=self.vocab_size, backend=self.backend.name)
+        progress = _Progress(result)
+        if result.finish_reason == "abort" and aborted_by_update(self.backend, updates):
+            try:
+                await self._go_on(request, progress)
+            except BaseException:
+                # The continuation failed or was cancelled: keep every token generated so far, as an aborted turn.
+                cut = progress.result
+                parsed = self.tool_parser.parse(self.renderer.decode(cut.output_ids), tool_specs)
+                with contextlib.suppress(GenerationAbortedError):
+                    self._record(messages, plan, request, cut, new_ids, n_boundary, parsed, started, progress.rids)
+                raise
+        result = progress.result
         if renders:
             new_ids, n_boundary = self._server_prompt(result)
         parsed = await self._parse(result, tool_specs, request.sampling)
-        return self._record(messages, plan, request, result, new_ids, n_boundary, parsed, latency_ms)
+        return self._record(messages, plan, request, result, new_ids, n_boundary, parsed, started, progress.rids)
+
+    async def _go_on(self, request: GenerateRequest, progress: _Progress) -> None:
+        """Continue an output a weight update aborted, after the resume, until it ends for another reason.
+
+        Each continuation (:mod:`tito_core.partial`) sends the prompt and the tokens so far and asks for the rest;
+        ``progress`` holds the joined result and the continuations' ids after each one that was checked.
+        """
+        backend = self.backend
+        while True:
+            so_far = progress.result
+            reason = cannot_continue(request, backend)
+            if reason is not None:
+                logger.warning(
+                    "rollout %s: a weight update aborted a call after %d tokens, which is not continued: %s",
+                    self._traj.rollout_id,
+                    len(so_far.output_ids),
+                    reason,
+                )
+                return
+            ended = finished_anyway(request, so_far, self.renderer.end_of_turn_ids)
+            if ended is not None:
+                progress.result = ended  # the abort raced the end of the output: nothing is left to generate
+                return
+            await wait_for_resume(backend)
+            follow = continuation(request, so_far, len(progress.rids) + 1)
+            if follow is None:
+                return
+            logger.info(
+                "rollout %s: a weight update aborted request %s after %d tokens; continuing it as %s",
+                self._traj.rollout_id,
+                request.rid,
+                len(so_far.output_ids),
+                follow.rid,
+            )
+            updates = aborting_updates(backend)
+            more = await backend.generate(follow)
+            check_result(follow, more, vocab_size=self.vocab_size, backend=backend.name)
+            progress.rids.append(follow.rid)
+            progress.result = joined(so_far, more)
+            if more.finish_reason != "abort" or not aborted_by_update(backend, updates):
+                return
 
     async def _request(
         self,
@@ -529,9 +593,11 @@ class Rollout:
         new_ids: list[int],
         n_boundary: int,
         parsed: ParsedOutput,
-        latency_ms: int,
+        started: float,
+        continued: Sequence[str] = (),
     ) -> CallResult:
         """Append the call's prompt, output and turn record atomically, then set the status it ends with."""
+        latency_ms = int((time.perf_counter() - started) * 1000)
         traj = self._traj
         prefix_len = len(traj)
         turn_index = len(traj.turns)
@@ -563,6 +629,7 @@ class Rollout:
             routed_experts_start=result.routed_experts_start,
             routed_experts_shape=result.routed_experts_shape,
             constrained=request.grammar is not None,
+            continued_rids=tuple(continued),
             weight_versions=(
                 None
                 if result.weight_versions is None

@@ -86,6 +86,8 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         weight_versions: The weights that generated the output, as spans relative to its first token
             (``VersionSpan(version, start, end)``, tiling ``output_len`` exactly); None when the backend
             did not report them (:mod:`tito_core.versions`).
+        continued_rids: The requests that continued this call's output after a weight update aborted it (a
+            partial rollout, :mod:`tito_core.partial`), in order; the output is the tokens of ``rid`` then theirs.
     """
 
     index: int
@@ -104,6 +106,7 @@ class Turn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     routed_experts_shape: tuple[int, int] | None = None
     constrained: bool = False
     weight_versions: tuple[VersionSpan, ...] | None = None
+    continued_rids: tuple[str, ...] = ()
 
     @property
     def output_start(self) -> int:

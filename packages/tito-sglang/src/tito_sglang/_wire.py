@@ -112,15 +112,22 @@ def encode_abort(rid: str) -> bytes:
     return _encoder.encode({"rid": rid})
 
 
-_PAUSE_MODES: Final = {"keep": b'{"mode":"in_place"}', "recompute": b'{"mode":"retract"}'}
+_PAUSE_MODES: Final = {
+    "keep": b'{"mode":"in_place"}',
+    "recompute": b'{"mode":"retract"}',
+    "abort": b'{"mode":"abort"}',
+}
 
 
 def encode_pause(mode: str) -> bytes:
-    """``POST /pause_generation``: ``in_place`` keeps the running requests' KV cache, ``retract`` requeues them."""
+    """``POST /pause_generation``: ``in_place`` keeps the running requests' KV cache, ``retract`` requeues them.
+
+    ``abort`` ends them with the tokens generated so far.
+    """
     try:
         return _PAUSE_MODES[mode]
     except KeyError:
-        raise ValueError(f"unknown pause mode {mode!r}; expected 'keep' or 'recompute'") from None
+        raise ValueError(f"unknown pause mode {mode!r}; expected 'keep', 'recompute' or 'abort'") from None
 
 
 def encode_weight_version(version: str) -> bytes:

@@ -163,10 +163,11 @@ class SGLangBackend(HttpBackend):
     # -- weight updates (tito_core.weights.weight_update) ------------------------------------------
 
     async def pause_generation(self, mode: PauseMode = "keep") -> None:
-        """``POST /pause_generation``; no request is aborted.
+        """``POST /pause_generation``; requests sent while paused wait for the resume.
 
         ``keep`` is SGLang's ``in_place`` (requests freeze with their KV cache), ``recompute`` its ``retract``
-        (requests go back to the queue and are prefilled again on resume).
+        (requests go back to the queue and are prefilled again on resume), ``abort`` its ``abort`` (requests end
+        with the tokens generated so far; SGLang answers once none is left running, after about a second).
         """
         await self._http.post("/pause_generation", _wire.encode_pause(mode))
 

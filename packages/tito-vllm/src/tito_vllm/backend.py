@@ -114,14 +114,18 @@ class _VLLMServer(HttpBackend):
     # -- weight updates (tito_core.weights.weight_update; the routes need VLLM_SERVER_DEV_MODE=1) ----------
 
     async def pause_generation(self, mode: PauseMode = "keep") -> None:
-        """``POST /pause?mode=keep``: requests in flight freeze with their KV cache until the resume.
+        """``POST /pause?mode=keep|abort``; requests sent while paused wait for the resume.
 
-        vLLM 0.32 has no pause that recomputes the requests in flight (``mode="recompute"``): its other modes
-        wait for them or abort them.
+        ``keep``: requests in flight freeze with their KV cache until the resume. ``abort``: they end with the
+        tokens generated so far. vLLM 0.32 has no pause that recomputes the requests in flight
+        (``mode="recompute"``); its ``wait`` mode (drain first) is not a pause of requests in flight.
         """
-        if mode != "keep":
-            raise ConfigError(f"vLLM cannot pause in {mode!r} mode: its pause keeps the KV cache (mode='keep')")
-        await self._http.post("/pause?mode=keep", b"")
+        if mode not in ("keep", "abort"):
+            raise ConfigError(
+                f"vLLM cannot pause in {mode!r} mode: its pause keeps the KV cache (mode='keep') "
+                "or aborts (mode='abort')"
+            )
+        await self._http.post(f"/pause?mode={mode}", b"")
 
     async def resume_generation(self) -> None:
         """``POST /resume``."""

@@ -83,7 +83,7 @@ class ServerPool:
         self._checker: asyncio.Task[None] | None = None
 
     def weight_update(self, *, version: str | int | None = None, **options: Any) -> AbstractAsyncContextManager[None]:
-        """Pause every server of the pool in keep mode around a weight update (:func:`tito_core.weights.weight_update`).
+        """Pause every server of the pool around a weight update (:func:`tito_core.weights.weight_update`).
 
         ``async with pool.weight_update(version=7): await push_weights()``: the rollouts in flight go on after it.
         """

@@ -134,8 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     """Command line: build the tiny model into OUT_DIR (or the cache) and print its directory."""
     parser = argparse.ArgumentParser(prog="python -m tito_core.testing.tiny_model")
     parser.add_argument("out_dir", nargs="?", help="target directory (default: the tito cache)")
+    parser.add_argument("--seed", type=int, default=_SEED, help="the weights' random seed (another checkpoint)")
     args = parser.parse_args(argv)
-    print(build_tiny_qwen3(args.out_dir))
+    print(build_tiny_qwen3(args.out_dir, seed=args.seed))
 
 
 if __name__ == "__main__":
