@@ -97,6 +97,12 @@ class Worker:
         result: dict[str, Any] = json.loads(self.read_line("RESULT ", timeout)[len("RESULT ") :])
         return result
 
+    def close_pipes(self) -> None:
+        """Close this side of the worker's pipes (once it has exited)."""
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                pipe.close()
+
     def stop(self) -> None:
         """Close stdin (the worker exits at EOF); terminate it if it does not."""
         if self.process.poll() is None:
@@ -111,6 +117,7 @@ class Worker:
                 except subprocess.TimeoutExpired:
                     self.process.kill()
                     self.process.wait(timeout=10)
+        self.close_pipes()
 
 
 def post_json(url: str, payload: Any) -> None:
@@ -133,6 +140,7 @@ def fake_server(tokenizer_dir: str, workload: Workload) -> Iterator[str]:
     finally:
         server.process.terminate()
         server.process.wait(timeout=15)
+        server.close_pipes()
 
 
 def find_python312() -> str | None:
@@ -292,6 +300,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 server.process.kill()
                 server.process.wait(timeout=10)
+        server.close_pipes()
     return report
 
 

@@ -6,6 +6,7 @@ The same client over the shipping aiohttp transport and real sockets is in ``tes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
@@ -357,6 +358,15 @@ def test_one_client_works_from_several_event_loops() -> None:
 
 def test_real_pooled_transport_from_two_loops() -> None:
     """A real (socket) pool per loop: a closed loop's connections are never reused by another loop."""
+    with _ok_server() as url:
+        client = HttpClient(url, backend_name="fake")
+        for _ in range(3):
+            assert asyncio.run(client.get("/health")) == b"ok"
+
+
+@contextlib.contextmanager
+def _ok_server() -> Iterator[str]:
+    """A real keep-alive HTTP/1.1 server (a thread) answering every GET with ``ok``."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Handler(BaseHTTPRequestHandler):
@@ -375,12 +385,73 @@ def test_real_pooled_transport_from_two_loops() -> None:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        client = HttpClient(f"http://127.0.0.1:{server.server_address[1]}", backend_name="fake")
-        for _ in range(3):
-            assert asyncio.run(client.get("/health")) == b"ok"
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _leftovers(run: Callable[[], None]) -> list[str]:
+    """What ``run`` leaves behind: aiohttp's "Unclosed ..." reports, warnings, unraisable exceptions."""
+    import gc
+    import logging
+    import sys
+    import warnings
+
+    reports: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            reports.append(record.getMessage())
+
+    catch = Catch()
+    logging.getLogger("asyncio").addHandler(catch)
+    hook, sys.unraisablehook = sys.unraisablehook, lambda u: reports.append(f"unraisable: {u.exc_value!r}")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run()
+            gc.collect()
+        reports += [str(w.message) for w in caught if "Unclosed" in str(w.message)]
+    finally:
+        sys.unraisablehook = hook
+        logging.getLogger("asyncio").removeHandler(catch)
+    return reports
+
+
+def test_a_loop_that_ends_closes_its_session() -> None:
+    """``asyncio.run`` per step with one shared client (a common RL driver): each loop's aiohttp session is
+    closed as the loop ends, so nothing reports an unclosed session or connector."""
+    with _ok_server() as url:
+        client = HttpClient(url, backend_name="fake")
+
+        def steps() -> None:
+            for _ in range(3):
+                assert asyncio.run(client.get("/health")) == b"ok"
+                (entry,) = client._transports.values()
+                assert entry.transport._session is None  # type: ignore[attr-defined]  # closed with its loop
+
+        assert _leftovers(steps) == []
+
+
+def test_a_loop_closed_without_asyncio_run_leaves_no_warnings() -> None:
+    """A loop closed by hand (no ``shutdown_asyncgens``): its session is let go when the client next runs on
+    another loop, and when the client goes away: no "Unclosed" reports, no exception from a finalizer."""
+    with _ok_server() as url:
+
+        def by_hand() -> None:
+            client = HttpClient(url, backend_name="fake")
+            for _ in range(2):
+                loop = asyncio.new_event_loop()
+                assert loop.run_until_complete(client.get("/health")) == b"ok"
+                loop.close()
+            assert asyncio.run(client.get("/health")) == b"ok"  # drops the two dead loops' transports
+            last = asyncio.new_event_loop()
+            last.run_until_complete(client.get("/health"))
+            last.close()
+            del client  # with a dead loop's transport still held
+
+        assert _leftovers(by_hand) == []
 
 
 # -- httpx specifics ------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ the transports of loops that have been closed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import inspect
 import logging
@@ -59,7 +60,7 @@ import random
 import re
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypedDict
 from urllib.parse import urlsplit
 
@@ -284,17 +285,48 @@ def _check_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 class _LoopTransport:
-    """A transport bound to one event loop (held weakly, so dead loops are noticed)."""
+    """A transport bound to one event loop (held weakly, so dead loops are noticed), closed when the loop ends.
 
-    __slots__ = ("loop_ref", "transport")
+    Made inside a running loop, it starts an async generator that does nothing until it is closed: the loop
+    registers it, and ``asyncio.run`` (any runner calling ``loop.shutdown_asyncgens()``) closes it before the
+    loop closes, which closes the transport on its own loop: no "Unclosed client session" is left behind. A
+    loop closed without that step leaves the transport to :meth:`discard` (its connections cannot be awaited
+    anymore; it is let go without warnings).
+    """
+
+    __slots__ = ("closer", "loop_ref", "transport")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, transport: Transport) -> None:
         self.loop_ref = weakref.ref(loop)
         self.transport = transport
+        self.closer = _close_with_loop(self)
+        with contextlib.suppress(StopIteration):
+            self.closer.asend(None).send(None)  # runs to its ``yield``: the running loop now holds it
 
     def alive(self) -> bool:
         loop = self.loop_ref()
         return loop is not None and not loop.is_closed()
+
+    def discard(self) -> None:
+        """Let go of the transport of a loop that is gone, without awaiting anything."""
+        self.transport.abandon()
+        with contextlib.suppress(StopIteration, RuntimeError):
+            self.closer.aclose().send(None)  # finishes the generator here, so no loop is asked to close it
+
+
+def _discard_dead(transports: dict[int, _LoopTransport]) -> None:
+    """When a client goes away: let go of the transports of loops already closed (a running loop closes its own)."""
+    for entry in list(transports.values()):
+        if not entry.alive():
+            entry.discard()
+
+
+async def _close_with_loop(entry: _LoopTransport) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        if entry.alive():
+            await entry.transport.aclose()
 
 
 class HttpClient:
@@ -358,6 +390,7 @@ class HttpClient:
         self._context_re = re.compile("|".join(f"(?:{p})" for p in context_length_patterns), re.IGNORECASE)
         self._transports: dict[int, _LoopTransport] = {}
         self._background: set[asyncio.Task[None]] = set()
+        weakref.finalize(self, _discard_dead, self._transports)
 
     def __repr__(self) -> str:
         return f"HttpClient({self.base_url!r}, backend_name={self.backend_name!r})"
@@ -372,7 +405,7 @@ class HttpClient:
             return entry.transport
         # Drop the transports of loops that are gone (their connections cannot be used or awaited anymore).
         for stale in [k for k, e in self._transports.items() if not e.alive() or k == key]:
-            del self._transports[stale]
+            self._transports.pop(stale).discard()
         transport: Transport
         if self._client is None and self._httpx_transport is None:
             transport = AiohttpTransport(
@@ -402,10 +435,13 @@ class HttpClient:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:  # pragma: no cover - called outside a loop
             loop = None
-        transports, self._transports = self._transports, {}
-        for entry in transports.values():
+        transports = list(self._transports.values())
+        self._transports.clear()
+        for entry in transports:
             if loop is not None and entry.loop_ref() is loop:
                 await entry.transport.aclose()
+            elif not entry.alive():
+                entry.discard()
 
     # -- requests -----------------------------------------------------------------------------
 

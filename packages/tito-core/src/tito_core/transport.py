@@ -29,6 +29,7 @@ methods (GET), never for the POST of a generation; httpx/httpcore never retries 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 from collections.abc import Mapping
@@ -129,6 +130,10 @@ class Transport(Protocol):
 
     async def aclose(self) -> None:
         """Close every connection."""
+        ...
+
+    def abandon(self) -> None:
+        """Let go of the connections of an event loop that is closed (nothing can be awaited): no warnings."""
         ...
 
 
@@ -342,6 +347,18 @@ class AiohttpTransport:
         if session is not None:
             await session.close()
 
+    def abandon(self) -> None:
+        """Mark the session of a closed loop closed, so that it is collected without "Unclosed" warnings.
+
+        Its sockets cannot be closed through a closed loop; the garbage collector closes them.
+        """
+        session, self._session = self._session, None
+        connector = session.connector if session is not None else None
+        close_now = getattr(connector, "_close", None)  # aiohttp's synchronous part of close(); private
+        if callable(close_now):
+            with contextlib.suppress(Exception):
+                close_now()
+
 
 async def _read_aiohttp(answer: aiohttp.ClientResponse, max_body: int | None) -> Response:
     headers = _joined(answer.raw_headers)
@@ -470,6 +487,9 @@ class HttpxTransport:
         """Close the client made here (a client passed in is the caller's to close)."""
         if self._owned:
             await self.client.aclose()
+
+    def abandon(self) -> None:
+        """Nothing to do: httpx warns about nothing left open."""
 
 
 async def _read_httpx(answer: httpx.Response, max_body: int | None) -> Response:
