@@ -638,6 +638,7 @@ def test_pause_modes_are_sglangs_in_place_and_retract() -> None:
 
     assert json.loads(_wire.encode_pause("keep")) == {"mode": "in_place"}
     assert json.loads(_wire.encode_pause("recompute")) == {"mode": "retract"}
-    with pytest.raises(ValueError, match="unknown pause mode 'abort'"):
-        _wire.encode_pause("abort")
+    assert json.loads(_wire.encode_pause("abort")) == {"mode": "abort"}
+    with pytest.raises(ValueError, match="unknown pause mode 'wait'"):
+        _wire.encode_pause("wait")
     assert json.loads(_wire.encode_weight_version("3")) == {"new_version": "3", "abort_all_requests": False}

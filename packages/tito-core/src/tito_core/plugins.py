@@ -509,9 +509,23 @@ def _accepted_options(factory: Callable[..., Any]) -> tuple[inspect.Signature, f
     return None
 
 
+_accepted_cache: dict[Any, tuple[inspect.Signature, frozenset[str]] | None] = {}
+
+
+def _accepted_options_cached(factory: Callable[..., Any]) -> tuple[inspect.Signature, frozenset[str]] | None:
+    """:func:`_accepted_options`, looked up once per factory (one model per rollout asks for its parser)."""
+    try:
+        return _accepted_cache[factory]
+    except KeyError:
+        accepted = _accepted_cache[factory] = _accepted_options(factory)
+        return accepted
+    except TypeError:  # an unhashable callable
+        return _accepted_options(factory)
+
+
 def _check_options(kind: str, name: str, factory: Callable[..., Any], options: Mapping[str, Any]) -> None:
     """Raise ConfigError for an option the factory does not take (naming the closest one)."""
-    accepted = _accepted_options(factory)
+    accepted = _accepted_options_cached(factory)
     if accepted is None:
         return
     signature, names = accepted
