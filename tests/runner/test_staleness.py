@@ -242,3 +242,26 @@ def test_export_leaves_out_rollouts_stale_against_the_given_version(
     assert main(["export", "--to", "trl", str(out), str(tmp_path / "x.jsonl"), "--max-staleness", "2"]) == 2
     assert "--max-staleness needs --current-version" in capsys.readouterr().err
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_the_summary_counts_calls_continued_after_an_abort_mode_update(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from tito_core.runner.summary import RunStats
+
+    out = tmp_path / "out.jsonl"
+    rollout(config(answer_with("The answer is 4.")), tasks(1), out)
+    record = next(iter(read_records(out)))
+    traj = record.trajectory
+    turn = msgspec.structs.replace(traj.turns[0], continued_rids=(f"{traj.turns[0].rid}-c1",))
+    earlier = msgspec.structs.replace(traj, turns=[turn], branches=[])
+    cut = msgspec.structs.replace(record, trajectory=msgspec.structs.replace(traj, turns=[turn], branches=[earlier]))
+    stats = RunStats(str(out), planned=2, skipped=0)
+    for each in (record, cut):
+        stats.start()
+        stats.add(each)
+    summary = stats.summary()
+    assert summary.partial_calls == 2  # the cut record's final branch and the branch it holds
+    console = Console(file=io.StringIO(), width=120)
+    console.print(summary_table(summary))
+    assert "partial rollouts" in console.file.getvalue() and "2 calls cut by a weight update" in console.file.getvalue()

@@ -191,6 +191,8 @@ def summary_table(summary: RunSummary) -> Any:
     head.add_row("weight versions", _version_line(summary))
     if summary.max_staleness is not None:
         head.add_row("stale", _stale_line(summary))
+    if summary.partial_calls:
+        head.add_row("partial rollouts", f"{summary.partial_calls} calls cut by a weight update and continued")
     head.add_row(
         "throughput",
         f"{summary.rollouts_per_s:.2f} rollouts/s, {summary.output_tokens_per_s:,.1f} output tok/s "

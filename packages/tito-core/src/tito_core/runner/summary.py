@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
+from ..trajectory import TrajectoryRecord
 from ..versions import version_range
 from .records import Key, Outcome, RolloutRecord
 
@@ -55,6 +56,8 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
         stale: Stale records this run wrote, marked ``stale`` (``rollout.stale = "mark"``); counted in ``written``.
         dropped: Stale rollouts this run did not write (``rollout.stale = "drop"``); not in ``written``. A rerun on
             the same output runs them again.
+        partial_calls: Model calls of the written records that a weight update in abort mode cut and tito
+            continued from their tokens (partial rollouts; ``Turn.continued_rids``), every branch counted.
     """
 
     output: str
@@ -82,6 +85,12 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     max_staleness: int | None = None
     stale: int = 0
     dropped: int = 0
+    partial_calls: int = 0
+
+
+def _partial_calls(traj: TrajectoryRecord) -> int:
+    """Calls continued after an abort-mode weight update, in ``traj`` and every branch it holds."""
+    return sum(1 for turn in traj.turns if turn.continued_rids) + sum(_partial_calls(b) for b in traj.branches)
 
 
 class RunStats:
@@ -104,6 +113,7 @@ class RunStats:
         self.max_staleness = max_staleness
         self.stale = 0
         self.dropped = 0
+        self.partial_calls = 0
         self.versions: set[str] = set()
         self.previous = dict(previous or {})
         self.planned = planned
@@ -148,6 +158,7 @@ class RunStats:
         self.versions.update(v for v in (record.weight_version_min, record.weight_version_max) if v is not None)
         if record.stale:
             self.stale += 1
+        self.partial_calls += _partial_calls(record.trajectory)
 
     def drop(self, record: RolloutRecord) -> None:
         """A stale rollout finished and was not written (``rollout.stale = "drop"``)."""
@@ -216,4 +227,5 @@ class RunStats:
             max_staleness=self.max_staleness,
             stale=self.stale,
             dropped=self.dropped,
+            partial_calls=self.partial_calls,
         )
