@@ -17,9 +17,9 @@ its context and KV pool raised to ``--real-context``): one long agent of ``--rea
 calls whose tool returns ``--real-tool-tokens`` tokens, with ``SGLangBackend(session="off")`` and
 ``session="on"``: round trip and client time per call, the client's share of the rollout, ids and bytes each
 call sends. Needs ``.nox/integration_sglang`` (or ``TITO_SGLANG_PYTHON``); ``--no-real`` skips it. The CPU
-engine's time per call grows by ~0.14 s per 1k tokens of context (2 cores), so the default (40-token tool
-results, ~13k tokens after 128 calls) keeps the two rollouts to about 5 minutes; 250-token results (~40k
-tokens) took 5-11 minutes per rollout.
+engine's time per call grows faster than the context (on 2 cores: 0.24 s at 0.5k tokens, 0.6-0.9 s at 11k,
+5.5-5.8 s at 40k), so the default (40-token tool results, ~11k tokens after 128 calls) keeps each rollout
+to about a minute; 250-token results (~40k tokens) took 5.3 minutes per rollout.
 
 Usage:
     python benchmarks/long_agent.py --peer-python .nox/bench-strands-sglang/bin/python
@@ -107,7 +107,7 @@ def render_fake(figures: dict[str, dict[str, dict[str, float]]]) -> list[str]:
             lines.append(
                 f"| {turns} calls | {int(tokens)} | {NAMES.get(impl, impl)} | {fmt(row['client_s'], 3)} | "
                 f"{fmt(row['wall_s'])} | {fmt(100 * row['share'], 1)} % | {fmt(above)} | "
-                f"{fmt(100 * above / row['wall_s'] if above is not None else None, 1)} % | "
+                f"{fmt(100 * above / row['wall_s'], 1) + ' %' if above is not None else '-'} | "
                 f"{fmt(row['tokenizer_s']) if impl != 'noop' else '-'} | {fmt(row['last_call_ms'])} |"
             )
     lines.append("")
