@@ -360,10 +360,10 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Performance: tito vs strands-sglang on a fake SGLang server, the no-op Strands floor, and client time on
-    the real CPU engines (docs/performance.md). Not a test. `nox -s bench -- --repeats 3` passes options to
-    benchmarks/run.py (`-- --profile 128000`: only a cProfile of tito at 137k, under benchmarks/results/);
-    TITO_BENCH_REAL=0 skips the real engines."""
+    """Performance: tito vs strands-sglang on a fake SGLang server, the no-op Strands floor, 128- and 200-call
+    agents, and client time on the real CPU engines (docs/performance.md). Not a test. `nox -s bench --
+    --repeats 3` passes options to benchmarks/run.py (`-- --profile 128000`: only a cProfile of tito at 137k,
+    under benchmarks/results/); TITO_BENCH_REAL=0 skips the real engines."""
     from pathlib import Path
 
     install_core(session, ADAPTERS["sglang"], ADAPTERS["vllm"])
@@ -383,6 +383,10 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/run.py", *args)
     if "--profile" in args:  # a profile only: benchmarks/results/profile-tito-<size>.pstats and .txt
         return
+    # 128- and 200-call agents (fake server), one 128-call agent on the real SGLang CPU server with sessions off/on
+    peer_args = args[:2] if args[:1] == ["--peer-python"] else ["--no-peer"]
+    real = "--real" if os.environ.get("TITO_BENCH_REAL", "1") != "0" else "--no-real"
+    session.run("python", "benchmarks/long_agent.py", *peer_args, real)
     session.run("python", "benchmarks/rollouts.py")  # the rollout runner at 64 and 512 concurrent rollouts
     session.run("python", "benchmarks/weight_update.py")  # pause -> relabel -> resume with 256 rollouts in flight
     session.install("-e", f"{CORE}[ray]")

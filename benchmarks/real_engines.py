@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import os
 import statistics
 import subprocess
@@ -43,6 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TOOL_RX = r'<tool_call>\n\{"name": "lookup", "arguments": \{"query": "item-[0-9]"\}\}\n</tool_call>'
 FINAL_RX = r"The answer is [0-9]{1,2}\."
 BLOB = " ".join(f"fact{i} holds value {i * 7 % 101}." for i in range(40))
+SESSION_PATHS = ("/open_session", "/close_session")
+"""SGLang session requests: through the same HTTP client, not model calls."""
 warnings.filterwarnings("ignore")
 
 
@@ -83,10 +86,26 @@ def tiny_model(python: str) -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+def with_context(flags: list[str], context_length: int) -> list[str]:
+    """``flags`` with ``--context-length`` and ``--max-total-tokens`` (the KV pool) set to ``context_length``."""
+    out = list(flags)
+    for flag in ("--context-length", "--max-total-tokens"):
+        if flag in out:
+            out[out.index(flag) + 1] = str(context_length)
+        else:
+            out += [flag, str(context_length)]
+    return out
+
+
 @contextmanager
-def sglang_server(python: str) -> Iterator[str]:
-    """An SGLang CPU server started as tests/integration/sglang/conftest.py starts it."""
+def sglang_server(python: str, context_length: int | None = None) -> Iterator[str]:
+    """An SGLang CPU server started as tests/integration/sglang/conftest.py starts it.
+
+    ``context_length`` replaces the suite's 4,096-token context and KV pool (the tiny model's own limit is
+    4,096 positions: SGLang is told to allow more; its random weights do not care).
+    """
     helpers, servers = _suite("sglang.conftest"), _suite("servers")
+    flags = helpers.SERVER_FLAGS if context_length is None else with_context(helpers.SERVER_FLAGS, context_length)
     model = tiny_model(python)
     workdir = Path(tempfile.mkdtemp(prefix="tito-bench-sglang-"))
     (workdir / "shim" / "sgl_kernel").mkdir(parents=True)
@@ -103,9 +122,11 @@ def sglang_server(python: str) -> Iterator[str]:
             "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "2"),
         }
     )
+    if context_length is not None:
+        env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
     command = [
         python, "-m", "sglang.launch_server", "--model-path", str(model),
-        "--host", "127.0.0.1", "--port", str(port), *helpers.SERVER_FLAGS,
+        "--host", "127.0.0.1", "--port", str(port), *flags,
     ]  # fmt: skip
     with log.open("wb") as sink:
         process = subprocess.Popen(
@@ -146,15 +167,15 @@ def vllm_server(python: str) -> Iterator[str]:
         servers.stop_process_group(process)
 
 
-def backend_for(engine: str, url: str) -> Any:
-    """Tito's backend for the engine."""
+def backend_for(engine: str, url: str, **options: Any) -> Any:
+    """Tito's backend for the engine (``options`` go to its constructor, e.g. ``session="on"`` for SGLang)."""
     if engine == "sglang":
         from tito_sglang import SGLangBackend
 
-        return SGLangBackend(url, timeout=300.0)
+        return SGLangBackend(url, timeout=300.0, **options)
     from tito_vllm import VLLMBackend
 
-    return VLLMBackend(url, timeout=300.0)
+    return VLLMBackend(url, timeout=300.0, **options)
 
 
 def constrain(engine: str, regex: str) -> dict[str, Any]:
@@ -162,8 +183,24 @@ def constrain(engine: str, regex: str) -> dict[str, Any]:
     return {"regex": regex} if engine == "sglang" else {"structured_outputs": {"regex": regex}}
 
 
-async def measure(engine: str, url: str, rollouts: int, calls: int) -> dict[str, Any]:
-    """Run rollouts; return per-call round-trip and client times (seconds)."""
+async def measure(
+    engine: str,
+    url: str,
+    rollouts: int,
+    calls: int,
+    *,
+    blob: str = BLOB,
+    warmup_calls: int | None = None,
+    prompt: str = "Find the answer with the lookup tool.",
+    **backend_options: Any,
+) -> dict[str, Any]:
+    """Run rollouts; return per-call round-trip and client times (seconds) and what each call sent.
+
+    The first rollout is a warm-up of ``warmup_calls`` calls (default ``calls``); the tool returns ``blob``;
+    ``backend_options`` go to the backend (``session=...``). Per timed call also the ids the ``/generate`` body
+    carried and its bytes (counted after the rollout, outside every timer); per timed rollout its wall time and
+    the time its SGLang session requests (``/open_session``, ``/close_session``) took.
+    """
     from strands import Agent, tool
     from strands.agent.conversation_manager import NullConversationManager
     from strands.hooks import BeforeModelCallEvent
@@ -172,16 +209,24 @@ async def measure(engine: str, url: str, rollouts: int, calls: int) -> dict[str,
     from tito_core.testing.tokenizers import load_qwen_tokenizer
 
     tokenizer = load_qwen_tokenizer("qwen3")
-    backend = backend_for(engine, url)
+    backend = backend_for(engine, url, **backend_options)
     http = backend._http
     inner_post = http.post
     round_trips: list[float] = []
+    sent: list[bytes] = []  # the request bodies of the model calls (kept by reference, read after the rollout)
+    session_posts: list[float] = []
 
-    async def timed_post(*args: Any, **kwargs: Any) -> bytes:
+    async def timed_post(path: str, body: bytes, *args: Any, **kwargs: Any) -> bytes:
+        if path in SESSION_PATHS:  # not a model call: timed apart (it counts in the client time of its call)
+            started = time.perf_counter()
+            answer: bytes = await inner_post(path, body, *args, **kwargs)
+            session_posts.append(time.perf_counter() - started)
+            return answer
+        sent.append(body)
         started = time.perf_counter()
         try:
-            body: bytes = await inner_post(*args, **kwargs)
-            return body
+            answer = await inner_post(path, body, *args, **kwargs)
+            return answer
         finally:
             round_trips.append(time.perf_counter() - started)
 
@@ -189,8 +234,13 @@ async def measure(engine: str, url: str, rollouts: int, calls: int) -> dict[str,
     per_call_client: list[float] = []
     per_call_server: list[float] = []
     tokens: list[int] = []
+    ids_sent: list[int] = []
+    body_bytes: list[int] = []
+    walls: list[float] = []
+    session_seconds: list[float] = []
     try:
         for index in range(rollouts + 1):  # the first is a warm-up
+            n_calls = calls if index or warmup_calls is None else warmup_calls
             model = TitoModel(backend, tokenizer, tool_parser="hermes")
             streams: list[float] = []
             inner_stream = model.stream
@@ -210,7 +260,7 @@ async def measure(engine: str, url: str, rollouts: int, calls: int) -> dict[str,
                 Args:
                     query: what to look up.
                 """
-                return f"Result for {query}: {BLOB}"
+                return f"Result for {query}: {blob}"
 
             agent = Agent(
                 model=model,
@@ -220,25 +270,52 @@ async def measure(engine: str, url: str, rollouts: int, calls: int) -> dict[str,
                 system_prompt="You are a research assistant. Use the lookup tool.",
             )
 
-            def steer(event: BeforeModelCallEvent, _model: Any = model) -> None:
-                regex = TOOL_RX if len(_model.trajectory.turns) < calls - 1 else FINAL_RX
+            def steer(event: BeforeModelCallEvent, _model: Any = model, _calls: int = n_calls) -> None:
+                regex = TOOL_RX if len(_model.trajectory.turns) < _calls - 1 else FINAL_RX
                 _model.update_config(
                     sampling={"temperature": 0.0, "max_new_tokens": 64, "extra": constrain(engine, regex)}
                 )
 
             agent.hooks.add_callback(BeforeModelCallEvent, steer)
             round_trips.clear()
-            await agent.invoke_async("Find the answer with the lookup tool.")
-            if len(streams) != calls or len(round_trips) != calls:
-                raise RuntimeError(f"{engine}: {len(streams)} model calls, {len(round_trips)} POSTs, expected {calls}")
+            sent.clear()
+            session_posts.clear()
+            started = time.perf_counter()
+            await agent.invoke_async(prompt)
+            wall = time.perf_counter() - started
+            if len(streams) != n_calls or len(round_trips) != n_calls:
+                raise RuntimeError(
+                    f"{engine}: {len(streams)} model calls, {len(round_trips)} POSTs, expected {n_calls}"
+                )
             if index == 0:
                 continue
             per_call_server.extend(round_trips)
             per_call_client.extend(s - r for s, r in zip(streams, round_trips, strict=True))
             tokens.append(len(model.trajectory))
+            walls.append(wall)
+            session_seconds.append(sum(session_posts))
+            body_bytes.extend(len(body) for body in sent)
+            ids_sent.extend(request_ids(body) for body in sent)
     finally:
         await backend.aclose()
-    return {"client": per_call_client, "server": per_call_server, "tokens": tokens}
+    return {
+        "client": per_call_client,
+        "server": per_call_server,
+        "tokens": tokens,
+        "wall": walls,
+        "ids_sent": ids_sent,
+        "body_bytes": body_bytes,
+        "session_posts": session_seconds,
+    }
+
+
+def request_ids(body: bytes) -> int:
+    """How many token ids a model call's request body carried (SGLang ``input_ids``, vLLM a token-id ``prompt``)."""
+    payload = json.loads(body)
+    for key in ("input_ids", "prompt", "prompt_token_ids"):
+        if isinstance(payload.get(key), list):
+            return len(payload[key])
+    return 0
 
 
 def main() -> None:

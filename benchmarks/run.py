@@ -231,16 +231,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         impls = ["tito"]
     report: dict[str, Any] = {"latency": {}, "throughput": {}, "notes": []}
 
+    stack = contextlib.ExitStack()  # the client workers, stopped before the server
     server = Worker(
         "fake server", [sys.executable, str(HERE / "fake_sglang.py"), "--tokenizer", tokenizer_dir], "PORT "
     )
-    workers: dict[str, Worker] = {}
     try:
         url = f"http://127.0.0.1:{int(server.first.split()[1])}"
-        for impl in impls:
-            python = args.peer_python if impl == "peer" else sys.executable
-            argv = [python, str(HERE / "client.py"), impl, tokenizer_dir]
-            workers[impl] = Worker(impl, argv, "READY", env=worker_env(impl, args.baseline))
+        workers = stack.enter_context(client_workers(impls, tokenizer_dir, args.peer_python, args.baseline))
         if args.profile:
             report["profile"] = profile(workers["tito"], url, args)
             return report
@@ -248,16 +245,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             workload = Workload.for_size(size, args.calls)
             post_json(url + "/configure", workload.as_dict())
             print(f"  latency {SIZES.get(size, size)}: {', '.join(impls)} ...", file=sys.stderr, flush=True)
-            rows: dict[str, list[Any]] = {impl: [] for impl in impls}
-            base = {"op": "latency", "workload": workload.as_dict(), "url": url}
-            for impl in impls:  # warm-up rollouts
-                workers[impl].call({**base, "repeats": 0, "warmup": True})
-            for repeat in range(args.repeats):
-                # One rollout per implementation in turn, the order rotating, so that a slow moment of a
-                # shared machine hits every implementation alike.
-                shift = repeat % len(impls)
-                for impl in impls[shift:] + impls[:shift]:
-                    rows[impl] += workers[impl].call({**base, "repeats": 1, "warmup": False})["rows"]
+            rows = latency_rows(workers, url, workload, args.repeats)
             for impl in impls:
                 report["latency"].setdefault(str(size), {})[impl] = summarize_latency(
                     {"rows": rows[impl]}, workload.calls
@@ -291,8 +279,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "lag_ms": 1e3 * raw.get("lag", float("nan")),
                     }
     finally:
-        for worker in workers.values():
-            worker.stop()
+        stack.close()
         if server.process.poll() is None:
             server.process.terminate()
             try:
@@ -302,6 +289,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 server.process.wait(timeout=10)
         server.close_pipes()
     return report
+
+
+@contextlib.contextmanager
+def client_workers(
+    impls: list[str], tokenizer_dir: str, peer_python: str = "", baseline: str = ""
+) -> Iterator[dict[str, Worker]]:
+    """One long-lived ``client.py`` worker per implementation (the peer in ``peer_python``); all stopped at the end."""
+    workers: dict[str, Worker] = {}
+    try:
+        for impl in impls:
+            python = peer_python if impl == "peer" else sys.executable
+            argv = [python, str(HERE / "client.py"), impl, tokenizer_dir]
+            workers[impl] = Worker(impl, argv, "READY", env=worker_env(impl, baseline))
+        yield workers
+    finally:
+        for worker in workers.values():
+            worker.stop()
+
+
+def latency_rows(workers: dict[str, Worker], url: str, workload: Workload, repeats: int) -> dict[str, list[Any]]:
+    """A warm-up rollout per worker, then ``repeats`` timed rollouts each: the per-rollout rows of ``client.py``."""
+    impls = list(workers)
+    rows: dict[str, list[Any]] = {impl: [] for impl in impls}
+    base = {"op": "latency", "workload": workload.as_dict(), "url": url}
+    for impl in impls:  # warm-up rollouts
+        workers[impl].call({**base, "repeats": 0, "warmup": True})
+    for repeat in range(repeats):
+        # One rollout per implementation in turn, the order rotating, so that a slow moment of a
+        # shared machine hits every implementation alike.
+        shift = repeat % len(impls)
+        for impl in impls[shift:] + impls[:shift]:
+            rows[impl] += workers[impl].call({**base, "repeats": 1, "warmup": False})["rows"]
+    return rows
 
 
 def worker_env(impl: str, baseline: str) -> dict[str, str] | None:
