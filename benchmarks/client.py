@@ -306,10 +306,21 @@ class Client:
             )
         return wall, model
 
+    async def settle(self) -> None:
+        """Close the SGLang sessions of finished rollouts now (tito with sessions).
+
+        Otherwise they close whenever their models are collected: a burst of ``/close_session`` in a later
+        measurement (at one rollout after 512: 38 calls/s instead of ~260).
+        """
+        sessions = getattr(self.shared, "sessions", None) if self.impl.startswith("tito") else None
+        if sessions is not None:
+            await sessions.aclose()
+
     async def latency(self, workload: Workload, repeats: int, warmup: bool = True) -> dict[str, Any]:
         """The ``latency`` command."""
         if warmup:
             await self.rollout(workload, Timings())
+            await self.settle()
         self.drain()
         rows = []
         for _ in range(repeats):
@@ -332,11 +343,14 @@ class Client:
                     "tokens": tokens,
                 }
             )
+            del model
+            await self.settle()  # after the row's figures: the close is not one of the calls timed
         return {"rows": rows}
 
     async def throughput(self, workload: Workload, concurrency: int) -> dict[str, Any]:
         """The ``throughput`` command."""
         await self.rollout(workload, Timings())  # warm-up
+        await self.settle()
         self.drain()
         gc.collect()
         lags: list[float] = [0.0]
@@ -344,6 +358,7 @@ class Client:
         started = time.perf_counter()
         try:
             await asyncio.gather(*(self.rollout(workload, Timings()) for _ in range(concurrency)))
+            await self.settle()  # closing the rollouts' sessions is part of their cost
         finally:
             monitor.cancel()
         wall = time.perf_counter() - started
