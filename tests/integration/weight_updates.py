@@ -1,10 +1,13 @@
-"""A weight update while agent rollouts are in flight, on a real engine (shared by the vLLM and SGLang suites).
+"""Weight updates while agent rollouts are in flight, on a real engine (shared by the vLLM and SGLang suites).
 
-``tito_core.weights.weight_update`` pauses the engine in keep mode once half the rollouts have made their first
-call, holds the pause for a second (the other calls are frozen mid-decode or queued), labels the weights "1" and
-resumes. Nothing may be lost or generated twice, and every output token carries exactly one version, the
-versions of a rollout never going back. The weights themselves are not changed here: the engines' relabel route
-stands for the trainer's push.
+``keep_mode_update``: ``tito_core.weights.weight_update`` pauses the engine in keep mode once half the rollouts have
+made their first call, holds the pause for a second (the other calls are frozen mid-decode or queued), labels the
+weights "1" and resumes. Nothing may be lost or generated twice, and every output token carries exactly one
+version, the versions of a rollout never going back. The weights themselves are not changed there: the engines'
+relabel route stands for the trainer's push.
+
+``new_weights_mid_rollout``: another checkpoint is loaded mid-run, in keep or abort mode (partial rollouts), and
+every token's recorded logprob is compared with the engine's re-scoring under the weights of its span.
 """
 
 from __future__ import annotations
