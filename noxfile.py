@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import nox
@@ -358,7 +359,10 @@ def docs(session: nox.Session) -> None:
         session.run("mkdocs", "build", "--strict", *session.posargs, env=env)
 
 
-@nox.session(python=PYTHON)
+_PRINT_VERSION = "import platform; print(platform.python_version())"
+
+
+@nox.session(python=_python312())
 def bench(session: nox.Session) -> None:
     """Performance: tito vs strands-sglang on a fake SGLang server, the no-op Strands floor, 128- and 200-call
     agents, and client time on the real CPU engines (docs/performance.md). Not a test. `nox -s bench --
@@ -368,18 +372,20 @@ def bench(session: nox.Session) -> None:
 
     install_core(session, ADAPTERS["sglang"], ADAPTERS["vllm"])
     args = list(session.posargs)
-    python312 = (session.run("python", "benchmarks/run.py", "--find-python312", silent=True) or "").strip()
-    if python312:
-        # strands-sglang needs Python >= 3.12: it gets its own virtual environment.
-        peer = Path(".nox") / "bench-strands-sglang"
-        peer_python = peer / "bin" / "python"
-        if not peer_python.exists():
-            session.run(python312, "-m", "venv", str(peer), external=True)
-        session.run(str(peer_python), "-m", "pip", "install", "-q", "strands-sglang==0.6.2", external=True)
-        args = ["--peer-python", str(peer_python), *args]
-    else:
-        session.warn("No Python >= 3.12 interpreter here: strands-sglang (which needs one) is NOT measured.")
-        args = ["--no-peer", *args]
+    # strands-sglang needs Python >= 3.12: it gets its own virtual environment, made from this session's
+    # interpreter, so that both clients run on the same Python (3.13 raised the collector's gen-0 threshold
+    # from 700 to 2000: a third of the collections at 512 rollouts).
+    version = (session.run("python", "-c", _PRINT_VERSION, silent=True) or "").strip()
+    peer = Path(".nox") / "bench-strands-sglang"
+    peer_python = peer / "bin" / "python"
+    if peer_python.exists():
+        theirs = subprocess.run([str(peer_python), "-c", _PRINT_VERSION], capture_output=True, text=True)
+        if theirs.stdout.strip() != version:
+            shutil.rmtree(peer)
+    if not peer_python.exists():
+        session.run("python", "-m", "venv", str(peer))
+    session.run(str(peer_python), "-m", "pip", "install", "-q", "strands-sglang==0.6.2", external=True)
+    args = ["--peer-python", str(peer_python), *args]
     session.run("python", "benchmarks/run.py", *args)
     if "--profile" in args:  # a profile only: benchmarks/results/profile-tito-<size>.pstats and .txt
         return
