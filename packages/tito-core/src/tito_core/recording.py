@@ -472,17 +472,17 @@ class Rollout:
         ``progress`` holds the joined result and the continuations' ids after each one that was checked.
         """
         backend = self.backend
+        reason = cannot_continue(request, backend)
+        if reason is not None:
+            logger.warning(
+                "rollout %s: a weight update aborted a call after %d tokens, which is not continued: %s",
+                self._traj.rollout_id,
+                len(progress.result.output_ids),
+                reason,
+            )
+            return
         while True:
             so_far = progress.result
-            reason = cannot_continue(request, backend)
-            if reason is not None:
-                logger.warning(
-                    "rollout %s: a weight update aborted a call after %d tokens, which is not continued: %s",
-                    self._traj.rollout_id,
-                    len(so_far.output_ids),
-                    reason,
-                )
-                return
             ended = finished_anyway(request, so_far, self.renderer.end_of_turn_ids)
             if ended is not None:
                 progress.result = ended  # the abort raced the end of the output: nothing is left to generate
