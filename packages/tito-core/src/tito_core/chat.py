@@ -567,8 +567,17 @@ def _rust_codec(
         if not plain:
             return None, None
 
+        # The batch encoders release the GIL while Rust works (``encode`` of one text holds it most of the
+        # time: the event loop ran at 14 % of its speed beside it), so the loop and other rollouts go on
+        # meanwhile; ``encode_batch_fast`` also skips the offsets (~15 % faster). ``decode`` leaves the GIL.
+        encode_fast = getattr(backend, "encode_batch_fast", None)
+
         def encode(text: str) -> list[int]:
-            ids: list[int] = backend.encode(text, add_special_tokens=False).ids
+            ids: list[int]
+            if encode_fast is not None:
+                ids = encode_fast([text], add_special_tokens=False)[0].ids
+            else:
+                ids = backend.encode_batch([text], add_special_tokens=False)[0].ids
             return ids
 
         def decode(ids: list[int]) -> str:
