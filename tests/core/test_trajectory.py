@@ -71,6 +71,16 @@ def test_misaligned_logprobs_are_rejected_and_nothing_is_half_written():
     assert traj.token_ids == [1, 2] and len(traj.logprobs) == 2
 
 
+@pytest.mark.parametrize("make", [list, iter], ids=["list", "iterator"])
+@pytest.mark.parametrize("bad", [2.5, "x", 2**31, None])
+def test_bad_token_ids_are_rejected_and_nothing_is_half_written(make, bad):
+    traj = Trajectory()
+    traj.append("prompt", [1, 2], turn=0)
+    with pytest.raises(TrajectoryError, match="token ids must be integers"):
+        traj.append("output", make([3, bad, 4]), [-0.1] * 3, turn=0)
+    assert traj.token_ids == [1, 2] and len(traj.logprobs) == 2 and len(traj.segments) == 1
+
+
 def test_closed_trajectory_cannot_grow_and_fork_needs_a_boundary():
     traj = Trajectory("r")
     traj.append("prompt", [1, 2, 3], turn=0)

@@ -236,7 +236,8 @@ def _check_ids(ids: Sequence[int], vocab_size: int, backend: str, field: str) ->
     except OverflowError:
         huge = next(i for i in ids if not -(2**63) <= i < 2**63)
         raise _bad(backend, field, huge, f"token id {huge} is outside the tokenizer's vocabulary") from None
-    low, high = min(packed), max(packed)
+    values = ids if isinstance(ids, list) else packed  # min / max walk a list faster than an array
+    low, high = min(values), max(values)
     if low < 0:
         raise _bad(backend, field, low, f"negative token id {low}")
     if high >= vocab_size:
@@ -529,7 +530,10 @@ class Rollout:
             if sampling.max_new_tokens is None or sampling.max_new_tokens > room:
                 sampling = msgspec.structs.replace(sampling, max_new_tokens=room)
         input_ids = traj.ids_array()
-        input_ids.extend(new_ids)
+        if isinstance(new_ids, list):
+            input_ids.fromlist(new_ids)  # twice as fast as extend() for a list
+        else:
+            input_ids.extend(new_ids)
         ids_json: bytes | None = None
         if self.backend.json_input_ids:
             cache = self._ids_json
