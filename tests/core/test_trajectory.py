@@ -202,3 +202,31 @@ def test_logprobs_are_stored_exactly_whatever_their_precision(chunks: list[list[
     expected = [x for chunk in chunks for x in chunk]
     assert traj.logprobs == expected
     assert Trajectory.from_record(traj.to_record()).logprobs == expected
+
+
+def test_per_call_records_are_not_left_for_the_garbage_collector():
+    """Hundreds of rollouts in one process keep thousands of records: none of them adds to each full collection."""
+    import gc
+
+    from tito_core.versions import VersionSpan
+
+    traj = Trajectory("r")
+    traj.append("prompt", [1, 2], turn=0)
+    traj.append("output", [3], [-0.5], turn=0)
+    span = VersionSpan(version="v1", start=0, end=1)
+    traj.add_turn(
+        Turn(
+            index=0,
+            rid="r0",
+            prompt_start=0,
+            prompt_len=2,
+            output_len=1,
+            finish_reason="stop",
+            stop_reason="end_turn",
+            usage=Usage(prompt_tokens=2, completion_tokens=1),
+            weight_versions=(span,),
+            continued_rids=("r0-c1",),
+        )
+    )
+    records = [*traj.segments, *traj.turns, traj.turns[0].usage, span]
+    assert not [record for record in records if gc.is_tracked(record)]

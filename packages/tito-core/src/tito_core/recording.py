@@ -103,7 +103,7 @@ class CallResult(msgspec.Struct, frozen=True, kw_only=True):
         return [call for call in self.parsed.calls if call.is_error]
 
 
-class _Mark(msgspec.Struct, frozen=True):
+class _Mark(msgspec.Struct, frozen=True, gc=False):
     """After ``count`` messages, the trajectory stood at ``offset`` tokens, at the end of a ``kind`` chunk."""
 
     count: int

@@ -36,7 +36,7 @@ def _same_values(a: list[float], b: list[float], *, nan_equal: bool) -> bool:
     return nan_equal and len(a) == len(b) and all(x == y or (x != x and y != y) for x, y in zip(a, b, strict=True))
 
 
-class Segment(msgspec.Struct, frozen=True, kw_only=True):
+class Segment(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     """A run of tokens of one kind: ``token_ids[start:end]`` of the trajectory, added by model call ``turn``."""
 
     kind: SegmentKind
@@ -55,7 +55,7 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
         return 1 if self.kind == "output" else 0
 
 
-class Usage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class Usage(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
     """Token counts of one model call as the engine reported them."""
 
     prompt_tokens: int
@@ -63,7 +63,7 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     cached_tokens: int | None = None
 
 
-class Turn(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class Turn(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=True):
     """What one model call added.
 
     Attributes:
