@@ -10,7 +10,8 @@ What runs (every process on 127.0.0.1, stopped at the end):
 
 For every size, the workers run the same Strands agent (one tool, ``calls`` model calls) with the same
 offline Qwen3 tokenizer, a warm-up rollout, then ``--repeats`` rollouts; then model calls/s with C
-concurrent rollouts from one process. See docs/performance.md for the definitions and a run.
+concurrent rollouts from one process, the median of ``--throughput-repeats`` runs (in rotating order) and
+the largest event-loop lag of those runs. See docs/performance.md for the definitions and a run.
 
 Usage:
     python benchmarks/run.py --peer-python /path/to/py312-venv/bin/python
@@ -267,16 +268,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         f"--max-concurrent-tokens={args.max_concurrent_tokens:.0f}"
                     )
                     continue
-                for impl in size_impls:
-                    print(f"  calls/s {SIZES.get(size, size)} x{level} {impl} ...", file=sys.stderr, flush=True)
-                    raw = workers[impl].call(
-                        {"op": "throughput", "workload": workload.as_dict(), "concurrency": level, "url": url}
-                    )
+                runs: dict[str, list[dict[str, Any]]] = {impl: [] for impl in size_impls}
+                for repeat in range(args.throughput_repeats):
+                    # the order rotates, as for the latency rows: a slow moment hits every implementation alike
+                    shift = repeat % len(size_impls)
+                    for impl in size_impls[shift:] + size_impls[:shift]:
+                        print(
+                            f"  calls/s {SIZES.get(size, size)} x{level} {impl} ({repeat + 1}) ...",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        runs[impl].append(
+                            workers[impl].call(
+                                {"op": "throughput", "workload": workload.as_dict(), "concurrency": level, "url": url}
+                            )
+                        )
+                for impl, raws in runs.items():
+                    rates = [raw["calls"] / raw["wall"] for raw in raws]
                     report["throughput"].setdefault(str(size), {}).setdefault(str(level), {})[impl] = {
-                        "calls_per_s": raw["calls"] / raw["wall"],
-                        "wall_s": raw["wall"],
-                        "server_s": raw["server"],
-                        "lag_ms": 1e3 * raw.get("lag", float("nan")),
+                        "calls_per_s": median(rates),
+                        "runs_calls_per_s": rates,
+                        "wall_s": median([raw["wall"] for raw in raws]),
+                        "server_s": median([raw["server"] for raw in raws]),
+                        "lag_ms": 1e3 * max(raw.get("lag", float("nan")) for raw in raws),
                     }
     finally:
         stack.close()
@@ -471,6 +485,12 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=8, help="model calls per rollout")
     parser.add_argument("--repeats", type=int, default=7, help="timed rollouts per size (after one warm-up)")
     parser.add_argument("--concurrency", default="1,64,512", help="concurrent rollouts for calls/s")
+    parser.add_argument(
+        "--throughput-repeats",
+        type=int,
+        default=3,
+        help="runs per calls/s figure (its median; a single run at 512 rollouts varies by +-12 %%)",
+    )
     parser.add_argument("--concurrency-sizes", default="1000,8000,32000", help="sizes for the calls/s runs")
     parser.add_argument("--lag-concurrency", default="1000", help="extra concurrency levels for the event-loop lag")
     parser.add_argument("--lag-sizes", default="1000", help="sizes of the --lag-concurrency runs")
@@ -513,7 +533,8 @@ def main() -> None:
     header = (
         f"tito vs strands-sglang, fake SGLang server, Qwen3 tokenizer; python {platform.python_version()}, "
         f"{os.cpu_count()} cpus, load average {os.getloadavg()[0]:.2f} at the end, "
-        f"{report['environment']['seconds']:.0f} s, {args.repeats} repeats, {args.calls} calls per rollout"
+        f"{report['environment']['seconds']:.0f} s, {args.repeats} repeats, {args.calls} calls per rollout, "
+        f"calls/s the median of {args.throughput_repeats} runs"
     )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
