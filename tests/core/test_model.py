@@ -270,6 +270,44 @@ def test_edited_history_forks(qwen25_tokenizer):
     assert "question one, edited" not in tok.decode(traj.branches[0].token_ids)
 
 
+def test_history_rebuilt_with_the_same_content_does_not_fork(qwen25_tokenizer):
+    """A conversation manager may rebuild messages (new dicts, other key order): same content, same rollout."""
+    tok = qwen25_tokenizer
+    agent, model, backend = make_agent(tok, ["answer one", "answer two"])
+    agent("question one")
+    agent.messages[:] = [
+        {"content": [dict(reversed(list(block.items()))) for block in message["content"]], "role": message["role"]}
+        for message in agent.messages
+    ]
+    agent("question two")
+    traj = model.trajectory
+    assert traj.branch == 0 and len(traj.turns) == 2
+    assert_token_in(backend, traj)
+
+
+def test_consumed_messages_are_compared_by_content_whatever_it_holds():
+    from tito_core.recording import _common_prefix, _seen
+
+    class Opaque:  # content msgspec cannot encode: the message itself is kept and compared
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, Opaque)
+
+        __hash__ = None  # type: ignore[assignment]
+
+    plain = {"role": "user", "content": [{"text": "hi"}]}
+    odd = {"role": "user", "content": [{"json": Opaque()}]}
+    seen = [_seen(plain), _seen(odd)]
+    assert isinstance(seen[0], bytes) and seen[1] is odd
+    same = [
+        {"role": "user", "content": [{"text": "hi"}], "metadata": {"x": 1}},
+        {"role": "user", "content": [{"json": Opaque()}]},
+    ]
+    assert _common_prefix(same, seen) == 2
+    assert _common_prefix([{"role": "user", "content": [{"text": "hi!"}]}, odd], seen) == 0
+    assert _common_prefix([plain, {"role": "user", "content": [{"json": 1}]}], seen) == 1
+    assert _common_prefix([{"role": "assistant", "content": [{"text": "hi"}]}], seen) == 0
+
+
 def test_second_invocation_continues_the_same_rollout(qwen25_tokenizer):
     tok = qwen25_tokenizer
     agent, model, backend = make_agent(tok, ["one", "two"])

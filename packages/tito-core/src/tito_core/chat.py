@@ -380,7 +380,7 @@ class ChatRenderer:
     async def aencode(self, text: str) -> list[int]:
         """:meth:`encode`, on a worker thread when the text is long and the Rust backend is used.
 
-        The Rust tokenizer releases the GIL, so many concurrent rollouts tokenize their tool results on
+        The Rust batch encoder releases the GIL, so many concurrent rollouts tokenize their tool results on
         other cores while the event loop goes on; short texts are tokenized inline (a thread hop costs
         more than they do).
         """
