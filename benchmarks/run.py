@@ -144,30 +144,6 @@ def fake_server(tokenizer_dir: str, workload: Workload) -> Iterator[str]:
         server.close_pipes()
 
 
-def find_python312() -> str | None:
-    """A Python >= 3.12 interpreter on this machine (PATH, then pyenv versions), or None."""
-    import shutil
-
-    candidates = [shutil.which(name) for name in ("python3.13", "python3.12")]
-    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
-    if pyenv.is_dir():
-        for version in sorted(pyenv.iterdir(), reverse=True):
-            for name in ("python3.13", "python3.12"):
-                candidates.append(str(version / "bin" / name))
-    for candidate in candidates:
-        if not candidate or not Path(candidate).exists():
-            continue
-        probe = subprocess.run(
-            [candidate, "-c", "import sys; print(sys.version_info >= (3, 12))"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        if probe.returncode == 0 and probe.stdout.strip() == "True":
-            return candidate
-    return None
-
-
 # ------------------------------------------------------------------------------------------ figures
 def median(values: list[float]) -> float:
     """Median (nan when empty)."""
@@ -506,11 +482,7 @@ def main() -> None:
         help="also run tito sending through an httpx transport (httpcore) instead of its own connection pool",
     )
     parser.add_argument("--json", default="", help="also write the figures as JSON here")
-    parser.add_argument("--find-python312", action="store_true", help="print a Python >= 3.12 interpreter and exit")
     args = parser.parse_args()
-    if args.find_python312:
-        print(find_python312() or "")
-        return
     if args.no_peer:
         args.peer_python = ""
     elif not args.peer_python:
