@@ -14,9 +14,10 @@ Commands:
     ``stream()`` wall time (first event requested to last event consumed by Strands, so it includes
     Strands' handling of the events) and the server's handler time; per rollout the ``invoke_async``
     wall time, the tool time, the tokenizer time and the bytes the stored trajectory takes.
-    ``{"op": "throughput", "workload": {...}, "concurrency": C, "url": URL}``: C rollouts at once
-    from this process (one model and agent each, one shared HTTP client); wall time, model calls and the
-    largest event-loop lag (how late a 10 ms timer fired) while they ran.
+    ``{"op": "throughput", "workload": {...}, "concurrency": C, "rollouts": R, "url": URL}``: C rollouts at
+    once from this process (one model and agent each, one shared HTTP client), each of the C lanes starting
+    its next rollout as the last ends until at least R have run (C when R is smaller); wall time, model
+    calls and the largest event-loop lag (how late a 10 ms timer fired) while they ran.
     ``{"op": "profile", "workload": {...}, "repeats": R, "url": URL, "out": PATH}``: R rollouts under cProfile
     (after a warm-up); the stats go to ``PATH`` (``.pstats``) and the top 30 by own time to ``PATH`` + ``.txt``.
 """
@@ -347,23 +348,30 @@ class Client:
             await self.settle()  # after the row's figures: the close is not one of the calls timed
         return {"rows": rows}
 
-    async def throughput(self, workload: Workload, concurrency: int) -> dict[str, Any]:
-        """The ``throughput`` command."""
+    async def throughput(self, workload: Workload, concurrency: int, rollouts: int = 0) -> dict[str, Any]:
+        """The ``throughput`` command: ``concurrency`` lanes, each running its share of ``rollouts`` in turn."""
         await self.rollout(workload, Timings())  # warm-up
         await self.settle()
         self.drain()
         gc.collect()
+        per_lane = max(1, -(-rollouts // concurrency))
+
+        async def lane() -> None:
+            for _ in range(per_lane):
+                await self.rollout(workload, Timings())
+
         lags: list[float] = [0.0]
         monitor = asyncio.ensure_future(loop_lag(lags))
         started = time.perf_counter()
         try:
-            await asyncio.gather(*(self.rollout(workload, Timings()) for _ in range(concurrency)))
+            await asyncio.gather(*(lane() for _ in range(concurrency)))
             await self.settle()  # closing the rollouts' sessions is part of their cost
         finally:
             monitor.cancel()
         wall = time.perf_counter() - started
         server = self.drain()
-        return {"wall": wall, "calls": concurrency * workload.calls, "server": sum(server), "lag": max(lags)}
+        calls = concurrency * per_lane * workload.calls
+        return {"wall": wall, "calls": calls, "server": sum(server), "lag": max(lags)}
 
     async def profile(self, workload: Workload, repeats: int, out: str) -> dict[str, Any]:
         """The ``profile`` command: ``repeats`` rollouts under cProfile, written to ``out`` (+ ``.txt``)."""
@@ -413,7 +421,9 @@ def main() -> None:
     print("READY", flush=True)
     handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
         "latency": lambda c: client.latency(Workload(**c["workload"]), int(c["repeats"]), bool(c.get("warmup", True))),
-        "throughput": lambda c: client.throughput(Workload(**c["workload"]), int(c["concurrency"])),
+        "throughput": lambda c: client.throughput(
+            Workload(**c["workload"]), int(c["concurrency"]), int(c.get("rollouts", 0))
+        ),
         "profile": lambda c: client.profile(Workload(**c["workload"]), int(c["repeats"]), str(c["out"])),
     }
     for line in sys.stdin:

@@ -10,8 +10,9 @@ What runs (every process on 127.0.0.1, stopped at the end):
 
 For every size, the workers run the same Strands agent (one tool, ``calls`` model calls) with the same
 offline Qwen3 tokenizer, a warm-up rollout, then ``--repeats`` rollouts; then model calls/s with C
-concurrent rollouts from one process, the median of ``--throughput-repeats`` runs (in rotating order) and
-the largest event-loop lag of those runs. See docs/performance.md for the definitions and a run.
+concurrent rollouts from one process (at least ``--min-rollouts`` per run: below that, each of the C lanes
+runs several rollouts in turn), the median of ``--throughput-repeats`` runs (in rotating order) and the
+largest event-loop lag of those runs. See docs/performance.md for the definitions and a run.
 
 Usage:
     python benchmarks/run.py --peer-python /path/to/py312-venv/bin/python
@@ -256,7 +257,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         )
                         runs[impl].append(
                             workers[impl].call(
-                                {"op": "throughput", "workload": workload.as_dict(), "concurrency": level, "url": url}
+                                {
+                                    "op": "throughput",
+                                    "workload": workload.as_dict(),
+                                    "concurrency": level,
+                                    "rollouts": args.min_rollouts,
+                                    "url": url,
+                                }
                             )
                         )
                 for impl, raws in runs.items():
@@ -466,6 +473,12 @@ def main() -> None:
         type=int,
         default=3,
         help="runs per calls/s figure (its median; a single run at 512 rollouts varies by +-12 %%)",
+    )
+    parser.add_argument(
+        "--min-rollouts",
+        type=int,
+        default=32,
+        help="rollouts per calls/s run at least (below this concurrency each lane runs several in turn)",
     )
     parser.add_argument("--concurrency-sizes", default="1000,8000,32000", help="sizes for the calls/s runs")
     parser.add_argument("--lag-concurrency", default="1000", help="extra concurrency levels for the event-loop lag")
