@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 from pathlib import Path
@@ -129,3 +130,8 @@ def trained_once(traj: Any) -> int:
     trained = sum(sum(s.trajectory.loss_mask[s.prompt_length :]) for s in training_branches(traj))
     assert trained == generated
     return generated
+
+
+async def gc_threshold(sample: Any) -> float:
+    """The collector's young-generation threshold while the rollout's reward runs."""
+    return float(gc.get_threshold()[0])

@@ -6,6 +6,7 @@ command line over them. Modules, one job each:
 * :mod:`~tito_core.runner.dataset`: tasks;
 * :mod:`~tito_core.runner.worker`: one rollout;
 * :mod:`~tito_core.runner.limits`: the loop limiter;
+* :mod:`~tito_core.runner.collector`: the garbage collector while many rollouts run;
 * :mod:`~tito_core.runner.rewards`: reward functions;
 * :mod:`~tito_core.runner.servers`: routing between inference servers;
 * :mod:`~tito_core.runner.executor`: the seam between the run and where rollouts execute;

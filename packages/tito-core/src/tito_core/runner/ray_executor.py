@@ -40,6 +40,7 @@ from ..config import RolloutSettings, TitoConfig
 from ..errors import ConfigError, DatasetError, TitoError
 from ._optional import pyarrow
 from ._optional import ray as import_ray
+from .collector import collector_for_rollouts
 from .dataset import Task, task_from_row
 from .executor import Emit, Executor, LocalExecutor, WorkItem
 from .records import RolloutRecord, arrow_schema, record_to_row
@@ -96,7 +97,8 @@ class RolloutActor:
         if worker is None:
             raise TitoError("the worker was not configured")
         work = _ITEM.decode(item)
-        record = await worker.run(work.task, work.sample, server=server)
+        with collector_for_rollouts(worker.settings.gc):
+            record = await worker.run(work.task, work.sample, server=server)
         return _ITEM_ENCODER.encode(record), worker.pool.server(server).healthy
 
 
@@ -411,7 +413,8 @@ class RolloutBatches:
         async def keep(record: RolloutRecord) -> None:
             done.append(record)
 
-        await LocalExecutor(settings.concurrency).run(items, worker, keep)
+        with collector_for_rollouts(settings.gc):
+            await LocalExecutor(settings.concurrency).run(items, worker, keep)
         order = {task.id: n for n, task in enumerate(tasks)}
         done.sort(key=lambda r: (order[r.task_id], r.sample))
         out: list[RolloutRecord] = done

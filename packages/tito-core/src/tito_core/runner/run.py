@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config import RolloutSettings, TitoConfig, load_config, with_overrides
 from ..errors import ConfigError, DatasetError
+from .collector import collector_for_rollouts
 from .dataset import Task, load_tasks, task_from_row
 from .executor import Executor, LocalExecutor, WorkItem
 from .progress import QuietReporter, Reporter
@@ -156,7 +157,8 @@ async def arollout(
                 stats.start()
                 reporter.started(stats)
 
-            await runner.run(items, worker, sink.emit, started)
+            with collector_for_rollouts(settings.gc):
+                await runner.run(items, worker, sink.emit, started)
         interrupted = False
     finally:
         writer.close()
