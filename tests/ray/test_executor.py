@@ -12,6 +12,7 @@ import pytest
 from tito_core import arollout
 from tito_core.errors import ConfigError, TitoError
 from tito_core.runner import LocalExecutor, read_records
+from tito_core.runner.collector import TUNED_THRESHOLD
 from tito_core.runner.ray_executor import RayExecutor
 from tito_core.tokenizers import load_tokenizer
 
@@ -68,6 +69,20 @@ async def test_ray_and_local_executors_write_the_same_records(tmp_path: Path, ex
         by_key = {r.key: comparable(r, ids=False) for r in read_records(tmp_path / "local.jsonl")}
         assert {r.key: comparable(r, ids=False) for r in read_records(tmp_path / "ray.jsonl")} == by_key
         assert [r.advantage for r in read_records(tmp_path / "ray.jsonl") if r.task_id == "t0"] in ([0, 1], [1, 0])
+    finally:
+        await server.aclose()
+
+
+async def test_workers_roll_out_under_the_runs_gc_setting(tmp_path: Path, executor: RayExecutor) -> None:
+    (server,) = await _servers(1)
+    try:
+        config = sglang_config([server.url], reward="tests.runner.helpers:gc_threshold")  # gc = "tuned": the default
+        await arollout(config, tasks(3), tmp_path / "tuned.jsonl", executor=executor)
+        assert [r.reward for r in read_records(tmp_path / "tuned.jsonl")] == [float(TUNED_THRESHOLD[0])] * 3
+        config["rollout"]["gc"] = "default"  # the same actors, rebuilt for the new config: the tuning is undone
+        await arollout(config, tasks(3), tmp_path / "default.jsonl", executor=executor)
+        rewards = [r.reward for r in read_records(tmp_path / "default.jsonl")]
+        assert len(rewards) == 3 and float(TUNED_THRESHOLD[0]) not in rewards
     finally:
         await server.aclose()
 

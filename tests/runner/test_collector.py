@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +40,18 @@ def test_tuned_inside_the_block_and_restored_after() -> None:
         assert gc.get_freeze_count() >= len(alive)  # what was alive at the start is out of the collector's reach
     assert gc.get_threshold() == (700, 10, 10)
     assert gc.get_freeze_count() == 0
+
+
+def test_garbage_alive_at_the_start_is_collected_not_frozen() -> None:
+    class Node:
+        pass
+
+    node = Node()
+    node.self = node  # type: ignore[attr-defined]  # a reference cycle: only the collector frees it
+    gone = weakref.ref(node)
+    del node
+    with collector_for_rollouts("tuned"):
+        assert gone() is None  # frozen, it would stay until the last user leaves
 
 
 def test_restored_when_the_block_raises() -> None:

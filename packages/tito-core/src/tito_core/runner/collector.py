@@ -3,14 +3,15 @@
 With hundreds of rollouts on one event loop, the cyclic collector takes a large share of the process: it
 collects the young generation every 700 net allocations of container objects, and each full collection
 walks every live object, the tokenizer, Strands and the loaded modules included (docs/scaling.md). While
-rollouts run, :func:`collector_for_rollouts` moves what is alive at their start out of the collector's
-reach (``gc.freeze``) and collects the young generation every 10,000 allocations; the settings in place
-before are restored when the last rollout of the process ends. Memory held by reference cycles waits a
-little longer to be freed; nothing else changes.
+rollouts run, :func:`collector_for_rollouts` collects once, moves what is alive then out of the
+collector's reach (``gc.freeze``) and collects the young generation every 10,000 allocations; the settings
+in place before are restored, and the frozen objects made collectable again, when the last user leaves.
+Memory held by reference cycles waits a little longer to be freed; nothing else changes.
 
-The settings are the process's, so overlapping users (two runs on one event loop, a Ray actor's lanes) share
-one tuning: the first to enter applies it, the last to leave restores it. A process whose collector is
-switched off (``gc.disable()``) is left as it is.
+The settings are the process's, so overlapping users (two runs on one event loop, runs on several threads)
+share one tuning: the first to enter applies it, the last to leave restores it. A Ray worker actor holds it
+for as long as it has a worker built. A process whose collector is switched off (``gc.disable()``) is left
+as it is.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ def _enter() -> None:
         threshold = gc.get_threshold()
         # objects someone else froze stay frozen: unfreezing is all-or-nothing
         _restore = ((threshold[0], threshold[1], threshold[2]), gc.get_freeze_count() == 0)
+        gc.collect()  # garbage alive now would be frozen too, out of reach until the last user leaves
         gc.freeze()
         gc.set_threshold(*TUNED_THRESHOLD)
 

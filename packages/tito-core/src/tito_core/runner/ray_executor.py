@@ -71,6 +71,7 @@ class RolloutActor:
         self._worker: RolloutWorker | None = None
         self._config: tuple[TitoConfig, str | None] | None = None
         self._building = asyncio.Lock()
+        self._collector = contextlib.ExitStack()  # rollout.gc, held while a worker is built
         # The tokenizer's imports (seconds) now, while the driver is still loading and checking: configure()
         # then mostly reads files.
         with contextlib.suppress(ImportError):
@@ -86,9 +87,12 @@ class RolloutActor:
                 if self._worker is not None:
                     await self._worker.aclose()
                     self._worker = None
+                    self._collector.close()
                 where = Path(base_dir) if base_dir is not None else None
                 self._worker = await RolloutWorker.create(config, base_dir=where, check_servers=False)
                 self._config = (config, base_dir)
+                # this process only runs rollouts: tuned once for the worker's life, not per item
+                self._collector.enter_context(collector_for_rollouts(config.rollout.gc))
         return f"{socket.gethostname()}:{os.getpid()}"
 
     async def run(self, item: bytes, server: str) -> tuple[bytes, bool]:
@@ -97,8 +101,7 @@ class RolloutActor:
         if worker is None:
             raise TitoError("the worker was not configured")
         work = _ITEM.decode(item)
-        with collector_for_rollouts(worker.settings.gc):
-            record = await worker.run(work.task, work.sample, server=server)
+        record = await worker.run(work.task, work.sample, server=server)
         return _ITEM_ENCODER.encode(record), worker.pool.server(server).healthy
 
 
