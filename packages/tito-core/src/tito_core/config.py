@@ -93,7 +93,7 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             same output runs it again, under the weights current then).
         gc: Python's garbage collector while rollouts run: ``"tuned"`` (the default) moves what is alive when
             they start out of its reach and collects the young generation every 10,000 allocations instead of
-            700, restoring the settings after (~17 % more rollouts/s at 512 at once, docs/scaling.md);
+            700, restoring the settings after (~14 % more rollouts/s at 512 at once, docs/scaling.md);
             ``"default"`` leaves the process's settings alone (:mod:`tito_core.runner.collector`).
     """
 
