@@ -110,9 +110,9 @@ def main() -> None:
             f"{'overhead':>12}"
         )
         for level in [int(c) for c in args.concurrency.split(",") if c]:
+            rollouts = level * args.rollouts_per_lane
+            tasks = [{"id": str(i), "prompt": USER_PROMPT} for i in range(rollouts // args.group_size)]
             for gc in [g for g in args.gc.split(",") if g]:
-                rollouts = level * args.rollouts_per_lane
-                tasks = [{"id": str(i), "prompt": USER_PROMPT} for i in range(rollouts // args.group_size)]
                 with tempfile.TemporaryDirectory() as tmp:
                     config = _config(url, tokenizer, level, args.group_size, gc)
                     summary = rollout(config, tasks, Path(tmp) / "r.jsonl")

@@ -715,30 +715,26 @@ class Rollout:
             return self._fork(messages, system, tools, 0, "the system prompt or the tool list changed")
         n = len(self._consumed)
         agree = _common_prefix(messages, self._consumed)
-        same_history = agree == n
-        if self._pending is not None:
-            if (
-                same_history
-                and len(messages) > n
-                and messages[n].get("role") == "assistant"
-                and _assistant_signature(messages[n]) == self._pending.expected
-            ):
-                self._consumed.append(_seen(messages[n]))
-                self._marks.append(_Mark(n + 1, len(self._traj), "output"))
-                self._call_ids = self._pending.call_ids
-                self._pending = None
-                n += 1
-            elif same_history and len(messages) == n:
-                reason = "the previous output was discarded (model call retried)"
-                return self._fork(messages, system, tools, n, reason, discarded=True)
-            else:
-                return self._fork(
-                    messages, system, tools, agree, f"the conversation history was rewritten at message {agree}"
-                )
-        elif not same_history:
+        pending = self._pending
+        if pending is not None and agree == n and len(messages) == n:
+            reason = "the previous output was discarded (model call retried)"
+            return self._fork(messages, system, tools, n, reason, discarded=True)
+        output_back = (
+            pending is not None
+            and agree == n
+            and messages[n].get("role") == "assistant"  # len(messages) > n: the retry case returned above
+            and _assistant_signature(messages[n]) == pending.expected
+        )
+        if agree < n or (pending is not None and not output_back):
             return self._fork(
                 messages, system, tools, agree, f"the conversation history was rewritten at message {agree}"
             )
+        if pending is not None:  # its output came back as the next message
+            self._consumed.append(_seen(messages[n]))
+            self._marks.append(_Mark(n + 1, len(self._traj), "output"))
+            self._call_ids = pending.call_ids
+            self._pending = None
+            n += 1
         new = messages[n:]
         if any(m.get("role") == "assistant" for m in new):
             return self._fork(messages, system, tools, n, "assistant messages were inserted into the history")

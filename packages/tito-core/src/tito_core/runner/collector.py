@@ -54,9 +54,8 @@ def _enter() -> None:
         _users += 1
         if _users > 1 or not gc.isenabled():
             return
-        threshold = gc.get_threshold()
         # objects someone else froze stay frozen: unfreezing is all-or-nothing
-        _restore = ((threshold[0], threshold[1], threshold[2]), gc.get_freeze_count() == 0)
+        _restore = (gc.get_threshold(), gc.get_freeze_count() == 0)
         gc.collect()  # garbage alive now would be frozen too, out of reach until the last user leaves
         gc.freeze()
         gc.set_threshold(*TUNED_THRESHOLD)
