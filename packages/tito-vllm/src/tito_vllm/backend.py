@@ -32,371 +32,31 @@ import inspect
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal, TypeVar, Unpack
+from typing import Any, ClassVar, Literal, Unpack
 
 import msgspec
 
-from tito_core.backend import FinishReason, GenerateRequest, GenerateResult, PauseMode, SamplingParams
-from tito_core.errors import BackendError, BackendResponseError, ConfigError, ContextLengthError
-from tito_core.http import HttpBackend, HttpOptions
-from tito_core.versions import decode_spans
+from tito_core.backend import GenerateRequest, GenerateResult
+from tito_core.errors import BackendError, BackendResponseError, ConfigError
+from tito_core.http import HttpOptions
 from tito_vllm import _wire
+from tito_vllm._server import ROUTE_MISSING, Mode, _VLLMServer
 
 __all__ = ["Endpoint", "Mode", "VLLMBackend", "VLLMChatBackend", "openai_messages", "vllm_backend"]
 
 logger = logging.getLogger(__name__)
 
-Mode = Literal["tokens", "chat"]
 Endpoint = Literal["auto", "generate", "completions"]
 
 _GENERATE_PATH = "/inference/v1/generate"
 _COMPLETIONS_PATH = "/v1/completions"
 _CHAT_PATH = "/v1/chat/completions"
-_MODELS_PATH = "/v1/models"
-_SERVER_INFO_PATH = "/server_info?config_format=json"
 
-_FINISH_REASONS: dict[str, FinishReason] = {
-    "stop": "stop",
-    "tool_calls": "stop",  # chat endpoint, server-side tool parser matched a call
-    "repetition": "stop",  # repetition detection; stop_reason names the pattern
-    "length": "length",
-    "abort": "abort",
-}
 # Fields of a /inference/v1/generate request that live beside `sampling_params`, not inside it.
 _GENERATE_REQUEST_FIELDS = frozenset(
     {"cache_salt", "priority", "kv_transfer_params", "ec_transfer_params", "reasoning_ended",
      "reasoning_parser_kwargs", "features", "content_parts", "output_mode"}
 )  # fmt: skip
-# Statuses meaning "this route is not served here" (403: scale-out endpoints disabled).
-_ROUTE_MISSING = frozenset({403, 404, 405})
-
-_encoder = msgspec.json.Encoder()
-_V = TypeVar("_V")
-
-
-class _VLLMServer(HttpBackend):
-    """What both vLLM modes share: options, model discovery, request id checks, answer decoding."""
-
-    name: ClassVar[str] = "vllm"
-    mode: ClassVar[Mode]
-    supports_grammar: ClassVar[bool] = True
-    supports_pause: ClassVar[bool] = True
-    default_base_url: ClassVar[str] = "http://127.0.0.1:8000"
-
-    def __init__(
-        self,
-        base_url: str | None = None,
-        *,
-        model: str | None = None,
-        check_request_id: bool = True,
-        **options: Unpack[HttpOptions],
-    ) -> None:
-        extra: dict[str, Any] = dict(options)
-        if "mode" in extra:  # the class is the mode: say which one to use instead of a bare TypeError
-            raise ConfigError(
-                f"{type(self).__name__} takes no `mode` (got {extra['mode']!r}): the class is the mode. Use "
-                "VLLMChatBackend for the chat mode and VLLMBackend for token ids, or choose by name with "
-                "get_backend('vllm', mode='chat' | 'tokens')"
-            )
-        super().__init__(base_url, **options)
-        self.model = model
-        # vLLM names a request by the X-Request-Id header when there is one, else by the body's
-        # request_id: with a fixed X-Request-Id header the echoed id cannot match the rid.
-        self.check_request_id = check_request_id and not any(
-            k.lower() == "x-request-id" for k in (options.get("headers") or {})
-        )
-        self._max_model_len: int | None = None
-        self._discovered = False
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.base_url!r}, model={self.model!r})"
-
-    # -- weight updates (tito_core.weights.weight_update; the routes need VLLM_SERVER_DEV_MODE=1) ----------
-
-    async def pause_generation(self, mode: PauseMode = "keep") -> None:
-        """``POST /pause?mode=keep|abort``; requests sent while paused wait for the resume.
-
-        ``keep``: requests in flight freeze with their KV cache until the resume. ``abort``: they end with the
-        tokens generated so far. vLLM 0.32 has no pause that recomputes the requests in flight
-        (``mode="recompute"``); its ``wait`` mode (drain first) is not a pause of requests in flight.
-        """
-        if mode not in ("keep", "abort"):
-            raise ConfigError(
-                f"vLLM cannot pause in {mode!r} mode: its pause keeps the KV cache (mode='keep') "
-                "or aborts (mode='abort')"
-            )
-        await self._http.post(f"/pause?mode={mode}", b"")
-
-    async def resume_generation(self) -> None:
-        """``POST /resume``."""
-        await self._http.post("/resume", b"")
-
-    async def set_weight_version(self, version: str) -> None:
-        """``POST /update_weight_version``: the label the answers' ``weight_versions`` spans carry from now on."""
-        await self._http.post("/update_weight_version", json.dumps({"new_version": version}).encode())
-
-    # -- server facts ------------------------------------------------------------------------------
-
-    async def _discover(self) -> None:
-        """Read the model name and its context window from ``GET /v1/models`` (once)."""
-        if self._discovered:
-            return
-        models = self._decode(await self._http.get(_MODELS_PATH), _wire.ModelList, _MODELS_PATH)
-        if not models.data:
-            raise BackendResponseError(f"{self.name}: {_MODELS_PATH} lists no model", field="data", backend=self.name)
-        card = next((m for m in models.data if m.id == self.model), None)
-        if card is None:
-            if self.model is not None:
-                served = ", ".join(m.id for m in models.data)
-                raise BackendError(
-                    f"{self.name}: model {self.model!r} is not served by {self.base_url} (serves: {served})",
-                    backend=self.name,
-                )
-            card = models.data[0]
-        self.model = card.id
-        self._max_model_len = card.max_model_len
-        self._discovered = True
-
-    async def max_context_length(self) -> int | None:
-        """``max_model_len`` of the served model, from ``GET /v1/models``."""
-        await self._discover()
-        return self._max_model_len
-
-    async def logprobs_mode(self) -> str | None:
-        """Return the server's ``--logprobs-mode`` (``"raw_logprobs"`` by default), None if unknown.
-
-        vLLM reports it only on its development endpoint ``GET /server_info`` (servers started with
-        ``VLLM_SERVER_DEV_MODE=1``); elsewhere this returns None. ``raw_logprobs`` means the returned
-        logprobs ignore temperature, top-k and top-p; ``processed_logprobs`` means they are the
-        logprobs of the distribution actually sampled from.
-        """
-        try:
-            body = await self._http.get(_SERVER_INFO_PATH)
-        except BackendError as exc:
-            if exc.status in _ROUTE_MISSING:
-                return None
-            raise
-        try:
-            info = msgspec.json.decode(body)
-            mode = info["vllm_config"]["model_config"]["logprobs_mode"]
-        except (msgspec.DecodeError, KeyError, TypeError):
-            return None
-        return mode if isinstance(mode, str) else None
-
-    # -- request building --------------------------------------------------------------------------
-
-    def _sampling_fields(self, request: GenerateRequest, *, for_generate: bool) -> dict[str, Any]:
-        """Map the sampling parameters to vLLM's names (the same in every endpoint), ``extra`` last.
-
-        A grammar goes to ``structured_outputs.grammar`` (vLLM's structured-output backend, xgrammar by
-        default): top level on the OpenAI endpoints, inside ``sampling_params`` on ``/inference/v1/generate``.
-        """
-        s: SamplingParams = request.sampling
-        out: dict[str, Any] = {}
-        max_tokens = s.max_new_tokens
-        if max_tokens is None and not for_generate and self.mode == "tokens" and self._max_model_len:
-            # /v1/completions defaults to 16 new tokens: ask for the room left instead.
-            max_tokens = self._max_model_len - len(request.input_ids)
-            if max_tokens < 1:
-                raise ContextLengthError(
-                    f"{self.name}: the prompt ({len(request.input_ids)} tokens) leaves no room in the "
-                    f"context window ({self._max_model_len} tokens)",
-                    backend=self.name,
-                )
-        if max_tokens != s.max_new_tokens:
-            s = msgspec.structs.replace(s, max_new_tokens=max_tokens)
-        out.update(s.engine_fields(max_new_tokens="max_tokens"))
-        out["skip_special_tokens"] = False
-        out["include_stop_str_in_output"] = True
-        if request.return_routed_experts:
-            # Routing rows of the trajectory so far were returned by the previous calls.
-            out["routed_experts_prompt_start"] = request.prefix_len
-        if request.grammar is not None:
-            out["structured_outputs"] = {"grammar": request.grammar}
-        out.update(s.extra)
-        return out
-
-    # -- response decoding -------------------------------------------------------------------------
-
-    async def _post(self, path: str, body: dict[str, Any], view: type[_V], *, max_body: int) -> _V:
-        # No abort callback: vLLM aborts a request when its connection closes, and the transport closes
-        # the connection on a timeout, a cancellation or a failed exchange.
-        raw = await self._http.post(path, _encoder.encode(body), max_body=max_body)
-        return self._decode(raw, view, path)
-
-    def _answer_limit(self, request: GenerateRequest, *, echoed_tokens: int) -> int:
-        """Body limit of a generation's answer (see :func:`tito_core.http.response_byte_limit`)."""
-        n_prompt = len(request.input_ids)
-        routed = 0
-        if request.return_routed_experts:
-            routed = n_prompt + (request.sampling.max_new_tokens or self._max_model_len or 131_072)
-        return self.response_limit(
-            request,
-            echoed_tokens=echoed_tokens,
-            prompt_logprob_tokens=n_prompt if request.return_prompt_logprobs else 0,
-            routed_expert_tokens=routed,
-            context_length=self._max_model_len,
-        )
-
-    def _check_echoed_id(self, echoed: str | None, prefix: str, request: GenerateRequest, field: str) -> None:
-        """Refuse an answer whose id says it belongs to another request.
-
-        vLLM (>= 0.32) names a request ``prefix + (X-Request-Id header or the body's request_id)`` and
-        answers with that name: ``"generate-tokens-<rid>"`` in ``request_id`` of
-        ``/inference/v1/generate``, ``"cmpl-<rid>"`` and ``"chatcmpl-<rid>"`` in ``id`` of the completions
-        and chat answers. tito sends the rid as ``request_id`` (and no X-Request-Id), so an id of that
-        form naming another rid is an answer mixed up between requests. An id of another form (a proxy,
-        another server) or none is not checked: it proves nothing either way.
-        """
-        if not self.check_request_id or echoed is None or not echoed.startswith(prefix):
-            return
-        if echoed != prefix + request.rid:
-            raise BackendResponseError(
-                f"{self.name}: the answer is for request {echoed!r}, not {prefix + request.rid!r} (a vLLM older "
-                "than 0.32 ignores the request_id sent: pass check_request_id=False for such a server)",
-                field=field,
-                value=echoed,
-                backend=self.name,
-            )
-
-    def _decode(self, raw: bytes, view: type[_V], path: str) -> _V:
-        try:
-            return msgspec.json.decode(raw, type=view)
-        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
-            # UnicodeDecodeError: invalid UTF-8 inside a JSON string (msgspec raises it, not a DecodeError)
-            text = raw[:2000].decode("utf-8", errors="replace")
-            raise BackendResponseError(
-                f"{self.name}: unexpected answer from {path}: {exc}", field="body", body=text, backend=self.name
-            ) from exc
-
-    def _only_choice(self, choices: Sequence[_V], path: str) -> _V:
-        if len(choices) != 1:
-            raise BackendResponseError(
-                f"{self.name}: {path} returned {len(choices)} choices, expected 1",
-                field="choices",
-                value=len(choices),
-                backend=self.name,
-            )
-        return choices[0]
-
-    def _output_ids(self, token_ids: list[int] | None, path: str) -> list[int]:
-        if token_ids is None:
-            raise BackendResponseError(
-                f"{self.name}: {path} returned no token_ids (a vLLM older than 0.10.2 ignores return_token_ids)",
-                field="token_ids",
-                backend=self.name,
-            )
-        return token_ids
-
-    def _misaligned(self, path: str, detail: str) -> BackendResponseError:
-        return BackendResponseError(
-            f"{self.name}: {path}: output logprobs misaligned: {detail}", field="logprobs", backend=self.name
-        )
-
-    def _check_length(self, n_logprobs: int, n_ids: int, path: str) -> None:
-        if n_logprobs != n_ids:
-            raise self._misaligned(path, f"{n_logprobs} logprobs for {n_ids} output tokens")
-
-    def _check_tagged_tokens(self, tokens: Sequence[str | None], output_ids: list[int], path: str) -> None:
-        """With ``return_tokens_as_token_ids`` each logprob names its token as ``token_id:N``: check it."""
-        prefix = _wire.TOKEN_ID_PREFIX
-        if len(tokens) != len(output_ids):
-            raise self._misaligned(path, f"{len(tokens)} logprob tokens for {len(output_ids)} output tokens")
-        for position, (token, token_id) in enumerate(zip(tokens, output_ids, strict=True)):
-            if token is None or not token.startswith(prefix):
-                return  # the server does not tag tokens with ids: the length check is all we can do
-            if token[len(prefix) :] != str(token_id):
-                raise self._misaligned(path, f"logprob {position} is for {token!r}, the output token is {token_id}")
-
-    def _floats(self, values: Sequence[float | None], path: str) -> list[float]:
-        if any(v is None for v in values):
-            raise self._misaligned(path, "a generated token has a null logprob")
-        return [v for v in values if v is not None]
-
-    def _result(
-        self,
-        request: GenerateRequest,
-        choice: _wire._Choice,
-        output_ids: list[int],
-        logprobs: list[float] | None,
-        usage: _wire.Usage | None,
-        prompt_ids: list[int] | None,
-        prompt_logprobs: _wire.PromptLogprobs | None,
-        path: str,
-    ) -> GenerateResult:
-        reason = choice.finish_reason or "stop"
-        finish = _FINISH_REASONS.get(reason)
-        if finish is None:
-            raise BackendResponseError(
-                f"{self.name}: {path}: generation failed on the server (finish_reason {reason!r})",
-                field="finish_reason",
-                value=reason,
-                body=str(choice.stop_reason) if choice.stop_reason is not None else None,
-                backend=self.name,
-            )
-        matched: str | int | None = choice.stop_reason
-        if matched is None and finish == "stop" and reason == "stop" and output_ids:
-            matched = output_ids[-1]  # vLLM reports EOS as stop_reason null; the EOS id is the last id
-        routed: bytes | None = None
-        routed_shape: tuple[int, int] | None = None
-        routed_start = 0
-        if request.return_routed_experts and choice.routed_experts:
-            routed, shape = _wire.decode_npy_int32(choice.routed_experts, backend=self.name)
-            if len(shape) != 3:
-                raise BackendResponseError(
-                    f"{self.name}: {path}: routed_experts has shape {shape}, not (tokens, layers, top_k)",
-                    field="routed_experts",
-                    value=shape,
-                    backend=self.name,
-                )
-            routed_shape = (shape[1], shape[2])
-            routed_start = request.prefix_len
-        prompt_lp: list[float | None] | None = None
-        if request.return_prompt_logprobs and prompt_logprobs is not None:
-            prompt_lp = self._prompt_logprobs(request, prompt_ids, prompt_logprobs, path)
-        cached = None
-        if usage is not None and usage.prompt_tokens_details is not None:
-            cached = usage.prompt_tokens_details.cached_tokens
-        versions = None
-        if choice.weight_versions is not None:
-            versions = decode_spans(choice.weight_versions, len(output_ids), backend=self.name)
-        return GenerateResult(
-            output_ids=output_ids,
-            output_logprobs=logprobs,
-            finish_reason=finish,
-            matched_stop=matched,
-            prompt_ids=prompt_ids,
-            prompt_logprobs=prompt_lp,
-            prompt_tokens=usage.prompt_tokens if usage is not None else None,
-            cached_tokens=cached,
-            routed_experts=routed,
-            routed_experts_start=routed_start,
-            routed_experts_shape=routed_shape,
-            weight_versions=versions,
-        )
-
-    def _prompt_logprobs(
-        self,
-        request: GenerateRequest,
-        prompt_ids: list[int] | None,
-        entries: _wire.PromptLogprobs,
-        path: str,
-    ) -> list[float | None]:
-        """Logprob of each new prompt token (``input_ids[prefix_len:]``), read by token id."""
-        ids: Sequence[int] = prompt_ids if prompt_ids is not None else request.input_ids
-        if len(entries) != len(ids):
-            raise BackendResponseError(
-                f"{self.name}: {path}: {len(entries)} prompt logprobs for a {len(ids)}-token prompt",
-                field="prompt_logprobs",
-                value=len(entries),
-                backend=self.name,
-            )
-        out: list[float | None] = []
-        for position in range(request.prefix_len, len(ids)):
-            entry = entries[position]
-            item = entry.get(ids[position]) if entry is not None else None
-            out.append(item.logprob if item is not None else None)
-        return out
 
 
 class VLLMBackend(_VLLMServer):
@@ -448,7 +108,7 @@ class VLLMBackend(_VLLMServer):
             try:
                 return await self._generate_native(request)
             except BackendError as exc:
-                if self.endpoint == "generate" or exc.status not in _ROUTE_MISSING:
+                if self.endpoint == "generate" or exc.status not in ROUTE_MISSING:
                     raise
                 logger.info(
                     "%s: %s is not available on %s (HTTP %s); using %s",
@@ -476,22 +136,22 @@ class VLLMBackend(_VLLMServer):
         limit = self._answer_limit(request, echoed_tokens=echoed)
         response = await self._post(_GENERATE_PATH, body, _wire.GenerateResponse, max_body=limit)
         self._check_echoed_id(response.request_id, "generate-tokens-", request, "request_id")
-        choice = self._only_choice(response.choices, _GENERATE_PATH)
-        output_ids = self._output_ids(choice.token_ids, _GENERATE_PATH)
+        choice = self._answers.only_choice(response.choices, _GENERATE_PATH)
+        output_ids = self._answers.output_ids(choice.token_ids, _GENERATE_PATH)
         logprobs: list[float] | None = None
         if request.return_logprobs:
             entries = choice.logprobs.content if choice.logprobs is not None else None
             if entries is None:
-                raise self._misaligned(_GENERATE_PATH, "no logprobs although they were requested")
-            self._check_length(len(entries), len(output_ids), _GENERATE_PATH)
+                raise self._answers.misaligned(_GENERATE_PATH, "no logprobs although they were requested")
+            self._answers.check_length(len(entries), len(output_ids), _GENERATE_PATH)
             for position, (entry, token_id) in enumerate(zip(entries, output_ids, strict=True)):
                 if entry.token_id != token_id:
-                    raise self._misaligned(
+                    raise self._answers.misaligned(
                         _GENERATE_PATH,
                         f"logprob {position} is for token {entry.token_id}, the output token is {token_id}",
                     )
             logprobs = [entry.logprob for entry in entries]
-        return self._result(request, choice, output_ids, logprobs, response.usage, response.prompt_token_ids,
+        return self._answers.result(request, choice, output_ids, logprobs, response.usage, response.prompt_token_ids,
                             response.prompt_logprobs, _GENERATE_PATH)  # fmt: skip
 
     async def _generate_completions(self, request: GenerateRequest) -> GenerateResult:
@@ -506,18 +166,18 @@ class VLLMBackend(_VLLMServer):
         limit = self._answer_limit(request, echoed_tokens=len(request.input_ids))
         response = await self._post(_COMPLETIONS_PATH, body, _wire.CompletionResponse, max_body=limit)
         self._check_echoed_id(response.id, "cmpl-", request, "id")
-        choice = self._only_choice(response.choices, _COMPLETIONS_PATH)
-        output_ids = self._output_ids(choice.token_ids, _COMPLETIONS_PATH)
+        choice = self._answers.only_choice(response.choices, _COMPLETIONS_PATH)
+        output_ids = self._answers.output_ids(choice.token_ids, _COMPLETIONS_PATH)
         logprobs: list[float] | None = None
         if request.return_logprobs:
             lp = choice.logprobs
             if lp is None or lp.token_logprobs is None:
-                raise self._misaligned(_COMPLETIONS_PATH, "no logprobs although they were requested")
-            self._check_length(len(lp.token_logprobs), len(output_ids), _COMPLETIONS_PATH)
+                raise self._answers.misaligned(_COMPLETIONS_PATH, "no logprobs although they were requested")
+            self._answers.check_length(len(lp.token_logprobs), len(output_ids), _COMPLETIONS_PATH)
             if lp.tokens is not None:
-                self._check_tagged_tokens(lp.tokens, output_ids, _COMPLETIONS_PATH)
-            logprobs = self._floats(lp.token_logprobs, _COMPLETIONS_PATH)
-        return self._result(request, choice, output_ids, logprobs, response.usage, choice.prompt_token_ids,
+                self._answers.check_tagged_tokens(lp.tokens, output_ids, _COMPLETIONS_PATH)
+            logprobs = self._answers.floats(lp.token_logprobs, _COMPLETIONS_PATH)
+        return self._answers.result(request, choice, output_ids, logprobs, response.usage, choice.prompt_token_ids,
                             choice.prompt_logprobs, _COMPLETIONS_PATH)  # fmt: skip
 
 
@@ -555,8 +215,8 @@ class VLLMChatBackend(_VLLMServer):
         limit = self._answer_limit(request, echoed_tokens=len(request.input_ids))
         response = await self._post(_CHAT_PATH, body, _wire.ChatResponse, max_body=limit)
         self._check_echoed_id(response.id, "chatcmpl-", request, "id")
-        choice = self._only_choice(response.choices, _CHAT_PATH)
-        output_ids = self._output_ids(choice.token_ids, _CHAT_PATH)
+        choice = self._answers.only_choice(response.choices, _CHAT_PATH)
+        output_ids = self._answers.output_ids(choice.token_ids, _CHAT_PATH)
         if response.prompt_token_ids is None:
             raise BackendResponseError(
                 f"{self.name}: {_CHAT_PATH} returned no prompt_token_ids", field="prompt_token_ids", backend=self.name
@@ -565,11 +225,11 @@ class VLLMChatBackend(_VLLMServer):
         if request.return_logprobs:
             entries = choice.logprobs.content if choice.logprobs is not None else None
             if entries is None:
-                raise self._misaligned(_CHAT_PATH, "no logprobs although they were requested")
-            self._check_length(len(entries), len(output_ids), _CHAT_PATH)
-            self._check_tagged_tokens([e.token for e in entries], output_ids, _CHAT_PATH)
+                raise self._answers.misaligned(_CHAT_PATH, "no logprobs although they were requested")
+            self._answers.check_length(len(entries), len(output_ids), _CHAT_PATH)
+            self._answers.check_tagged_tokens([e.token for e in entries], output_ids, _CHAT_PATH)
             logprobs = [e.logprob for e in entries]
-        return self._result(request, choice, output_ids, logprobs, response.usage, response.prompt_token_ids,
+        return self._answers.result(request, choice, output_ids, logprobs, response.usage, response.prompt_token_ids,
                             response.prompt_logprobs, _CHAT_PATH)  # fmt: skip
 
 
