@@ -125,7 +125,7 @@ def test_config_carries_escape_and_render_mode(qwen3_tokenizer):
     config = load_config({"backend": "scripted", "escape_special_text": True, "render_mode": "full"})
     model = config.create_model(ScriptedBackend(qwen3_tokenizer), tokenizer=qwen3_tokenizer)
     assert model.renderer.escape_special_text is True
-    assert model._rollout.render_mode == "full"
+    assert model._rollout.prompts.render_mode == "full"
     with pytest.raises(ConfigError, match="render_mode"):
         load_config({"backend": "scripted", "render_mode": "sometimes"})
 

@@ -286,7 +286,8 @@ def test_history_rebuilt_with_the_same_content_does_not_fork(qwen25_tokenizer):
 
 
 def test_consumed_messages_are_compared_by_content_whatever_it_holds():
-    from tito_core.recording import _common_prefix, _seen
+    from tito_core.conversation import canonical
+    from tito_core.rollout_core.sync import _common_prefix
 
     class Opaque:  # content msgspec cannot encode: the message itself is kept and compared
         def __eq__(self, other: object) -> bool:
@@ -294,18 +295,15 @@ def test_consumed_messages_are_compared_by_content_whatever_it_holds():
 
         __hash__ = None  # type: ignore[assignment]
 
-    plain = {"role": "user", "content": [{"text": "hi"}]}
-    odd = {"role": "user", "content": [{"json": Opaque()}]}
-    seen = [_seen(plain), _seen(odd)]
+    plain = {"role": "user", "content": "hi"}
+    odd = {"role": "tool", "tool_call_id": "c1", "content": Opaque()}
+    seen = [canonical(plain), canonical(odd)]
     assert isinstance(seen[0], bytes) and seen[1] is odd
-    same = [
-        {"role": "user", "content": [{"text": "hi"}], "metadata": {"x": 1}},
-        {"role": "user", "content": [{"json": Opaque()}]},
-    ]
+    same = [{"content": "hi", "role": "user"}, {"role": "tool", "tool_call_id": "c1", "content": Opaque()}]
     assert _common_prefix(same, seen) == 2
-    assert _common_prefix([{"role": "user", "content": [{"text": "hi!"}]}, odd], seen) == 0
-    assert _common_prefix([plain, {"role": "user", "content": [{"json": 1}]}], seen) == 1
-    assert _common_prefix([{"role": "assistant", "content": [{"text": "hi"}]}], seen) == 0
+    assert _common_prefix([{"role": "user", "content": "hi!"}, odd], seen) == 0
+    assert _common_prefix([plain, {"role": "tool", "tool_call_id": "c1", "content": 1}], seen) == 1
+    assert _common_prefix([{"role": "assistant", "content": "hi"}], seen) == 0
 
 
 def test_second_invocation_continues_the_same_rollout(qwen25_tokenizer):
@@ -551,17 +549,27 @@ def test_another_eos_is_not_shown_as_content(qwen25_tokenizer):
 
 
 def test_incremental_json_of_input_ids_is_byte_exact(qwen25_tokenizer):
-    """The cached JSON of the trajectory ids equals a fresh encoding on every call, across forks too."""
+    """An adapter's per-sequence JSON of the ids equals a fresh encoding on every call, across forks too."""
     import msgspec
+
+    from tito_core.ids_json import IdsJson
 
     tok = qwen25_tokenizer
 
     class JsonBackend(ScriptedBackend):
-        json_input_ids = True
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.ids_json = IdsJson()
+            self.extended = 0
 
         async def generate(self, request):
-            assert request.input_ids_json == msgspec.json.encode(list(request.input_ids))
+            kept = len(self.ids_json) and request.sequence in self.ids_json._texts
+            self.extended += bool(kept)
+            assert self.ids_json.encode(request) == msgspec.json.encode(list(request.input_ids))
             return await super().generate(request)
+
+        def end_sequence(self, sequence):
+            self.ids_json.end(sequence)
 
     replies = [hermes_call("add", {"a": i, "b": 1}) for i in range(3)] + ["done", "again", "more"]
     backend = JsonBackend(tok, replies)
@@ -572,4 +580,5 @@ def test_incremental_json_of_input_ids_is_byte_exact(qwen25_tokenizer):
     agent("and again")  # the window trimmed the history: this call forks
     agent("once more")
     assert model.trajectory.branch >= 1 and len(backend.requests) == 6
-    assert all(r.input_ids_json is not None for r in backend.requests)
+    assert backend.extended >= 3  # later calls of a branch extend the kept text
+    assert len(backend.ids_json) == 1  # the forked branches' texts were dropped when their sequences ended

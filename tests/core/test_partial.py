@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from array import array
 
-import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -39,12 +38,11 @@ def _cut(ids: list[int], version: str = "0") -> GenerateResult:
 
 
 def test_a_continuation_sends_the_prompt_and_the_cut_tokens_and_asks_for_the_rest() -> None:
-    request = _request(input_ids_json=b"[1,2,3]", return_prompt_logprobs=True)
+    request = _request(return_prompt_logprobs=True)
     follow = continuation(request, _cut([7, 8, 9, 10]), 1)
     assert follow is not None
     assert follow.rid == "r-c1" and follow.sequence == "s"
     assert list(follow.input_ids) == [1, 2, 3, 7, 8, 9, 10] and follow.prefix_len == 7
-    assert follow.input_ids_json == msgspec.json.encode([1, 2, 3, 7, 8, 9, 10])
     assert follow.sampling.max_new_tokens == 6 and follow.sampling.temperature == 1.0
     assert not follow.return_prompt_logprobs and follow.return_logprobs
 
@@ -55,9 +53,9 @@ def test_a_cut_with_every_token_allowed_has_no_continuation() -> None:
     assert unlimited is not None and unlimited.sampling.max_new_tokens is None and unlimited.rid == "r-c2"
 
 
-def test_an_empty_ids_json_is_extended_without_a_leading_comma() -> None:
-    follow = continuation(_request(input_ids=array("i"), prefix_len=0, input_ids_json=b"[]"), _cut([5, 6]), 1)
-    assert follow is not None and follow.input_ids_json == b"[5,6]"
+def test_a_continuation_of_an_empty_prompt_holds_only_the_cut_tokens() -> None:
+    follow = continuation(_request(input_ids=array("i"), prefix_len=0), _cut([5, 6]), 1)
+    assert follow is not None and list(follow.input_ids) == [5, 6] and follow.prefix_len == 2
 
 
 def test_joined_keeps_the_first_prompt_fields_both_outputs_and_the_last_end() -> None:

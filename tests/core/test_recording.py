@@ -492,7 +492,7 @@ async def test_create_loads_the_tokenizer_off_the_event_loop(qwen3_tokenizer, tm
 def test_logprob_check_refuses_what_the_fast_path_cannot_vouch_for(bad):
     """The C-level fast path of the logprob check lets nothing through that the per-value check refuses."""
     from tito_core.errors import BackendResponseError
-    from tito_core.recording import _check_logprobs
+    from tito_core.rollout_core.checks import _check_logprobs
 
     _check_logprobs([-0.5, 0, -1e-7, -30.25] * 100, "b", "output_logprobs", allow_none=False)  # plainly valid
     with pytest.raises(BackendResponseError, match="position 201"):

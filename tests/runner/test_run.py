@@ -122,7 +122,11 @@ def test_a_raising_reward_marks_only_its_rollout(tmp_path: Path) -> None:
     records = {r.task_id: r for r in read_records(tmp_path / "out.jsonl")}
     assert records["t1"].status == "failed" and records["t1"].reward is None
     assert records["t1"].status_reason == "reward function raised ZeroDivisionError: boom"
-    assert records["t1"].trajectory.status == "completed"  # the rollout itself was fine
+    # the trajectory and its record never disagree (status_of decides both)
+    assert (records["t1"].trajectory.status, records["t1"].trajectory.status_reason) == (
+        "failed",
+        "reward function raised ZeroDivisionError: boom",
+    )
     assert [records[t].reward for t in ("t0", "t2")] == [1.0, 1.0]
 
 

@@ -167,6 +167,8 @@ async def test_prompt_tokens_mismatch_fails_the_call_and_drops_the_session() -> 
     with pytest.raises(BackendResponseError) as caught:
         await backend.generate(request(second, 8, "r2"))
     assert caught.value.field == "meta_info.prompt_tokens"
+    assert not server.closed  # the adapter never ends a sequence itself: the core does, once, after a failed call
+    backend.end_sequence("seq-1")
     await asyncio.sleep(0)  # the close runs in the background
     assert len(server.closed) == 1
     server.prompt_tokens_delta = 0
@@ -197,6 +199,7 @@ async def test_a_failed_call_is_never_a_parent(failure: httpx.Response) -> None:
     server.fail_next = failure
     with pytest.raises(BackendError):
         await backend.generate(request(second, 8, "r2"))
+    backend.end_sequence("seq-1")  # what the core does after a failed call (the next call also names a new sequence)
     await backend.generate(request(second, 8, "r3"))
     bodies = server.bodies("/generate")
     assert [b["session_params"].get("rid") for b in bodies] == [None, "r1", None]

@@ -10,6 +10,7 @@ import asyncio
 import copy
 import json
 import struct
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -351,15 +352,20 @@ async def test_forced_generate_endpoint_does_not_fall_back() -> None:
 
 
 @pytest.mark.parametrize("endpoint", ["generate", "completions"])
-async def test_prompt_ids_are_sent_as_the_models_json_when_it_keeps_one(endpoint: str) -> None:
-    """The model's cached JSON of the trajectory ids (O(new tokens) per call) is sent byte for byte."""
+async def test_prompt_ids_json_is_extended_per_sequence_and_dropped_when_it_ends(endpoint: str) -> None:
+    """The backend keeps each sequence's ids JSON (O(new tokens) per call) and sends it byte for byte."""
     path = "/inference/v1/generate" if endpoint == "generate" else "/v1/completions"
     fake = FakeVLLM({path: response_of("generate_tokens" if endpoint == "generate" else "completions_tokens")})
     backend = make(fake, endpoint=endpoint)
-    assert backend.json_input_ids
-    await backend.generate(request(input_ids_json=msgspec.json.encode(PROMPT)))
-    (body,) = fake.bodies(path)
-    assert body["token_ids" if endpoint == "generate" else "prompt"] == PROMPT
+    first = request(sequence="s")
+    await backend.generate(first)
+    longer = [*PROMPT, 7, 8, 9]
+    await backend.generate(request(input_ids=array("i", longer), prefix_len=len(PROMPT) + 2, sequence="s"))
+    key = "token_ids" if endpoint == "generate" else "prompt"
+    assert [body[key] for body in fake.bodies(path)] == [PROMPT, longer]
+    assert len(backend._ids_json) == 1
+    backend.end_sequence("s")
+    assert len(backend._ids_json) == 0
 
 
 # -- tokens mode, /v1/completions ------------------------------------------------------------------

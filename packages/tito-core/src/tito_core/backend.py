@@ -209,18 +209,19 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
         return_routed_experts: Ask for MoE routing decisions (for routing replay).
         messages: Chat-template messages, set only for backends with ``renders_prompt = True``.
         tools: OpenAI-style tool schemas, set only for backends with ``renders_prompt = True``.
-        input_ids_json: ``input_ids`` as a JSON array, byte for byte what ``msgspec.json.encode(list(input_ids))``
-            gives, set only for backends with ``json_input_ids = True``. The model keeps the JSON of its
-            trajectory up to date (O(new tokens) per call), so an adapter can send the whole prompt without
-            converting every id again (``msgspec.Raw(request.input_ids_json)``).
+        input_ids_json: Deprecated, always None: the core no longer encodes wire formats. An HTTP adapter that
+            sends the ids as JSON keeps the JSON of each sequence itself (:class:`tito_core.ids_json.IdsJson`,
+            O(new tokens) per call).
         grammar: A grammar the output must follow (constrained decoding, e.g. a forced tool call from
             Strands' ``tool_choice``), or None. EBNF in the dialect of xgrammar and llama.cpp's GBNF
             (``root ::= call ...``), which vLLM's ``structured_outputs.grammar`` and SGLang's
             ``ebnf`` sampling parameter both read. Set only for backends with ``supports_grammar = True``.
         sequence: Names the token sequence this request extends: the same for every call of one trajectory
-            branch, a new one after a fork or a reset (the model ends the old one with
-            :meth:`Backend.end_sequence`). A backend that keeps a sequence on the engine between calls (SGLang
-            sessions) keys that state by it; None means no continuity is promised.
+            branch, a new one after a fork or a reset (the core ends the old one with
+            :meth:`Backend.end_sequence`, and is the only one that does). Within one sequence, ``input_ids`` only
+            grow: each request's ids start with the previous request's ``input_ids[:prefix_len]``. A backend
+            that keeps a sequence between calls (SGLang sessions, the JSON of the ids sent so far) keys that state
+            by it; None means no continuity is promised.
     """
 
     rid: str
@@ -275,6 +276,15 @@ PauseMode = Literal["keep", "recompute", "abort"]
 """How a paused engine treats its requests in flight (:meth:`Backend.pause_generation`)."""
 
 
+class Capabilities(msgspec.Struct, frozen=True, gc=False):
+    """What a backend can do, read once from its class attributes (:meth:`Backend.capabilities`)."""
+
+    name: str
+    renders_prompt: bool
+    supports_grammar: bool
+    supports_pause: bool
+
+
 class Backend(abc.ABC):
     """An inference engine client.
 
@@ -288,7 +298,7 @@ class Backend(abc.ABC):
     """True for backends that send chat messages and let the server render the prompt (e.g. an
     OpenAI chat endpoint). The core then checks the echoed ``prompt_ids`` against the trajectory."""
     json_input_ids: ClassVar[bool] = False
-    """True for backends that send ``input_ids`` as a JSON array and use :attr:`GenerateRequest.input_ids_json`."""
+    """Deprecated and ignored: the core no longer builds :attr:`GenerateRequest.input_ids_json`."""
     supports_grammar: ClassVar[bool] = False
     """True for backends that apply :attr:`GenerateRequest.grammar` with the engine's constrained decoding.
     A call that needs a grammar (a forced tool call) on a backend without it fails with a clear error."""
@@ -297,13 +307,26 @@ class Backend(abc.ABC):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Run one generation and return exactly what the engine produced."""
 
+    def capabilities(self) -> Capabilities:
+        """What this backend can do, as one struct (the core reads it once per rollout)."""
+        return Capabilities(
+            name=self.name,
+            renders_prompt=bool(self.renders_prompt),
+            supports_grammar=bool(self.supports_grammar),
+            supports_pause=bool(self.supports_pause),
+        )
+
     supports_pause: ClassVar[bool] = False
     """True for backends whose engine can freeze the requests in flight and go on with them later
     (:meth:`pause_generation`, :meth:`resume_generation`), and relabel its weights (:meth:`set_weight_version`):
     what :func:`tito_core.weights.weight_update` needs."""
 
     async def max_context_length(self) -> int | None:
-        """The engine's context window in tokens, or None when unknown."""
+        """The engine's context window in tokens, or None when unknown.
+
+        The core asks before every call and keeps no copy: a backend that has to fetch it caches it (the one
+        cache of the limit). An error is logged and the call goes on without a limit; the next call asks again.
+        """
         return None
 
     async def pause_generation(self, mode: PauseMode = "keep") -> None:

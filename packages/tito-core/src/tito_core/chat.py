@@ -1,4 +1,4 @@
-"""Strands messages to chat-template messages, and incremental rendering with the chat template.
+"""Incremental rendering with the chat template (the Strands conversion moved to :mod:`tito_core.strands_messages`).
 
 The first model call renders the whole conversation (system prompt, tools, messages, generation
 prompt). Later calls render only the new messages, by rendering them after a dummy ``[system, user]``
@@ -21,182 +21,24 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from strands.types.content import ContentBlock, Message, Messages
-from strands.types.tools import ToolResultContent, ToolSpec
-
+from .conversation import ChatMessage as ChatMessage
+from .conversation import tool_specs_to_chat as tool_specs_to_chat
 from .errors import ConfigError, TemplateError, UnsupportedContentError
+from .strands_messages import TEXT_JOINER as TEXT_JOINER
+from .strands_messages import system_text as system_text
+from .strands_messages import to_chat_messages as to_chat_messages
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-ChatMessage = dict[str, Any]
 _In = TypeVar("_In")
 _Out = TypeVar("_Out")
-
-TEXT_JOINER = "\n"
-"""Several text blocks of one message (or items of one tool result) are joined with this."""
 
 _DUMMY_PREFIX: list[ChatMessage] = [
     {"role": "system", "content": "tito dummy system"},
     {"role": "user", "content": "tito dummy user"},
 ]
 _PROBE_MARK = "tito-probe-7f3a9c"
-_IGNORED_BLOCKS = frozenset({"cachePoint"})
-
-
-def tool_specs_to_chat(tool_specs: Sequence[ToolSpec] | None) -> list[dict[str, Any]] | None:
-    """Strands tool specs to the OpenAI ``{"type": "function", "function": ...}`` form templates expect."""
-    if not tool_specs:
-        return None
-    tools = []
-    for spec in tool_specs:
-        schema = spec.get("inputSchema", {})
-        parameters = schema.get("json", schema) if isinstance(schema, Mapping) else {}
-        tools.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": spec["name"],
-                    "description": spec.get("description", ""),
-                    "parameters": parameters,
-                },
-            }
-        )
-    return tools
-
-
-def system_text(system_prompt: str | None, system_prompt_content: Sequence[Mapping[str, Any]] | None) -> str | None:
-    """The system prompt as one string (content blocks take priority; cache points are ignored)."""
-    if system_prompt_content:
-        parts = []
-        for block in system_prompt_content:
-            if "text" in block:
-                parts.append(block["text"])
-            elif not set(block) <= _IGNORED_BLOCKS:
-                raise UnsupportedContentError(f"system prompt block {sorted(block)} is not supported (text only)")
-        return TEXT_JOINER.join(parts)
-    return system_prompt
-
-
-def _tool_result_text(content: Sequence[ToolResultContent], tool_use_id: str) -> str:
-    parts: list[str] = []
-    for item in content:
-        if "text" in item:
-            parts.append(item["text"])
-        elif "json" in item:
-            parts.append(json.dumps(item["json"], ensure_ascii=False))
-        else:
-            kinds = ", ".join(sorted(item))
-            raise UnsupportedContentError(
-                f"tool result {tool_use_id!r} holds a {kinds} item; only text and json tool results are supported"
-            )
-    return TEXT_JOINER.join(parts)
-
-
-def _unsupported(block: ContentBlock, role: str) -> UnsupportedContentError:
-    kinds = ", ".join(sorted(block)) or "empty"
-    if {"image", "video", "document"} & set(block):
-        return UnsupportedContentError(
-            f"{kinds} content in a {role} message is not supported yet: tito renders text-only chat templates"
-        )
-    return UnsupportedContentError(f"unsupported content block {kinds!r} in a {role} message")
-
-
-def _assistant_to_chat(message: Message) -> tuple[ChatMessage, list[str]]:
-    texts: list[str] = []
-    reasoning: list[str] = []
-    calls: list[dict[str, Any]] = []
-    for block in message["content"]:
-        if "text" in block:
-            texts.append(block["text"])
-        elif "toolUse" in block:
-            use = block["toolUse"]
-            calls.append(
-                {
-                    "id": use["toolUseId"],
-                    "type": "function",
-                    "function": {"name": use["name"], "arguments": use.get("input") or {}},
-                }
-            )
-        elif "reasoningContent" in block:
-            text = block["reasoningContent"].get("reasoningText", {}).get("text")
-            if text is None:
-                raise UnsupportedContentError("redacted reasoning content cannot be rendered into tokens")
-            reasoning.append(text)
-        elif not set(block) <= _IGNORED_BLOCKS:
-            raise _unsupported(block, "assistant")
-    chat: ChatMessage = {"role": "assistant", "content": TEXT_JOINER.join(texts)}
-    if reasoning:
-        chat["reasoning_content"] = TEXT_JOINER.join(reasoning)
-    if calls:
-        chat["tool_calls"] = calls
-    return chat, [c["id"] for c in calls]
-
-
-def _user_to_chat(message: Message, call_order: Sequence[str]) -> list[ChatMessage]:
-    """A user message becomes tool messages (in call order) and/or user messages, in block order."""
-    out: list[ChatMessage] = []
-    texts: list[str] = []
-    results: list[tuple[str, ChatMessage]] = []
-
-    def flush_text() -> None:
-        if texts:
-            out.append({"role": "user", "content": TEXT_JOINER.join(texts)})
-            texts.clear()
-
-    def flush_results() -> None:
-        if results:
-            rank = {call_id: i for i, call_id in enumerate(call_order)}
-            # Stable: results of unknown calls keep their order, after the known ones.
-            ordered = sorted(results, key=lambda r: rank.get(r[0], len(rank)))
-            out.extend(chat for _, chat in ordered)
-            results.clear()
-
-    for block in message["content"]:
-        if "toolResult" in block:
-            flush_text()
-            result = block["toolResult"]
-            call_id = result["toolUseId"]
-            text = _tool_result_text(result.get("content", []), call_id)
-            results.append((call_id, {"role": "tool", "tool_call_id": call_id, "content": text}))
-        elif "text" in block:
-            flush_results()
-            texts.append(block["text"])
-        elif not set(block) <= _IGNORED_BLOCKS:
-            raise _unsupported(block, "user")
-    flush_results()
-    flush_text()
-    return out
-
-
-def to_chat_messages(
-    messages: Messages, *, system_prompt: str | None = None, call_order: Sequence[str] = ()
-) -> list[ChatMessage]:
-    """Convert Strands messages to chat-template messages.
-
-    Args:
-        messages: Strands messages.
-        system_prompt: Prepended as a system message when given.
-        call_order: Tool-call ids of the assistant turn just before ``messages`` (for ordering the
-            results of parallel calls when that assistant message is not part of ``messages``).
-
-    Raises:
-        UnsupportedContentError: for content tito cannot render (images, documents, redacted reasoning).
-    """
-    chat: list[ChatMessage] = []
-    if system_prompt is not None:
-        chat.append({"role": "system", "content": system_prompt})
-    order: Sequence[str] = call_order
-    for message in messages:
-        role = message.get("role")
-        if role == "assistant":
-            converted, order = _assistant_to_chat(message)
-            chat.append(converted)
-        elif role == "user":
-            chat.extend(_user_to_chat(message, order))
-        else:
-            raise UnsupportedContentError(f"unsupported message role {role!r}")
-    return chat
 
 
 def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int:

@@ -32,7 +32,7 @@ from tito_core._suggest import did_you_mean
 from tito_core.backend import Backend, SamplingParams, sampling_params
 from tito_core.errors import ConfigError
 from tito_core.grammar import tool_choice_option
-from tito_core.recording import RenderMode
+from tito_core.rollout_core import RenderMode
 
 if TYPE_CHECKING:
     from tito_core.model import TitoModel
@@ -171,7 +171,7 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         return_prompt_logprobs: Ask the engine for logprobs of prompt tokens.
         return_routed_experts: Ask the engine for MoE routing decisions (routing replay).
         render_mode: How later prompts are rendered: ``auto``, ``incremental`` or ``full``
-            (:data:`tito_core.recording.RenderMode`).
+            (:data:`tito_core.rollout_core.RenderMode`).
         escape_special_text: Encode message content as plain text, so control-token text in a tool result
             stays text (``TitoModel(escape_special_text=...)``).
         tool_choice: Strands' ``tool_choice`` for calls whose agent passes none: ``"auto"`` (default),

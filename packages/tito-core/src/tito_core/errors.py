@@ -161,6 +161,14 @@ class ContextLengthError(BackendError, ContextWindowOverflowException):
     """The request does not fit in the model's context window."""
 
 
+class ContextWindowFullError(TitoError, ContextWindowOverflowException):
+    """The trajectory leaves no room for a new generation in the context window; the rollout ends ``truncated``.
+
+    Raised by the rollout core before anything is sent. Like :class:`ContextLengthError` it is a Strands
+    ``ContextWindowOverflowException``, so a Strands conversation manager can reduce the context.
+    """
+
+
 class PrefixMismatchError(TitoError):
     """A server-rendered prompt does not extend the trajectory recorded so far.
 

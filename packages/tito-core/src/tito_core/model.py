@@ -1,9 +1,11 @@
 """TitoModel: the Strands model that records every call as exact tokens.
 
-The model keeps Strands' agent loop untouched. It is a thin adapter: each call goes to a
-:class:`~tito_core.recording.Rollout`, which renders the new messages, asks the backend, validates and records
-the answer in the live :class:`~tito_core.trajectory.Trajectory` and sets its status; the model turns the
-result into Strands events, and shows malformed tool calls back to the model instead of running them.
+The model keeps Strands' agent loop untouched. It is the Strands front and nothing more: it converts each call's
+Strands messages into tito's :class:`~tito_core.conversation.Conversation`
+(:func:`~tito_core.strands_messages.to_conversation`) and hands it to a :class:`~tito_core.rollout_core.Rollout`,
+which renders the new messages, asks the backend, validates and records the answer in the live
+:class:`~tito_core.trajectory.Trajectory` and sets its status; the model turns the result into Strands events,
+and shows malformed tool calls back to the model instead of running them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import msgspec
 from pydantic import BaseModel
 from strands.models.model import Model
 from strands.types.content import Messages
+from strands.types.exceptions import ContextWindowOverflowException
 from strands.types.streaming import StreamEvent
 from strands.types.tools import ToolSpec
 
@@ -27,7 +30,9 @@ from .backend import Backend, SamplingParams, sampling_params
 from .chat import ChatRenderer
 from .errors import ConfigError, TitoError
 from .grammar import GrammarToolParser, tool_choice_option
-from .recording import CallOptions, CallResult, PrefixPolicy, RenderMode, Rollout
+from .rollout_core import CallOptions, CallResult, PrefixPolicy, RenderMode, Rollout
+from .status import end_with
+from .strands_messages import to_conversation
 from .tokenizers import aload_tokenizer, is_tokenizer_cached, load_tokenizer
 from .tool_parsers.base import ToolParser
 from .trajectory import Trajectory
@@ -39,6 +44,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tito")
 T = TypeVar("T", bound=BaseModel)
 _CONFIG_KEYS = frozenset(CallOptions.__struct_fields__)
+end_with(ContextWindowOverflowException, "truncated")  # Strands' own overflow ends a rollout truncated
 
 
 class TitoModel(Model):
@@ -71,7 +77,7 @@ class TitoModel(Model):
         render_mode: How later prompts are rendered: ``"auto"`` (default: only the new messages, falling back
             to a full render for calls the template cannot render incrementally or that move its tools
             block), ``"incremental"`` or ``"full"`` (render the whole conversation, keep the longest common
-            prefix with the trajectory, fork where they differ). See :data:`tito_core.recording.RenderMode`.
+            prefix with the trajectory, fork where they differ). See :data:`tito_core.rollout_core.RenderMode`.
         tool_choice: Strands' ``tool_choice`` for calls whose agent passes none: ``"auto"`` / None (the
             model decides), ``"any"`` (alias ``"required"``; one call to one of the offered tools) or
             ``{"tool": {"name": NAME}}``. A forced call is constrained by the tool parser's grammar
@@ -246,14 +252,12 @@ class TitoModel(Model):
         self._busy = True
         try:
             self._attach_guard(invocation_state)
-            result = await self._rollout.call(
-                messages,
-                tool_specs,
-                system_prompt,
-                self._options,
-                system_prompt_content=system_prompt_content,
-                tool_choice=tool_choice,
-            )
+            try:
+                conversation = to_conversation(messages, tool_specs, system_prompt, system_prompt_content)
+            except Exception as exc:  # content tito cannot render ends the call like any other failure
+                self._rollout.fail(exc)
+                raise
+            result = await self._rollout.call(conversation, self._options, tool_choice=tool_choice)
         finally:
             self._busy = False
         for call in result.malformed_calls:
@@ -276,7 +280,7 @@ class TitoModel(Model):
         from strands.tools.structured_output.structured_output_utils import convert_pydantic_to_tool_spec
 
         spec = convert_pydantic_to_tool_spec(output_model)
-        if self.backend.supports_grammar and isinstance(self.tool_parser, GrammarToolParser):
+        if self._rollout.capabilities.supports_grammar and isinstance(self.tool_parser, GrammarToolParser):
             kwargs.setdefault("tool_choice", {"tool": {"name": spec["name"]}})
         found: dict[str, Any] | None = None
         async for event in self.stream(prompt, [spec], system_prompt, **kwargs):

@@ -15,18 +15,22 @@ engine's ``regex``) also start again in a continuation: leave them out of runs u
 
 from __future__ import annotations
 
+import logging
 from array import array
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import msgspec
 
-from .backend import Backend, GenerateRequest, GenerateResult
+from .backend import Backend, Capabilities, GenerateRequest, GenerateResult
 from .versions import VersionSpan
+from .weights import aborted_by_update, aborting_updates, wait_for_resume
 
-__all__ = ["cannot_continue", "continuation", "finished_anyway", "joined"]
+__all__ = ["Progress", "cannot_continue", "continuation", "finished_anyway", "go_on", "joined"]
+
+logger = logging.getLogger("tito")
 
 
-def cannot_continue(request: GenerateRequest, backend: Backend) -> str | None:
+def cannot_continue(request: GenerateRequest, backend: Backend | Capabilities) -> str | None:
     """Why ``request``'s output cannot be continued after an abort, or None when it can."""
     if backend.renders_prompt:
         return f"the {backend.name} backend renders the prompt from messages, so it cannot be sent tokens to go on from"
@@ -79,7 +83,6 @@ def continuation(request: GenerateRequest, so_far: GenerateResult, number: int) 
         prefix_len=len(ids),
         sampling=sampling,
         return_logprobs=request.return_logprobs,
-        input_ids_json=None if request.input_ids_json is None else _extended(request.input_ids_json, so_far.output_ids),
         sequence=request.sequence,
     )
 
@@ -116,9 +119,61 @@ def _both(a: Sequence[object] | None, n: int, b: Sequence[object] | None, m: int
     return (a is not None or n == 0) and (b is not None or m == 0)
 
 
-def _extended(ids_json: bytes, more: Sequence[int]) -> bytes:
-    """``ids_json`` (a JSON array of ints) with ``more`` appended, as ``msgspec.json.encode`` would write it."""
-    if not more:
-        return ids_json
-    tail = msgspec.json.encode(list(more))[1:]
-    return ids_json[:-1] + (b"," if len(ids_json) > 2 else b"") + tail
+class Progress:
+    """A call's result so far, and the ids of the continuations joined into it."""
+
+    __slots__ = ("result", "rids")
+
+    def __init__(self, result: GenerateResult) -> None:
+        self.result = result
+        self.rids: list[str] = []
+
+
+async def go_on(
+    backend: Backend,
+    capabilities: Capabilities,
+    request: GenerateRequest,
+    progress: Progress,
+    *,
+    end_of_turn_ids: Collection[int],
+    check: Callable[[GenerateRequest, GenerateResult], None],
+    rollout_id: str,
+) -> None:
+    """Continue an output a weight update aborted, after the resume, until it ends for another reason.
+
+    Each :func:`continuation` sends the prompt and the tokens so far and asks for the rest; ``check`` validates
+    every answer before it is joined; ``progress`` holds the joined result and the continuations' ids.
+    """
+    reason = cannot_continue(request, capabilities)
+    if reason is not None:
+        logger.warning(
+            "rollout %s: a weight update aborted a call after %d tokens, which is not continued: %s",
+            rollout_id,
+            len(progress.result.output_ids),
+            reason,
+        )
+        return
+    while True:
+        so_far = progress.result
+        ended = finished_anyway(request, so_far, end_of_turn_ids)
+        if ended is not None:
+            progress.result = ended  # the abort raced the end of the output: nothing is left to generate
+            return
+        await wait_for_resume(backend)
+        follow = continuation(request, so_far, len(progress.rids) + 1)
+        if follow is None:
+            return
+        logger.info(
+            "rollout %s: a weight update aborted request %s after %d tokens; continuing it as %s",
+            rollout_id,
+            request.rid,
+            len(so_far.output_ids),
+            follow.rid,
+        )
+        updates = aborting_updates(backend)
+        more = await backend.generate(follow)
+        check(follow, more)
+        progress.rids.append(follow.rid)
+        progress.result = joined(so_far, more)
+        if more.finish_reason != "abort" or not aborted_by_update(backend, updates):
+            return

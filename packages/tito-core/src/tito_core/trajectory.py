@@ -16,6 +16,7 @@ from typing import Any
 
 from . import trajectory_views as views
 from .errors import TrajectoryError
+from .status import Closed, status_of
 from .token_arrays import append_tokens, extend_logprobs
 from .trajectory_record import (
     JSON_DECODER,
@@ -243,6 +244,12 @@ class Trajectory:
         self.status = status
         self.status_reason = reason
 
+    def amend_status(self, status: Status, reason: str | None = None) -> None:
+        """Change a closed trajectory's status after the fact (the runner, when the reward function fails)."""
+        if not self._closed:
+            raise TrajectoryError("amend_status() is for closed trajectories; use set_status()")
+        self.status, self.status_reason = status, reason
+
     def close(self, status: Status | None = None, reason: str | None = None) -> Trajectory:
         """Freeze the trajectory. A still-running one is marked ``aborted`` unless a status is given."""
         if self._closed:
@@ -250,8 +257,7 @@ class Trajectory:
         if status is not None:
             self.status, self.status_reason = status, reason
         elif self.status == "running":
-            self.status = "aborted"
-            self.status_reason = reason or "closed while the agent loop was still running"
+            self.status, self.status_reason = status_of(Closed(self.status, reason))
         self._closed = True
         return self
 

@@ -138,14 +138,16 @@ class SessionPool:
         length = len(request.input_ids) + len(result.output_ids)
         self._open[sequence] = Session(session.id, request.rid, length)
 
-    def lost(self, session: Session, cause: BackendError) -> None:
-        """The server refused ``session`` (already dropped by the failed call); the call goes on without one.
+    def lost(self, sequence: str | None, session: Session, cause: BackendError) -> None:
+        """The server refused ``sequence``'s ``session``, which is dropped; the call goes on without one.
 
         A session lost after it served calls (a restarted server) only costs this call its session: the next
         call opens a new one. A session refused on its first call cannot be kept by this server (a router
         spreading requests over workers): ``auto`` goes stateless for good with one warning, ``on`` raises
         :class:`SGLangSessionError`.
         """
+        if sequence is not None:
+            self.end(sequence)
         if session.parent is None:
             self._unsupported(
                 f"session {session.id} was refused on its first request: {(cause.body or '')[:200]}", cause

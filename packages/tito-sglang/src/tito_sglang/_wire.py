@@ -18,6 +18,7 @@ import msgspec
 
 from tito_core.backend import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import BackendResponseError
+from tito_core.ids_json import IdsJson
 from tito_core.versions import VersionSpan, clip_spans, decode_spans
 from tito_sglang._sessions import Session
 
@@ -72,17 +73,18 @@ def routed_experts_start(request: GenerateRequest) -> int:
     return max(0, request.prefix_len - 1)
 
 
-def encode_generate(request: GenerateRequest, session: Session | None = None) -> bytes:
+def encode_generate(request: GenerateRequest, session: Session | None = None, ids_json: IdsJson | None = None) -> bytes:
     """Encode ``request`` as the JSON body of ``POST /generate``.
 
     In a ``session`` only the ids it does not hold yet are sent (``input_ids[session.length:]``), with
-    ``session_params`` naming the session and the request to continue from.
+    ``session_params`` naming the session and the request to continue from. Without one, the whole prompt:
+    from ``ids_json``'s per-sequence text when given (O(new ids) per call).
     """
     ids: Any
     if session is not None:
         ids = _as_list(request.input_ids[session.length :])
-    elif request.input_ids_json is not None:
-        ids = msgspec.Raw(request.input_ids_json)
+    elif ids_json is not None:
+        ids = msgspec.Raw(ids_json.encode(request))
     else:
         ids = _as_list(request.input_ids)
     body: dict[str, Any] = {

@@ -12,6 +12,7 @@ import msgspec
 from tito_core.backend import GenerateRequest, GenerateResult, PauseMode
 from tito_core.errors import BackendError, BackendResponseError
 from tito_core.http import HttpBackend, HttpOptions
+from tito_core.ids_json import IdsJson
 from tito_sglang import _wire
 from tito_sglang._sessions import Session, SessionMode, SessionPool, session_refused
 
@@ -49,7 +50,6 @@ class SGLangBackend(HttpBackend):
     """
 
     name: ClassVar[str] = "sglang"
-    json_input_ids: ClassVar[bool] = True
     supports_grammar: ClassVar[bool] = True
     supports_pause: ClassVar[bool] = True
     default_base_url: ClassVar[str] = "http://127.0.0.1:30000"
@@ -66,6 +66,7 @@ class SGLangBackend(HttpBackend):
         super().__init__(base_url, **options)
         own_client = options.get("client") is None and options.get("transport") is None
         self._sessions = SessionPool(self._http, session, close_at_exit=own_client)
+        self._ids_json = IdsJson()
         self.model_path = Path(model_path) if model_path is not None else None
         self._routed_shape = routed_experts_shape
         self._routed_shape_resolved = routed_experts_shape is not None
@@ -109,33 +110,29 @@ class SGLangBackend(HttpBackend):
         except BackendError as exc:
             if session is None or not session_refused(exc):
                 raise
-            self._sessions.lost(session, exc)
+            self._sessions.lost(request.sequence, session, exc)
             return await self._generate(request, None)
 
     async def _generate(self, request: GenerateRequest, session: Session | None) -> GenerateResult:
-        body = _wire.encode_generate(request, session)
+        body = _wire.encode_generate(request, session, self._ids_json)
 
         async def abort() -> None:
             await self.abort(request.rid)
 
-        try:
-            answer = await self._http.post("/generate", body, abort=abort, max_body=self._answer_limit(request))
-            shape = self._routed_shape
-            if request.return_routed_experts and not self._routed_shape_resolved:
-                shape = self._resolve_routed_shape()
-            result = _wire.decode_generate(answer, request, routed_experts_shape=shape)
-        except BaseException:
-            if session is not None and request.sequence is not None:
-                # The request may be lost, half-generated or refused: it is never a parent; start afresh.
-                self._sessions.end(request.sequence)
-            raise
+        # A failed request may be lost, half-generated or refused: the core ends its sequence (and so its session).
+        answer = await self._http.post("/generate", body, abort=abort, max_body=self._answer_limit(request))
+        shape = self._routed_shape
+        if request.return_routed_experts and not self._routed_shape_resolved:
+            shape = self._resolve_routed_shape()
+        result = _wire.decode_generate(answer, request, routed_experts_shape=shape)
         if session is not None:
             self._sessions.advance(request, session, result)
         return result
 
     def end_sequence(self, sequence: str) -> None:
-        """Close ``sequence``'s session on the server (in the background): its branch ended."""
+        """Close ``sequence``'s session on the server (in the background) and drop its ids JSON: its branch ended."""
         self._sessions.end(sequence)
+        self._ids_json.end(sequence)
 
     @property
     def sessions(self) -> SessionPool:

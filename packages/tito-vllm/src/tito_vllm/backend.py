@@ -39,6 +39,7 @@ import msgspec
 from tito_core.backend import GenerateRequest, GenerateResult
 from tito_core.errors import BackendError, BackendResponseError, ConfigError
 from tito_core.http import HttpOptions
+from tito_core.ids_json import IdsJson
 from tito_vllm import _wire
 from tito_vllm._server import ROUTE_MISSING, Mode, _VLLMServer
 
@@ -81,7 +82,6 @@ class VLLMBackend(_VLLMServer):
     """
 
     mode: ClassVar[Mode] = "tokens"
-    json_input_ids: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -98,6 +98,11 @@ class VLLMBackend(_VLLMServer):
         super().__init__(base_url, model=model, check_request_id=check_request_id, **options)
         self.endpoint: Endpoint = endpoint
         self.return_prompt_ids = return_prompt_ids
+        self._ids_json = IdsJson()
+
+    def end_sequence(self, sequence: str) -> None:
+        """Drop the JSON of ``sequence``'s ids (its branch ended)."""
+        self._ids_json.end(sequence)
 
     # -- generation --------------------------------------------------------------------------------
 
@@ -131,7 +136,7 @@ class VLLMBackend(_VLLMServer):
         body["sampling_params"] = sampling
         if self.return_prompt_ids:
             body["return_token_ids"] = True
-        body["token_ids"] = _prompt_json(request)
+        body["token_ids"] = msgspec.Raw(self._ids_json.encode(request))
         echoed = len(request.input_ids) if self.return_prompt_ids else 0
         limit = self._answer_limit(request, echoed_tokens=echoed)
         response = await self._post(_GENERATE_PATH, body, _wire.GenerateResponse, max_body=limit)
@@ -162,7 +167,7 @@ class VLLMBackend(_VLLMServer):
             body["return_tokens_as_token_ids"] = True
         if request.return_prompt_logprobs:
             body["prompt_logprobs"] = 0
-        body["prompt"] = _prompt_json(request)
+        body["prompt"] = msgspec.Raw(self._ids_json.encode(request))
         limit = self._answer_limit(request, echoed_tokens=len(request.input_ids))
         response = await self._post(_COMPLETIONS_PATH, body, _wire.CompletionResponse, max_body=limit)
         self._check_echoed_id(response.id, "cmpl-", request, "id")
@@ -281,13 +286,6 @@ def openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             converted.append(call)
         out.append({**message, "tool_calls": converted})
     return out
-
-
-def _prompt_json(request: GenerateRequest) -> Any:
-    """The prompt ids for the JSON body: the model's JSON of them when it keeps one (O(new tokens) per call)."""
-    if request.input_ids_json is not None:
-        return msgspec.Raw(request.input_ids_json)
-    return _ids(request.input_ids)
 
 
 def _ids(values: Sequence[int]) -> list[int]:

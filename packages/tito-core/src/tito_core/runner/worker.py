@@ -24,6 +24,7 @@ from strands.types.content import Messages
 from ..backend import Backend, GenerateRequest, GenerateResult
 from ..config import TitoConfig
 from ..errors import BackendConnectionError, ConfigError, LoopLimitError, TitoError
+from ..status import RewardFailed, RolloutTimedOut, status_of
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory
 from .dataset import Task
@@ -173,42 +174,39 @@ class RolloutWorker:
             **history_options,
         )
         text = ""
-        forced: tuple[FinalStatus, str] | None = None
-        error: BaseException | None = None
+        ended: BaseException | RolloutTimedOut | None = None  # what ended the agent early, if anything did
         timeout = asyncio.timeout(settings.timeout_s)
         try:
             async with timeout:
                 result = await agent.invoke_async(prompt)
             text = str(result).strip()
         except TimeoutError as exc:
-            if not timeout.expired():
-                error = exc
-            else:
-                forced = ("aborted", f"timed out after {settings.timeout_s:g} s")
+            ended = RolloutTimedOut(settings.timeout_s or 0.0) if timeout.expired() else exc
         except Exception as exc:
-            limit = _find(exc, LoopLimitError)
-            if limit is not None:
-                forced = ("truncated", str(limit))
-            else:
-                error = exc
-                if _find(exc, BackendConnectionError) is not None:
-                    await self.pool.suspect(server)
+            ended = _find(exc, LoopLimitError) or exc
+            if ended is exc and _find(exc, BackendConnectionError) is not None:
+                await self.pool.suspect(server)
         agent_s = time.perf_counter() - t0
         live = model.trajectory
-        if forced is None and error is not None and (live.status in ("running", "completed")):
-            forced = ("failed", f"{type(error).__name__}: {error}")
-        if forced is not None and live.status == "running":
-            live.close(*forced)
+        overrides: tuple[str, ...] = ("running", "completed")
+        if isinstance(ended, LoopLimitError):
+            overrides = ("running",)
+        elif isinstance(ended, RolloutTimedOut):
+            overrides = ("running", "aborted")  # the call the timeout cancelled says "cancelled"; say why
+        # A loop limit or a timeout overrides a running status; an agent error also a completed one (the model call
+        # itself succeeded, the agent around it failed). A status the model call set (truncated, failed) stands.
+        if ended is not None and live.status in overrides:
+            live.close(*status_of(ended))
         traj = model.reset()
-        status, reason = forced if forced is not None else (_final(traj), traj.status_reason)
         reward: float | None = None
         t1 = time.perf_counter()
         if self.reward is not None:
-            view = Sample(task, sample, text, agent.messages, traj, status, reason)
+            view = Sample(task, sample, text, agent.messages, traj, _final(traj), traj.status_reason)
             try:
                 reward = _number(await call_maybe_async(self.reward, view, in_thread=True))
             except Exception as exc:
-                status, reason = "failed", f"reward function raised {type(exc).__name__}: {exc}"
+                traj.amend_status(*status_of(RewardFailed(exc)))  # the trajectory and its record say the same
+        status, reason = _final(traj), traj.status_reason
         now = time.perf_counter()
         output = sum(seg.length for seg in traj.segments if seg.kind == "output")
         versions = traj.weight_version_range(branches=True) or (None, None)
@@ -263,8 +261,8 @@ def conversation_manager(name: str, options: Mapping[str, Any], *, search: Path 
 
 def _failed(task: Task, sample: int, server: str, started: float, exc: Exception) -> RolloutRecord:
     """The record of a rollout that could not run at all."""
-    reason = f"{type(exc).__name__}: {exc}"
-    traj = Trajectory(f"{task.id}:{sample}").close("failed", reason)
+    status, reason = status_of(exc)
+    traj = Trajectory(f"{task.id}:{sample}").close(status, reason)
     return RolloutRecord(
         task_id=task.id,
         sample=sample,

@@ -1,0 +1,95 @@
+"""tito's own conversation form: what the rollout core takes from any front.
+
+A front (:class:`~tito_core.model.TitoModel` for Strands, the OpenAI-compatible gateway) turns its framework's
+messages into a :class:`Conversation`: chat-template messages (``role``, ``content``, ``tool_calls``,
+``tool_call_id``, ``reasoning_content``) in the order the model sees them, tool results already in the order of
+the calls they answer, the system prompt, and the offered tools. The core renders, syncs and records this form
+and nothing else; it never sees a framework's types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+__all__ = ["ChatMessage", "Conversation", "canonical", "reply_message", "tool_specs_to_chat"]
+
+ChatMessage = dict[str, Any]
+"""One chat-template message, as the model family's chat template takes it."""
+
+
+class Conversation(msgspec.Struct, frozen=True, kw_only=True):
+    """One model call's input, in tito's own form.
+
+    Args:
+        messages: The chat messages after the system prompt (user, assistant, tool), oldest first.
+        system: The system prompt, or None.
+        tool_specs: The tools offered on this call: ``{"name", "description", "inputSchema": {"json": schema}}``
+            (what tool parsers and grammars read); the chat template gets them as OpenAI function tools.
+    """
+
+    messages: Sequence[ChatMessage]
+    system: str | None = None
+    tool_specs: Sequence[Mapping[str, Any]] | None = None
+
+    def chat(self) -> list[ChatMessage]:
+        """The whole conversation as the chat template renders it: the system message first, when there is one."""
+        if self.system is None:
+            return list(self.messages)
+        return [{"role": "system", "content": self.system}, *self.messages]
+
+
+def tool_specs_to_chat(tool_specs: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Tool specs to the OpenAI ``{"type": "function", "function": ...}`` form chat templates expect."""
+    if not tool_specs:
+        return None
+    tools = []
+    for spec in tool_specs:
+        schema = spec.get("inputSchema", {})
+        parameters = schema.get("json", schema) if isinstance(schema, Mapping) else {}
+        tools.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": spec["name"],
+                    "description": spec.get("description", ""),
+                    "parameters": parameters,
+                },
+            }
+        )
+    return tools
+
+
+def reply_message(content: str, reasoning: str | None, calls: Sequence[tuple[str, str, Any]]) -> ChatMessage:
+    """The assistant message a front hands back for an output of ``content``, ``reasoning`` and ``calls``.
+
+    ``calls`` are ``(id, name, arguments)``. The rollout expects exactly this message (compared with
+    :func:`canonical`) after its output; anything else is a rewritten history and forks.
+    """
+    message: ChatMessage = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments or {}}}
+            for call_id, name, arguments in calls
+        ]
+    return message
+
+
+_CANONICAL = msgspec.json.Encoder(order="sorted")
+
+
+def canonical(message: Mapping[str, Any]) -> bytes | Mapping[str, Any]:
+    """What determines a message's tokens, kept to tell later whether it was rewritten.
+
+    Canonical JSON (sorted keys) where msgspec can encode the message: bytes are never walked by the garbage
+    collector, which matters with hundreds of rollouts in one process. A message it cannot encode is kept as
+    itself (compared by equality).
+    """
+    try:
+        return _CANONICAL.encode(message)
+    except (TypeError, ValueError, OverflowError):
+        return message

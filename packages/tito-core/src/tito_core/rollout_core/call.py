@@ -1,0 +1,256 @@
+"""The call loop of one rollout: sync, prompt, request, continuation after an abort, check, record, status.
+
+:class:`Rollout` runs one model call at a time on tito's own :class:`~tito_core.conversation.Conversation`
+and owns nothing but the parts that each own their state: the conversation sync and the live branch
+(:class:`ConversationSync`), the prompt builder (:class:`PromptBuilder`), the backend sequence
+(:class:`SequenceTracker`) and the backend's capabilities (read once). Every way out of a call sets a status
+(:func:`~tito_core.status.status_of`); a call is recorded whole or not at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from ..backend import Backend, GenerateRequest, GenerateResult, SamplingParams
+from ..chat import ChatRenderer
+from ..conversation import Conversation, tool_specs_to_chat
+from ..errors import ContextWindowFullError, GenerationAbortedError, TitoError
+from ..partial import Progress, go_on
+from ..status import CallEnd, status_of
+from ..tool_parsers.base import ToolParser
+from ..trajectory import Trajectory
+from ..weights import aborted_by_update, aborting_updates
+from .checks import check_result
+from .output import CallResult, parse_output, record_call
+from .prompt import PrefixPolicy, PromptBuilder, RenderMode
+from .sequence import SequenceTracker
+from .sync import ConversationSync, Plan
+
+__all__ = ["CallOptions", "Rollout"]
+
+logger = logging.getLogger("tito")
+
+
+class CallOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-call settings of a model (sampling, limits, what to ask the engine for)."""
+
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    context_window_limit: int | None = None
+    return_logprobs: bool = True
+    return_prompt_logprobs: bool = False
+    return_routed_experts: bool = False
+    tool_choice: dict[str, Any] | None = None
+    """tito's ``tool_choice`` (``{"any": {}}``, ``{"tool": {"name": NAME}}``) for calls that pass none."""
+
+
+class Rollout:
+    """One rollout: each :meth:`call` renders, asks the backend, checks and records one model call.
+
+    Args:
+        backend: The engine client.
+        renderer: Chat template + tokenizer of the model.
+        tool_parser: Parses tool calls out of each output.
+        on_prefix_mismatch: For backends that render the prompt server-side: ``fork``, ``warn`` (and fork)
+            or ``error`` when the server's prompt does not extend the trajectory.
+        rollout_id: Id of the first rollout (random when None).
+        render_mode: How later prompts are rendered (:data:`RenderMode`).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        renderer: ChatRenderer,
+        tool_parser: ToolParser,
+        *,
+        on_prefix_mismatch: PrefixPolicy = "fork",
+        rollout_id: str | None = None,
+        render_mode: RenderMode = "auto",
+    ) -> None:
+        self.backend = backend
+        self.capabilities = backend.capabilities()
+        self.renderer = renderer
+        self.tool_parser = tool_parser
+        self.vocab_size = renderer.vocab_size
+        self.prompts = PromptBuilder(
+            renderer,
+            tool_parser,
+            render_mode=render_mode,
+            on_prefix_mismatch=on_prefix_mismatch,
+            backend_name=self.capabilities.name,
+            supports_grammar=self.capabilities.supports_grammar,
+        )
+        self._sync = ConversationSync(Trajectory(rollout_id))
+        self._sequence = SequenceTracker(backend)
+
+    @property
+    def trajectory(self) -> Trajectory:
+        """The live trajectory (its latest branch)."""
+        return self._sync.trajectory
+
+    def reset(self, rollout_id: str | None = None) -> Trajectory:
+        """Close the current trajectory, start a new rollout, and return the closed trajectory."""
+        closed = self._sync.trajectory.close()
+        self._sequence.end()
+        self._sync.restart(Trajectory(rollout_id))
+        return closed
+
+    async def call(self, conversation: Conversation, options: CallOptions, *, tool_choice: Any = None) -> CallResult:
+        """Run one model call token-in/token-out and record it.
+
+        ``tool_choice`` (``options.tool_choice`` when None) that forces a call constrains decoding to one call in
+        the tool parser's syntax (:mod:`tito_core.grammar`); the output is recorded verbatim like any other, its
+        logprobs as the engine reports them under the constraint.
+
+        Whatever raises out of the call leaves the trajectory with a status and its reason first; a call is
+        recorded whole or not at all.
+        """
+        choice = options.tool_choice if tool_choice is None else tool_choice
+        try:
+            return await self._call(conversation, options, choice)
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+
+    def fail(self, exc: BaseException) -> None:
+        """A call ended with ``exc`` (here, or in the front before the call): set the status, end the sequence.
+
+        Engine-side state of the branch may hold what was not recorded: the next call starts afresh.
+        """
+        self._sequence.end()
+        traj = self._sync.trajectory
+        if not traj.closed:
+            traj.set_status(*status_of(exc))
+
+    def _check(self, request: GenerateRequest, result: GenerateResult) -> None:
+        check_result(request, result, vocab_size=self.vocab_size, backend=self.capabilities.name)
+
+    async def _call(self, conversation: Conversation, options: CallOptions, tool_choice: Any) -> CallResult:
+        sync, prompts, backend = self._sync, self.prompts, self.backend
+        grammar = prompts.grammar(conversation.tool_specs, tool_choice)
+        tools = tool_specs_to_chat(conversation.tool_specs)
+        plan = sync.plan(conversation, tools)
+        renders = self.capabilities.renders_prompt
+        new_ids, n_boundary = ([], 0) if renders else await prompts.build(plan, conversation, sync)
+        request = await self._request(conversation, tools, new_ids, options, grammar)
+        started = time.perf_counter()
+        updates = aborting_updates(backend)
+        result = await backend.generate(request)
+        self._check(request, result)
+        progress = Progress(result)
+        if result.finish_reason == "abort" and aborted_by_update(backend, updates):
+            try:
+                await go_on(
+                    backend,
+                    self.capabilities,
+                    request,
+                    progress,
+                    end_of_turn_ids=self.renderer.end_of_turn_ids,
+                    check=self._check,
+                    rollout_id=sync.trajectory.rollout_id,
+                )
+            except BaseException:
+                # The continuation failed or was cancelled: keep every token generated so far, as an aborted turn.
+                cut = progress.result
+                parsed = self.tool_parser.parse(self.renderer.decode(cut.output_ids), conversation.tool_specs)  # type: ignore[arg-type]
+                with contextlib.suppress(GenerationAbortedError):
+                    self._record(conversation, plan, request, cut, new_ids, n_boundary, parsed, started, progress.rids)
+                raise
+        result = progress.result
+        if renders:
+            new_ids, n_boundary = prompts.server_prompt(result, sync)
+        parsed = await parse_output(self.renderer, self.tool_parser, result, conversation.tool_specs, request.sampling)
+        return self._record(conversation, plan, request, result, new_ids, n_boundary, parsed, started, progress.rids)
+
+    async def _request(
+        self,
+        conversation: Conversation,
+        tools: list[dict[str, Any]] | None,
+        new_ids: list[int],
+        options: CallOptions,
+        grammar: str | None,
+    ) -> GenerateRequest:
+        traj = self._sync.trajectory
+        prefix_len = len(traj)
+        sampling = options.sampling
+        limit = options.context_window_limit or await self._context_limit()
+        if limit is not None:
+            needed = prefix_len + len(new_ids)
+            room = limit - needed
+            if room <= 0:
+                raise ContextWindowFullError(
+                    f"context window full: the prompt ({needed} tokens) leaves no room in the {limit}-token window"
+                )
+            if sampling.max_new_tokens is None or sampling.max_new_tokens > room:
+                sampling = msgspec.structs.replace(sampling, max_new_tokens=room)
+        input_ids = traj.ids_array()
+        input_ids.fromlist(new_ids)  # twice as fast as extend() for a list
+        renders = self.capabilities.renders_prompt
+        return GenerateRequest(
+            rid=f"tito-{uuid.uuid4().hex}",
+            input_ids=input_ids,
+            prefix_len=prefix_len,
+            sampling=sampling,
+            return_logprobs=options.return_logprobs,
+            return_prompt_logprobs=options.return_prompt_logprobs,
+            return_routed_experts=options.return_routed_experts,
+            messages=conversation.chat() if renders else None,
+            tools=tools if renders else None,
+            grammar=grammar,
+            sequence=self._sequence.name(traj),
+        )
+
+    async def _context_limit(self) -> int | None:
+        """The engine's context window (the backend caches it); a failed lookup is logged and asked again."""
+        try:
+            return await self.backend.max_context_length()
+        except TitoError as exc:
+            logger.warning(
+                "could not read the context length from the %s backend (asking again next call): %s",
+                self.capabilities.name,
+                exc,
+            )
+            return None
+
+    def _record(
+        self,
+        conversation: Conversation,
+        plan: Plan,
+        request: GenerateRequest,
+        result: GenerateResult,
+        new_ids: list[int],
+        n_boundary: int,
+        parsed: Any,
+        started: float,
+        continued: list[str],
+    ) -> CallResult:
+        """Record the call, note what it consumed and what must come back, then set the status it ends with."""
+        sync = self._sync
+        traj = sync.trajectory
+        prompt_end = len(traj) + len(new_ids)
+        latency_ms = int((time.perf_counter() - started) * 1000)
+        done = record_call(
+            traj,
+            request,
+            result,
+            new_ids,
+            n_boundary,
+            parsed,
+            latency_ms,
+            backend=self.capabilities.name,
+            continued=continued,
+        )
+        sync.consumed(plan, conversation, prompt_end)
+        sync.expect(done.reply())
+        if result.finish_reason == "abort":
+            raise GenerationAbortedError(
+                f"the engine aborted the request after {len(result.output_ids)} tokens (they are kept)",
+                backend=self.capabilities.name,
+            )
+        traj.set_status(*status_of(CallEnd(result.finish_reason, len(parsed.calls), len(result.output_ids))))
+        return done

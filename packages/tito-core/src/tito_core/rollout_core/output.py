@@ -1,0 +1,124 @@
+"""Recording: a checked answer becomes the call's boundary, prompt and output segments and its turn record.
+
+The output is parsed (reasoning, content, tool calls) without the token it stopped on; the segments and the
+:class:`~tito_core.trajectory.Turn` are appended atomically (all or nothing); the call's end is what
+:func:`~tito_core.status.status_of` turns into the trajectory's status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from ..backend import GenerateRequest, GenerateResult, SamplingParams
+from ..chat import ChatRenderer
+from ..conversation import ChatMessage, reply_message
+from ..tool_parsers.base import ParsedOutput, ToolCall, ToolParser
+from ..trajectory import Trajectory, Turn, Usage
+from ..versions import check_spans
+
+__all__ = ["CallResult", "parse_output", "record_call", "stop_reason"]
+
+
+class CallResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What one recorded model call gives the front: the parsed output and its accounting."""
+
+    parsed: ParsedOutput
+    stop_reason: str
+    usage: Usage
+    latency_ms: int
+
+    @property
+    def malformed_calls(self) -> list[ToolCall]:
+        """The tool calls that could not be parsed (shown back to the model instead of being run)."""
+        return [call for call in self.parsed.calls if call.is_error]
+
+    def reply(self) -> ChatMessage:
+        """The assistant message the front hands back to the rollout after this output."""
+        parsed = self.parsed
+        return reply_message(parsed.content, parsed.reasoning, [(c.id, c.name, c.input) for c in parsed.calls])
+
+
+async def parse_output(
+    renderer: ChatRenderer,
+    parser: ToolParser,
+    result: GenerateResult,
+    tool_specs: Sequence[Mapping[str, Any]] | None,
+    sampling: SamplingParams,
+) -> ParsedOutput:
+    """Split the output (without the token it stopped on) into reasoning, content and tool calls."""
+    ids = result.output_ids
+    if result.finish_reason == "stop" and ids:
+        last = ids[-1]
+        if (
+            last in renderer.end_of_turn_ids
+            or last in sampling.stop_token_ids
+            or (isinstance(result.matched_stop, int) and result.matched_stop == last)
+        ):
+            ids = ids[:-1]
+    return parser.parse(await renderer.adecode(ids), tool_specs)  # type: ignore[arg-type]
+
+
+def stop_reason(result: GenerateResult, parsed: ParsedOutput) -> str:
+    """Strands' stop reason of a call: ``max_tokens``, ``tool_use`` or ``end_turn``."""
+    if result.finish_reason == "length":
+        return "max_tokens"
+    return "tool_use" if parsed.calls else "end_turn"
+
+
+def record_call(
+    traj: Trajectory,
+    request: GenerateRequest,
+    result: GenerateResult,
+    new_ids: list[int],
+    n_boundary: int,
+    parsed: ParsedOutput,
+    latency_ms: int,
+    *,
+    backend: str,
+    continued: Sequence[str] = (),
+) -> CallResult:
+    """Append the call's boundary, prompt and output segments and its turn record to ``traj``, atomically."""
+    prefix_len = len(traj)
+    turn_index = len(traj.turns)
+    stop = stop_reason(result, parsed)
+    bad = [call for call in parsed.calls if call.is_error]
+    usage = Usage(
+        prompt_tokens=result.prompt_tokens if result.prompt_tokens is not None else len(request.input_ids),
+        completion_tokens=len(result.output_ids),
+        cached_tokens=result.cached_tokens,
+    )
+    turn = Turn(
+        index=turn_index,
+        rid=request.rid,
+        prompt_start=prefix_len,
+        prompt_len=len(new_ids),
+        output_len=len(result.output_ids),
+        finish_reason=result.finish_reason,
+        stop_reason=stop,
+        matched_stop=result.matched_stop,
+        usage=usage,
+        tool_calls=len(parsed.calls),
+        tool_parse_errors=len(bad),
+        routed_experts=result.routed_experts,
+        routed_experts_start=result.routed_experts_start,
+        routed_experts_shape=result.routed_experts_shape,
+        constrained=request.grammar is not None,
+        continued_rids=tuple(continued),
+        weight_versions=(
+            None
+            if result.weight_versions is None
+            else check_spans(result.weight_versions, len(result.output_ids), backend=backend)
+        ),
+    )
+    prompt_lps = result.prompt_logprobs
+    with traj.atomic():
+        traj.append("boundary", new_ids[:n_boundary], prompt_lps[:n_boundary] if prompt_lps else None, turn=turn_index)
+        traj.append("prompt", new_ids[n_boundary:], prompt_lps[n_boundary:] if prompt_lps else None, turn=turn_index)
+        traj.append("output", result.output_ids, result.output_logprobs, turn=turn_index)
+        traj.add_turn(turn)
+        for call in bad:
+            traj.tool_parse_errors[call.name] = traj.tool_parse_errors.get(call.name, 0) + 1
+    return CallResult(parsed=parsed, stop_reason=stop, usage=usage, latency_ms=latency_ms)

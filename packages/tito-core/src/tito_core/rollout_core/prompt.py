@@ -1,0 +1,205 @@
+"""Prompt building: the new prompt ids of a call (incremental, full, or the server's), and a forced call's grammar.
+
+Only the new messages are rendered, after the template's boundary (:meth:`ChatRenderer.continuation_ids`). A
+template that cannot render them that way, or that moves its tools block when messages are added, gets the
+whole conversation rendered instead (:data:`RenderMode`); where a full render differs from the tokens, the
+rollout forks (:meth:`ConversationSync.fork`). For backends that render the prompt themselves, the server's
+prompt must extend the trajectory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import msgspec
+
+from ..backend import GenerateResult
+from ..chat import ChatRenderer, first_difference
+from ..conversation import Conversation
+from ..errors import ConfigError, PrefixMismatchError, TemplateError
+from ..grammar import ToolChoiceError, forced_tools, tool_call_grammar
+from ..tool_parsers.base import ToolParser
+from .checks import SHOWN, bad_answer
+from .sync import ConversationSync, Plan
+
+__all__ = ["PrefixPolicy", "PromptBuilder", "RenderMode"]
+
+logger = logging.getLogger("tito")
+
+PrefixPolicy = Literal["fork", "warn", "error"]
+RenderMode = Literal["auto", "incremental", "full"]
+"""How the new prompt of a later call is rendered.
+
+``incremental``: only the new messages, after a dummy prefix (exact and cheap; a :class:`TemplateError` when
+the template cannot render them that way). ``full``: the whole conversation is rendered and tokenized, the
+longest common prefix with the trajectory is kept and the rollout forks where they differ (for templates
+that are not prefix-preserving or not incremental). ``auto`` (default): incremental, falling back to full
+for a call whose messages the template cannot render incrementally or whose tools block moves."""
+
+
+class PromptBuilder:
+    """Renders the new prompt of each call for one rollout, in its render mode.
+
+    Args:
+        renderer: Chat template + tokenizer of the model.
+        tool_parser: Gives the grammar of a forced call.
+        render_mode: See :data:`RenderMode`.
+        on_prefix_mismatch: What a server prompt that does not extend the trajectory does (:data:`PrefixPolicy`).
+        backend_name: Named in errors.
+        supports_grammar: Whether the backend can constrain decoding (a forced call needs it).
+    """
+
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        tool_parser: ToolParser,
+        *,
+        render_mode: RenderMode = "auto",
+        on_prefix_mismatch: PrefixPolicy = "fork",
+        backend_name: str,
+        supports_grammar: bool,
+    ) -> None:
+        if render_mode not in ("auto", "incremental", "full"):
+            raise ConfigError(f"render_mode must be 'auto', 'incremental' or 'full', not {render_mode!r}")
+        self.renderer = renderer
+        self.tool_parser = tool_parser
+        self.render_mode: RenderMode = render_mode
+        self.on_prefix_mismatch: PrefixPolicy = on_prefix_mismatch
+        self._backend = backend_name
+        self._supports_grammar = supports_grammar
+        self._grammars: dict[tuple[tuple[bytes, ...], int], str] = {}
+        # whether the template moves its tools block, by the roles of the new messages, for the tools in _moves_for
+        self._moves: dict[tuple[str, ...], bool] = {}
+        self._moves_for: tuple[str | None, list[dict[str, Any]] | None] = (None, None)
+
+    # ---------------------------------------------------------------------------------------------- grammar
+    def grammar(self, tool_specs: Sequence[Mapping[str, Any]] | None, tool_choice: Any) -> str | None:
+        """The grammar forcing a tool call, or None when ``tool_choice`` forces none."""
+        forced = forced_tools(tool_specs, tool_choice)  # type: ignore[arg-type]
+        if forced is None:
+            return None
+        if not self._supports_grammar:
+            raise ToolChoiceError(
+                f"tool_choice {tool_choice!r} forces a tool call, but the {self._backend} backend cannot "
+                "constrain decoding (Backend.supports_grammar is False)"
+            )
+        key = (tuple(msgspec.json.encode(spec) for spec in forced), id(self.tool_parser))
+        cached = self._grammars.get(key)
+        if cached is None:
+            cached = self._grammars[key] = tool_call_grammar(self.tool_parser, forced)
+        return cached
+
+    # ------------------------------------------------------------------------------------------- new prompt
+    async def build(self, plan: Plan, conversation: Conversation, sync: ConversationSync) -> tuple[list[int], int]:
+        """The new prompt ids of this call and how many of them (leading) are boundary tokens."""
+        if plan.initial or self.render_mode == "incremental":
+            return await self._new_prompt(plan, sync)
+        if self.render_mode == "full":
+            return await self._full_prompt(conversation, sync)
+        if self._tools_move(plan, sync):
+            logger.warning(
+                "rollout %s: the chat template moves the tools block (or the system prompt) when messages are added; "
+                "rendering the whole conversation for this call (render_mode='full' does that for every call)",
+                sync.trajectory.rollout_id,
+            )
+            return await self._full_prompt(conversation, sync)
+        try:
+            return await self._new_prompt(plan, sync)
+        except TemplateError as exc:
+            logger.warning(
+                "rollout %s: %s; rendering the whole conversation for this call instead",
+                sync.trajectory.rollout_id,
+                exc,
+            )
+            return await self._full_prompt(conversation, sync)
+
+    def _tools_move(self, plan: Plan, sync: ConversationSync) -> bool:
+        tools, system = sync.tools, sync.system
+        if not plan.chat or not (tools or system is not None):
+            return False
+        if self._moves_for[0] is not system or self._moves_for[1] is not tools:  # a new branch or rollout
+            self._moves, self._moves_for = {}, (system, tools)
+        roles = tuple(m.get("role", "") for m in plan.chat)
+        moves = self._moves.get(roles)
+        if moves is None:
+            moves = self._moves[roles] = self.renderer.tools_move(plan.chat, tools)
+        return moves
+
+    async def _new_prompt(self, plan: Plan, sync: ConversationSync) -> tuple[list[int], int]:
+        renderer = self.renderer
+        if plan.initial:
+            return await renderer.initial_ids(plan.chat, sync.tools), 0
+        traj = sync.trajectory
+        last_output = traj.last_segment
+        if last_output is None or last_output.kind != "output":
+            return [], 0
+        ended = traj.tokens(last_output)[-1:]
+        # a model that did not end its turn itself gets it closed as the template would
+        return await renderer.continuation_ids(
+            plan.chat, close_turn=not (ended and ended[0] in renderer.end_of_turn_ids)
+        )
+
+    async def _full_prompt(self, conversation: Conversation, sync: ConversationSync) -> tuple[list[int], int]:
+        """Render the whole conversation; keep the longest common prefix with the trajectory, fork where they differ.
+
+        The model's own tokens may not survive a re-render (decode -> encode is not identity, templates drop
+        or rewrite earlier turns); where the render first differs from the trajectory, a new branch keeps
+        the tokens up to the last segment boundary before that point, and the rest of the render becomes
+        its new prompt. A warning names the first differing token.
+        """
+        renderer = self.renderer
+        ids = await renderer.initial_ids(conversation.chat(), sync.tools)
+        traj = sync.trajectory
+        have = traj.ids_array()
+        at = first_difference(ids, have)
+        if at < len(have):
+            keep = max((seg.end for seg in traj.segments if seg.end <= at), default=0)
+            recorded, rendered = have[at], ids[at] if at < len(ids) else None
+            reason = (
+                f"the full render differs from the trajectory at token {at}: recorded {recorded} "
+                f"({renderer.decode([recorded])!r}), rendered "
+                + (f"{rendered} ({renderer.decode([rendered])!r})" if rendered is not None else "nothing")
+            )
+            logger.warning("rollout %s: %s; forking at token %d", traj.rollout_id, reason, keep)
+            sync.fork(keep, reason)
+            return ids[keep:], 0
+        new = ids[len(have) :]
+        return new, self.leading_boundary(new, sync)
+
+    def server_prompt(self, result: GenerateResult, sync: ConversationSync) -> tuple[list[int], int]:
+        """For prompt-rendering backends: check the server's prompt extends the trajectory; return the new part."""
+        if result.prompt_ids is None:
+            raise bad_answer(self._backend, "prompt_ids", None, "a prompt-rendering backend must return the prompt ids")
+        prompt = list(result.prompt_ids)
+        have = sync.trajectory.token_ids
+        if prompt[: len(have)] != have:
+            at = first_difference(prompt, have)
+            message = (
+                f"the server-rendered prompt does not extend the trajectory: first difference at token {at} "
+                f"(recorded {have[at : at + SHOWN]}, server {prompt[at : at + SHOWN]})"
+            )
+            if self.on_prefix_mismatch == "error":
+                raise PrefixMismatchError(
+                    message, position=at, expected=have[at : at + SHOWN], actual=prompt[at : at + SHOWN]
+                )
+            if self.on_prefix_mismatch == "warn":
+                logger.warning("%s; forking a new branch", message)
+            sync.fork(0, message)
+            return prompt, 0
+        new = prompt[len(have) :]
+        return new, self.leading_boundary(new, sync)
+
+    def leading_boundary(self, ids: Sequence[int], sync: ConversationSync) -> int:
+        """How many leading ``ids`` are the template's boundary after the last output (``turn_tail``'s).
+
+        Zero when the trajectory does not end with an output or ``ids`` do not start with the boundary's tokens.
+        """
+        if sync.last_kind() != "output":
+            return 0
+        boundary = self.renderer.turn_tail[1]
+        if not boundary:
+            return 0
+        boundary_ids = self.renderer.encode(boundary)
+        return len(boundary_ids) if list(ids[: len(boundary_ids)]) == boundary_ids else 0
