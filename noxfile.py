@@ -42,6 +42,8 @@ PYTHON = os.environ.get("TITO_PYTHON", "3.11")
 CORE = "packages/tito-core"
 ADAPTERS = {"vllm": "packages/tito-vllm", "sglang": "packages/tito-sglang"}
 EMBEDDED = "packages/tito-transformers"
+# Test support (offline tokenizers and their chat templates, the scripted backend, the conformance kit)
+TESTING = "packages/tito-testing"
 EXAMPLE = "examples/tito-backend-echo"
 # Every package under packages/ (adapters added later included) and the example plugin.
 PROJECTS = [*sorted(p.parent.as_posix() for p in Path("packages").glob("*/pyproject.toml")), EXAMPLE]
@@ -62,9 +64,10 @@ def _python312() -> str:
 
 
 def install_core(session: nox.Session, *extra_paths: str) -> None:
-    """Install tito-core with its test extra (offline tokenizers; the chat templates ship with it) and the
-    given local packages, editable."""
-    session.install("-e", f"{CORE}[testing]", *[arg for p in extra_paths for arg in ("-e", p)])
+    """Install tito-core, tito-testing (offline tokenizers with their chat templates, the scripted backend, the
+    conformance kit) and the given local packages, editable. tito-testing comes from the tree, never from the
+    index: not through tito-core's `testing` extra, which pins it for users installing from PyPI."""
+    session.install("-e", CORE, "-e", TESTING, *[arg for p in extra_paths for arg in ("-e", p)])
 
 
 def release_env(session: nox.Session, *others: Path) -> None:
@@ -103,7 +106,7 @@ def tests_families(session: nox.Session) -> None:
     session.install("-r", "tests/families/requirements.txt")
     # Fetch the llama-cpp-python sdist (vocabulary GGUFs) into the tito cache here, with the installs, so the
     # tests themselves touch no network.
-    session.run("python", "-c", "from tito_core.testing.families import llama_cpp_sdist; print(llama_cpp_sdist())")
+    session.run("python", "-c", "from tito_testing.families import llama_cpp_sdist; print(llama_cpp_sdist())")
     env = {"HYPOTHESIS_PROFILE": "ci", "HF_HUB_OFFLINE": "1"}
     session.run("pytest", "tests/families", "-s", *session.posargs, env=env)
 
@@ -146,6 +149,7 @@ def typecheck(session: nox.Session) -> None:
         "packages/tito-vllm/src",
         "packages/tito-sglang/src",
         f"{EMBEDDED}/src",
+        f"{TESTING}/src",
     )
 
 
@@ -318,8 +322,8 @@ def _root_refuses(session: nox.Session, env: Path) -> None:
         _new_env(session, env)
     out = session.run(python, "-m", "pip", "install", "-e", ".", external=True, silent=True, success_codes=[1])
     expected = (
-        'python3 -m pip install -e "packages/tito-core[testing]" -e packages/tito-vllm -e packages/tito-sglang'
-        " -e packages/tito-transformers"
+        "python3 -m pip install -e packages/tito-core -e packages/tito-testing -e packages/tito-vllm"
+        " -e packages/tito-sglang -e packages/tito-transformers"
     )
     if expected not in str(out):
         session.error(f"`pip install -e .` at the root did not print {expected!r}:\n{out}")

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 INSTALL = (
-    'python3 -m pip install -e "packages/tito-core[testing]" -e packages/tito-vllm -e packages/tito-sglang'
-    " -e packages/tito-transformers"
+    "python3 -m pip install -e packages/tito-core -e packages/tito-testing -e packages/tito-vllm"
+    " -e packages/tito-sglang -e packages/tito-transformers"
 )
 MESSAGE = f"""
 The root of the tito repository is a workspace, not a package: there is nothing to install here.

@@ -47,7 +47,7 @@ def model_dir(name: str) -> Path:
 
         return build_smollm2()
     if name == "tiny":
-        from tito_core.testing.tiny_model import build_tiny_qwen3
+        from tito_testing.tiny_model import build_tiny_qwen3
 
         return build_tiny_qwen3()
     return Path(name)

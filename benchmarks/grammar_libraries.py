@@ -184,7 +184,7 @@ def main() -> None:
     """Print one row per vocabulary and library."""
     from transformers import AutoTokenizer
 
-    from tito_core.testing.tiny_model import build_tiny_qwen3
+    from tito_testing.tiny_model import build_tiny_qwen3
     from tito_transformers.models import build_smollm2
 
     for label, path in (("SmolLM2 (49k)", build_smollm2()), ("tiny Qwen3 (151k)", build_tiny_qwen3())):

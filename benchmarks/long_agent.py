@@ -74,7 +74,7 @@ def per_rollout(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def fake_runs(args: argparse.Namespace) -> dict[str, dict[str, dict[str, float]]]:
     """Every ``--turns`` workload on the fake server: {turns: {implementation: per-rollout figures}}."""
-    from tito_core.testing.tokenizers import qwen_tokenizer_dir
+    from tito_testing.tokenizers import qwen_tokenizer_dir
 
     tokenizer_dir = str(qwen_tokenizer_dir("qwen3"))
     impls = [impl for impl in FAKE_IMPLS if impl != "peer" or args.peer_python]
@@ -129,7 +129,7 @@ def real_runs(args: argparse.Namespace) -> dict[str, dict[str, Any]] | str:
     python = real_engines.server_python("sglang")
     if python is None:
         return "not measured: no interpreter with sglang (run nox -s integration_sglang)"
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     blob = filler(load_qwen_tokenizer("qwen3"), args.real_tool_tokens, seed=7)
     modes = [mode for mode in args.real_sessions.split(",") if mode]

@@ -60,7 +60,7 @@ def main() -> None:
 
     from tito_core.runner import LocalExecutor
     from tito_core.runner.ray_executor import RayExecutor
-    from tito_core.testing.tokenizers import qwen_tokenizer_dir
+    from tito_testing.tokenizers import qwen_tokenizer_dir
 
     tokenizer = str(qwen_tokenizer_dir("qwen3"))
     with fake_server(tokenizer, Workload.for_size(args.size, args.calls)) as url:

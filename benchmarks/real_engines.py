@@ -79,7 +79,7 @@ def server_python(engine: str) -> str | None:
 def tiny_model(python: str) -> Path:
     """Build (or reuse) the tiny random Qwen3 with the engine's interpreter; return its directory."""
     done = subprocess.run(
-        [python, "-m", "tito_core.testing.tiny_model"], capture_output=True, text=True, timeout=600, check=False
+        [python, "-m", "tito_testing.tiny_model"], capture_output=True, text=True, timeout=600, check=False
     )
     if done.returncode != 0:
         raise RuntimeError(f"building the tiny model failed:\n{done.stderr[-2000:]}")
@@ -206,7 +206,7 @@ async def measure(
     from strands.hooks import BeforeModelCallEvent
 
     from tito_core import TitoModel
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     tokenizer = load_qwen_tokenizer("qwen3")
     backend = backend_for(engine, url, **backend_options)

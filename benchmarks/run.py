@@ -190,7 +190,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 # ------------------------------------------------------------------------------------------ the run
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start everything, measure, stop everything; return the raw and summarized figures."""
-    from tito_core.testing.tokenizers import qwen_tokenizer_dir
+    from tito_testing.tokenizers import qwen_tokenizer_dir
 
     tokenizer_dir = str(qwen_tokenizer_dir("qwen3"))
     sizes = [int(s) for s in args.sizes.split(",") if s]

@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=8, help="model calls per rollout")
     args = parser.parse_args()
 
-    from tito_core.testing.tokenizers import qwen_tokenizer_dir
+    from tito_testing.tokenizers import qwen_tokenizer_dir
 
     tokenizer = str(qwen_tokenizer_dir("qwen3"))
     with fake_server(tokenizer, Workload.for_size(args.size, args.calls)) as url:

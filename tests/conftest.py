@@ -16,13 +16,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 @pytest.fixture(scope="session")
 def qwen3_tokenizer():
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     return load_qwen_tokenizer("qwen3")
 
 
 @pytest.fixture(scope="session")
 def qwen25_tokenizer():
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     return load_qwen_tokenizer("qwen2.5")

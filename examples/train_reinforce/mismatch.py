@@ -72,7 +72,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--tiny-qwen3",
         action="store_true",
-        help="run and score on the tiny random Qwen3 of tito_core.testing with Qwen3's own template (think blocks)",
+        help="run and score on the tiny random Qwen3 of tito_testing with Qwen3's own template (think blocks)",
     )
     collect = parser.add_argument_group("collect the rollouts first")
     collect.add_argument("--collect", metavar="TASKS", help="run these tasks into ROLLOUTS before measuring")
@@ -98,7 +98,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         sampling["max_new_tokens"] = args.max_new_tokens
     overrides["sampling"] = sampling
     if args.tiny_qwen3:
-        from tito_core.testing.tiny_model import build_tiny_qwen3
+        from tito_testing.tiny_model import build_tiny_qwen3
 
         model_dir = build_tiny_qwen3()
         options = dict(load_config(args.config).backend_options)

@@ -30,7 +30,7 @@ def policy() -> Any:
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from tito_core.testing.tiny_model import build_tiny_qwen3
+    from tito_testing.tiny_model import build_tiny_qwen3
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(build_tiny_qwen3(), dtype=torch.float32)

@@ -20,8 +20,8 @@ from tito_core import TitoModel
 from tito_core.chat import ChatRenderer, first_difference
 from tito_core.config import load_config
 from tito_core.errors import ConfigError, TemplateError
-from tito_core.testing.scripted import ScriptedBackend
-from tito_core.testing.tokenizers import load_qwen_tokenizer
+from tito_testing.scripted import ScriptedBackend
+from tito_testing.tokenizers import load_qwen_tokenizer
 
 from .helpers import SYSTEM, hermes_call
 

@@ -22,11 +22,11 @@ from tito_core.grammar import (
     tool_call_grammar,
     tool_choice_option,
 )
-from tito_core.testing.scripted import ScriptedBackend
 from tito_core.tool_parsers import (
     HermesToolParser,
     MistralToolParser,
 )
+from tito_testing.scripted import ScriptedBackend
 
 from .helpers import hermes_call
 

@@ -11,7 +11,7 @@ import pytest
 from tito_core import TitoModel, load_config
 from tito_core.errors import ConfigError
 from tito_core.integrations import strands_env
-from tito_core.testing.tokenizers import load_qwen_tokenizer, qwen_tokenizer_dir
+from tito_testing.tokenizers import load_qwen_tokenizer, qwen_tokenizer_dir
 
 
 def test_the_strands_env_module_does_not_import_strands_env():

@@ -12,7 +12,7 @@ from strands.types.exceptions import ContextWindowOverflowException, MaxTokensRe
 
 from tito_core import TitoModel, Trajectory
 from tito_core.errors import BackendThrottledError, ConfigError, TitoError, UnsupportedContentError
-from tito_core.testing.scripted import ScriptedBackend, ScriptedReply
+from tito_testing.scripted import ScriptedBackend, ScriptedReply
 
 from .helpers import SYSTEM, add, echo, hermes_call
 
@@ -507,7 +507,7 @@ def test_engine_abort_keeps_tokens_and_says_why(qwen25_tokenizer):
 
 def test_backend_selected_by_string_in_config(tmp_path):
     from tito_core import load_config
-    from tito_core.testing.tokenizers import qwen_tokenizer_dir
+    from tito_testing.tokenizers import qwen_tokenizer_dir
 
     tokenizer_dir = str(qwen_tokenizer_dir("qwen2.5"))
     config_file = tmp_path / "tito.toml"

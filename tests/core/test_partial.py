@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from tito_core.backend import GenerateRequest, GenerateResult, SamplingParams
 from tito_core.partial import cannot_continue, continuation, finished_anyway, joined
-from tito_core.testing.scripted import ScriptedBackend
-from tito_core.testing.tokenizers import load_qwen_tokenizer
 from tito_core.versions import VersionSpan
+from tito_testing.scripted import ScriptedBackend
+from tito_testing.tokenizers import load_qwen_tokenizer
 
 
 def _request(**fields: object) -> GenerateRequest:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from tito_core import check_prefix_preservation
 from tito_core.prefix_check import _SAMPLE, _SAMPLE_TOOL, main
-from tito_core.testing.tokenizers import chat_template, qwen_tokenizer_dir
+from tito_testing.tokenizers import chat_template, qwen_tokenizer_dir
 
 
 def test_qwen25_template_is_prefix_preserving(qwen25_tokenizer):

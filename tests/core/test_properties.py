@@ -13,7 +13,7 @@ from strands.agent.conversation_manager import NullConversationManager
 
 from tito_core import TitoModel, Trajectory
 from tito_core.chat import ChatRenderer, to_chat_messages, tool_specs_to_chat
-from tito_core.testing.scripted import ScriptedBackend
+from tito_testing.scripted import ScriptedBackend
 
 SPECIALS = [
     "<|im_start|>",

@@ -23,9 +23,9 @@ from tito_core.errors import (
     UnsupportedContentError,
 )
 from tito_core.recording import exit_status
-from tito_core.testing.scripted import ScriptedBackend
 from tito_core.trajectory import Trajectory
 from tito_core.versions import VersionSpan
+from tito_testing.scripted import ScriptedBackend
 
 from .helpers import SYSTEM, add, hermes_call
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tito_core.testing.tokenizers import TRL_TEMPLATES, MissingTestAssetError, chat_template
+from tito_testing.tokenizers import TRL_TEMPLATES, MissingTestAssetError, chat_template
 
 # SHA-256 of trl 1.16.0's trl/chat_templates/<name>.jinja (also listed in templates/SOURCES.md).
 TRL_1_16_0 = {

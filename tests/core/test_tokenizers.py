@@ -34,7 +34,7 @@ def _offline_and_fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The offline Qwen3 tokenizer saved as a model directory (a real one: a few seconds per load)."""
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     path = tmp_path_factory.mktemp("qwen3-tokenizer")
     load_qwen_tokenizer("qwen3").save_pretrained(str(path))
@@ -347,7 +347,7 @@ def test_hub_names_and_paths_are_told_apart() -> None:
 
 
 def test_the_cache_follows_tito_cache_dir_then_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from tito_core.testing.tokenizers import cache_root
+    from tito_testing.tokenizers import cache_root
 
     monkeypatch.delenv("TITO_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tito_core.plugins import get_tool_parser
-from tito_core.testing.tokenizers import chat_template
 from tito_core.tool_parsers import Gemma4ToolParser, infer_tool_parser
+from tito_testing.tokenizers import chat_template
 
 TEMPLATE = chat_template("gemma4")
 PARSER = Gemma4ToolParser()
@@ -74,7 +74,7 @@ VALUES = st.recursive(
 @settings(max_examples=80, deadline=None)
 @given(st.dictionaries(st.from_regex(r"[a-z_][a-z0-9_]{0,5}", fullmatch=True), VALUES, max_size=4))
 def test_any_arguments_the_template_writes_parse_back(arguments):
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     if any('<|"|>' in v for v in _strings(arguments)):
         return  # the format cannot quote its own quote marker

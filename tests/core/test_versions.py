@@ -12,7 +12,6 @@ from strands import Agent
 from tito_core import TitoModel, Trajectory
 from tito_core.backend import GenerateRequest, GenerateResult
 from tito_core.errors import BackendResponseError
-from tito_core.testing.scripted import ScriptedBackend
 from tito_core.trajectory import Turn, Usage
 from tito_core.versions import (
     VersionSpan,
@@ -23,6 +22,7 @@ from tito_core.versions import (
     version_key,
     version_range,
 )
+from tito_testing.scripted import ScriptedBackend
 
 from .helpers import add, hermes_call
 

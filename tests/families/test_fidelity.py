@@ -30,8 +30,8 @@ from tito_core.chat import ChatRenderer, first_difference, to_chat_messages, too
 from tito_core.errors import TemplateError
 from tito_core.plugins import get_tool_parser
 from tito_core.prefix_check import PrefixReport, check_prefix_preservation
-from tito_core.testing.families import FAMILIES, llama_cpp_sdist, load_family_tokenizer
-from tito_core.testing.tokenizers import chat_template
+from tito_testing.families import FAMILIES, llama_cpp_sdist, load_family_tokenizer
+from tito_testing.tokenizers import chat_template
 
 from .replay import replay
 

@@ -30,7 +30,7 @@ from tito_core.errors import ConfigError, TemplateError
 from tito_core.mistral import MistralCommonRenderer
 from tito_core.plugins import get_tool_parser
 from tito_core.recording import CallOptions, Rollout
-from tito_core.testing.families import load_family_tokenizer
+from tito_testing.families import load_family_tokenizer
 
 from .replay import IdsBackend, replay
 

@@ -1023,7 +1023,7 @@ RANDOM_FAULTS: tuple[Fault, ...] = (
 
 
 async def _main(args: argparse.Namespace) -> None:
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     server = FaultServer(load_qwen_tokenizer("qwen3"), tool_turns=args.tool_turns, sessions=not args.no_sessions)
     if args.fault_rate:

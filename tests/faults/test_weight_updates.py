@@ -123,8 +123,8 @@ async def test_an_engine_that_cannot_be_resumed_is_named_and_its_rollouts_end_wi
 
 
 async def test_a_backend_without_pause_is_refused_before_anything() -> None:
-    from tito_core.testing.scripted import ScriptedBackend
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.scripted import ScriptedBackend
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     with pytest.raises(ConfigError, match="has no pause"):
         async with weight_update([ScriptedBackend(load_qwen_tokenizer("qwen3"))]):

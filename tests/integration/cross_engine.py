@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tito_core.backend import Backend, GenerateRequest, SamplingParams
-from tito_core.testing.tokenizers import cache_root
+from tito_testing.tokenizers import cache_root
 
 ENGINES = ("vllm", "sglang")
 MESSAGES = [{"role": "user", "content": "Name three prime numbers, then explain why they are prime."}]

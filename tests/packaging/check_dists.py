@@ -4,10 +4,11 @@
     python tests/packaging/check_dists.py deps DIST EXTRA   # what `tito-core[EXTRA]` needs besides tito wheels
 
 `check`: every project has exactly one wheel and one sdist in DIST, whose metadata carry its name, version,
-requirements (extras included), entry points and README; tito-core's adapter extras pin the sibling packages
-at their versions; tito-core's wheel holds its chat templates. `deps` prints, one a line, the requirements of
-tito-core and of the adapter behind EXTRA that are not tito packages, for installing from the index before
-the tito wheels go in with `--no-index`.
+requirements (extras included), entry points and README; tito-core's extras pin the sibling packages at their
+versions (the adapters, and tito-testing for `testing`); tito-testing's wheel and sdist hold the chat templates
+and tito-core's hold no test support (no `testing/` folder, no `.jinja` file). `deps` prints, one a line, the
+requirements of tito-core and of the adapter behind EXTRA that are not tito packages, for installing from the
+index before the tito wheels go in with `--no-index`.
 """
 
 from __future__ import annotations
@@ -27,15 +28,21 @@ from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel
 from packaging.version import Version
 
 # tito-core extra -> the sibling package it must pin, when that package is in the tree.
-ADAPTER_EXTRAS = {"vllm": "tito-vllm", "sglang": "tito-sglang", "transformers": "tito-transformers"}
-# Package data tito-core must ship (the offline tokenizers' chat templates).
-CORE_DATA = [
-    "tito_core/testing/templates/SOURCES.md",
-    "tito_core/testing/templates/trl/LICENSE",
-    "tito_core/testing/templates/trl/qwen3.jinja",
-    "tito_core/testing/templates/trl/qwen3_training.jinja",
-    "tito_core/testing/templates/trl/qwen2_5.jinja",
-    "tito_core/testing/templates/trl/gemma4.jinja",
+SIBLING_EXTRAS = {
+    "vllm": "tito-vllm",
+    "sglang": "tito-sglang",
+    "transformers": "tito-transformers",
+    "testing": "tito-testing",
+}
+# Package data tito-testing must ship (the offline tokenizers' chat templates), besides every file under
+# src/tito_testing/templates/ in the tree.
+TESTING_DATA = [
+    "tito_testing/templates/SOURCES.md",
+    "tito_testing/templates/trl/LICENSE",
+    "tito_testing/templates/trl/qwen3.jinja",
+    "tito_testing/templates/trl/qwen3_training.jinja",
+    "tito_testing/templates/trl/qwen2_5.jinja",
+    "tito_testing/templates/trl/gemma4.jinja",
 ]
 
 
@@ -75,6 +82,18 @@ def _expected_requirements(project: dict) -> set[tuple[str, str, str, str]]:
     return expected
 
 
+def _testing_data(project_dir: Path) -> list[str]:
+    """The chat templates and their sources/licenses tito-testing must ship, as paths under ``src/``."""
+    src = project_dir / "src"
+    in_tree = {p.relative_to(src).as_posix() for p in (src / "tito_testing" / "templates").rglob("*") if p.is_file()}
+    return sorted(in_tree | set(TESTING_DATA))
+
+
+def _is_test_support(path: str) -> bool:
+    """A wheel or sdist member that belongs in tito-testing, not tito-core: ``tito_core/testing/``, a template."""
+    return "tito_core/testing/" in path or path.endswith(".jinja")
+
+
 def check_project(dist: Path, project_dir: Path, versions: dict[str, str]) -> list[str]:
     """Return the problems of one project's wheel and sdist (empty when all is well)."""
     pyproject = tomllib.loads((project_dir / "pyproject.toml").read_text(encoding="utf-8"))
@@ -107,14 +126,16 @@ def check_project(dist: Path, project_dir: Path, versions: dict[str, str]) -> li
         problems.append(f"{wheel.name}: Requires-Python {meta['Requires-Python']}")
     if not (meta.get_payload() or "").strip():
         problems.append(f"{wheel.name}: no long description (README)")
+    if name == "tito-testing":
+        problems += [f"{wheel.name}: lacks {path}" for path in _testing_data(project_dir) if path not in names]
     if name == "tito-core":
-        problems += [f"{wheel.name}: lacks {path}" for path in CORE_DATA if path not in names]
+        problems += [f"{wheel.name}: ships test support {n}" for n in names if _is_test_support(n)]
         pins = {
             canonicalize_name(Requirement(r).name): str(Requirement(r).specifier)
-            for extra in ADAPTER_EXTRAS
+            for extra in SIBLING_EXTRAS
             for r in project.get("optional-dependencies", {}).get(extra, [])
         }
-        for extra, sibling in ADAPTER_EXTRAS.items():
+        for extra, sibling in SIBLING_EXTRAS.items():
             if extra not in project.get("optional-dependencies", {}):
                 problems.append(f"tito-core has no [{extra}] extra")
             elif sibling in versions and pins.get(sibling) != f"=={versions[sibling]}":
@@ -131,8 +152,10 @@ def check_project(dist: Path, project_dir: Path, versions: dict[str, str]) -> li
         problems.append(f"{sdist.name}: PKG-INFO Name/Version {sdist_meta['Name']} {sdist_meta['Version']}")
     if f"{top}/pyproject.toml" not in members:
         problems.append(f"{sdist.name}: no pyproject.toml")
+    if name == "tito-testing":
+        problems += [f"{sdist.name}: lacks {p}" for p in _testing_data(project_dir) if f"{top}/src/{p}" not in members]
     if name == "tito-core":
-        problems += [f"{sdist.name}: lacks {p}" for p in CORE_DATA if f"{top}/src/{p}" not in members]
+        problems += [f"{sdist.name}: ships test support {m}" for m in members if _is_test_support(m)]
     print(f"ok  {wheel.name}  {sdist.name}" if not problems else f"BAD {wheel.name}")
     return problems
 
@@ -153,7 +176,7 @@ def dependencies(dist: Path, extra: str) -> list[str]:
     out: list[str] = []
     for wheel in sorted(dist.glob("*.whl")):
         name = parse_wheel_filename(wheel.name)[0]
-        if name not in ("tito-core", ADAPTER_EXTRAS[extra]):
+        if name not in ("tito-core", SIBLING_EXTRAS[extra]):
             continue
         with zipfile.ZipFile(wheel) as zf:
             (meta_path,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]

@@ -10,7 +10,7 @@ import pytest
 from tito_core.backend import Backend, GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import ContextLengthError
 from tito_core.plugins import get_backend
-from tito_core.testing.conformance import BackendConformanceTests, ModelConformanceTests
+from tito_testing.conformance import BackendConformanceTests, ModelConformanceTests
 
 EOS = 151645  # <|im_end|>, the Qwen3 tokenizer's EOS
 

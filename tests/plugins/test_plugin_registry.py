@@ -80,15 +80,21 @@ def test_echo_backend_is_discovered_through_its_installed_entry_point() -> None:
 
 
 def test_builtins_are_registered_like_any_plugin() -> None:
-    assert "scripted" in list_backends()
     assert {"hermes", "qwen_xml"} <= set(list_tool_parsers())
-    assert list_backends()["scripted"].factory == "tito_core.testing.scripted:ScriptedBackend"
     assert plugin_manager().get_plugin("core") is sys.modules["tito_core._builtins"]
+
+
+def test_scripted_backend_is_discovered_through_the_tito_testing_entry_point() -> None:
+    names = {ep.name for ep in importlib.metadata.entry_points(group="tito")}
+    assert "scripted" in names, "packages/tito-testing is not installed (pip install -e packages/tito-testing)"
+    assert list_backends()["scripted"].factory == "tito_testing.scripted:ScriptedBackend"
+    assert "tito-testing" in (plugin_manager().provider("backend", "scripted") or "")
+    assert plugin_manager().get_plugin("scripted") is sys.modules["tito_testing.plugin"]
 
 
 def test_builtins_are_registered_when_autoload_is_off() -> None:
     with isolated_plugin_manager(autoload=False):
-        assert list(list_backends()) == ["scripted"]
+        assert list(list_backends()) == []  # the core registers no backend; scripted is tito-testing's
         assert list(list_tool_parsers()) == sorted(
             ["hermes", "qwen_xml", "llama3_json", "mistral", "glm", "kimi_k2", "deepseek_v3", "gpt_oss", "gemma4"]
         )
@@ -152,7 +158,7 @@ def test_names_are_case_insensitive() -> None:
 
 def test_disable_autoload_env_loads_only_builtins(fake_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TITO_DISABLE_PLUGIN_AUTOLOAD", "1")
-    assert list(list_backends()) == ["scripted"]
+    assert list(list_backends()) == []
     with pytest.raises(UnknownPluginError):
         get_backend("echo")
 
@@ -166,13 +172,13 @@ def test_allow_list_env_loads_only_named_plugins(fake_site: Path, monkeypatch: p
     monkeypatch.setenv("TITO_PLUGINS", "good, echo")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # neither broken nor dupe is even imported
-        assert set(list_backends()) == {"echo", "good", "lazy", "scripted"}
+        assert set(list_backends()) == {"echo", "good", "lazy"}
     assert "plain" in list_tool_parsers()
 
 
 def test_empty_allow_list_loads_no_entry_points(fake_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TITO_PLUGINS", "")
-    assert list(list_backends()) == ["scripted"]
+    assert list(list_backends()) == []
 
 
 def test_allow_list_naming_a_missing_plugin_warns(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -184,14 +190,14 @@ def test_allow_list_naming_a_missing_plugin_warns(monkeypatch: pytest.MonkeyPatc
 def test_manager_arguments_override_the_environment(fake_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TITO_DISABLE_PLUGIN_AUTOLOAD", "1")
     with isolated_plugin_manager(autoload=True, allow=["good"]):
-        assert set(list_backends()) == {"good", "lazy", "scripted"}
+        assert set(list_backends()) == {"good", "lazy"}
 
 
 # --- broken plugins ----------------------------------------------------------------------------------
 
 
 def test_broken_plugin_does_not_break_others(fake_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TITO_PLUGINS", "good,broken,echo")
+    monkeypatch.setenv("TITO_PLUGINS", "good,broken,echo,scripted")
     with pytest.warns(PluginWarning, match=rf"broken \({FAKE_LABEL}\) could not be loaded"):
         backends = list_backends()
     assert {"good", "echo", "scripted"} <= set(backends)
@@ -456,11 +462,11 @@ def test_builtin_tool_parsers_by_name() -> None:
 
 
 def test_scripted_backend_by_name() -> None:
-    pytest.importorskip("tito_core.testing.scripted")
-    from tito_core.testing.scripted import ScriptedBackend
+    pytest.importorskip("tito_testing.scripted")
+    from tito_testing.scripted import ScriptedBackend
 
     spec = list_backends()["scripted"]
-    assert plugin_manager()._resolve("backend", spec, "core") is ScriptedBackend
+    assert plugin_manager()._resolve("backend", spec, "scripted") is ScriptedBackend
 
 
 def test_built_tool_parser_is_returned_as_is() -> None:

@@ -22,7 +22,7 @@ pytest.importorskip("tito_transformers")
 
 @pytest.fixture(scope="module")
 def config() -> dict[str, Any]:
-    from tito_core.testing.tiny_model import build_tiny_qwen3
+    from tito_testing.tiny_model import build_tiny_qwen3
 
     return {
         "backend": "transformers",

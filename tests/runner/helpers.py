@@ -12,8 +12,8 @@ from typing import Any
 from strands import tool
 
 from tito_core.backend import GenerateRequest
-from tito_core.testing.tokenizers import qwen_tokenizer_dir
 from tito_core.tokenizers import load_tokenizer
+from tito_testing.tokenizers import qwen_tokenizer_dir
 
 IM_END = "<|im_end|>"
 

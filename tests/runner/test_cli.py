@@ -284,6 +284,16 @@ def test_scripted_demo_shows_the_model_the_conversation_and_the_saved_trajectory
     assert traj.status == "completed" and [t.stop_reason for t in traj.turns] == ["tool_use", "end_turn"]
 
 
+def test_scripted_demo_without_tito_testing_names_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("tito_testing", "tito_testing.scripted", "tito_testing.tokenizers"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if tito-testing were not installed
+    with pytest.raises(SystemExit, match=r"needs tito-testing .*: pip install tito-testing"):
+        main(["demo", "--scripted", "--out", str(tmp_path / "demo.json")])
+    assert not (tmp_path / "demo.json").exists()
+
+
 def test_ctrl_c_stops_with_130_and_keeps_what_was_written(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "t.jsonl", tasks(40))
     out = tmp_path / "out.jsonl"

@@ -19,8 +19,8 @@ from tito_core.runner.records import OutputLockedError, open_writer
 from tito_core.runner.rewards import group_normalized
 from tito_core.runner.run import failed_keys
 from tito_core.runner.worker import RolloutWorker
-from tito_core.testing.scripted import ScriptedBackend
 from tito_core.tokenizers import load_tokenizer
+from tito_testing.scripted import ScriptedBackend
 
 from .helpers import PREPARED, answer_with, call, config, lines, tasks, tokenizer_dir, tool_turns, write_jsonl
 

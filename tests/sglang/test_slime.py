@@ -9,8 +9,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from tito_core.testing.scripted import ScriptedBackend
 from tito_sglang.slime import backend_from_slime_args, sampling_from_slime
+from tito_testing.scripted import ScriptedBackend
 
 from ..slime_stand_in import Sample
 

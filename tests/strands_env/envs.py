@@ -14,7 +14,7 @@ from strands_env.core import Environment, RewardFunction, RewardResult, RolloutR
 
 from tito_core.backend import GenerateRequest
 from tito_core.integrations.strands_env import EnvironmentAdapter
-from tito_core.testing.tokenizers import load_qwen_tokenizer
+from tito_testing.tokenizers import load_qwen_tokenizer
 
 SYSTEM = "You add numbers with the add tool."
 

@@ -26,8 +26,8 @@ from tito_core.integrations.strands_env import (
     write_tasks,
 )
 from tito_core.runner import read_records
-from tito_core.testing.scripted import ScriptedBackend, ScriptedReply
-from tito_core.testing.tokenizers import load_qwen_tokenizer, qwen_tokenizer_dir
+from tito_testing.scripted import ScriptedBackend, ScriptedReply
+from tito_testing.tokenizers import load_qwen_tokenizer, qwen_tokenizer_dir
 
 from . import envs
 from .envs import SYSTEM, AddEnv, ExactAnswer, SetupEnv, adder_reply, looping_reply, task

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tito_core import Trajectory
-from tito_core.testing.tokenizers import load_qwen_tokenizer
 from tito_core.trainers.agentlightning import rollout_agent
+from tito_testing.tokenizers import load_qwen_tokenizer
 
 from .helpers import solve
 

@@ -8,6 +8,6 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_qwen3():
     """The tiny random Qwen3 (offline, cached)."""
-    from tito_core.testing.tiny_model import build_tiny_qwen3
+    from tito_testing.tiny_model import build_tiny_qwen3
 
     return build_tiny_qwen3()

@@ -9,7 +9,7 @@ from strands import Agent, tool
 from strands.agent.conversation_manager import NullConversationManager
 
 from tito_core import TitoModel, Trajectory
-from tito_core.testing.scripted import ScriptedBackend
+from tito_testing.scripted import ScriptedBackend
 
 SYSTEM = "Solve the problem. Use the calculator for arithmetic."
 

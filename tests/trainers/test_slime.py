@@ -14,8 +14,8 @@ import pytest
 
 from tito_core import Trajectory
 from tito_core.export import to_slime
-from tito_core.testing.scripted import ScriptedBackend
 from tito_core.trajectory import Turn, Usage
+from tito_testing.scripted import ScriptedBackend
 
 from ..slime_stand_in import Sample
 from .helpers import call

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from tito_core.export import to_verl
-from tito_core.testing.scripted import scripted_logprob
+from tito_testing.scripted import scripted_logprob
 
 from .helpers import call, new_agent, solve
 

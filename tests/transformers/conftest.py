@@ -20,14 +20,14 @@ pytest.importorskip("torch")
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    from tito_core.testing.tiny_model import build_tiny_qwen3
+    from tito_testing.tiny_model import build_tiny_qwen3
 
     return build_tiny_qwen3()
 
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Any:
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     return load_qwen_tokenizer("qwen3")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tito_core.testing.conformance import BackendConformanceTests, ModelConformanceTests
+from tito_testing.conformance import BackendConformanceTests, ModelConformanceTests
 
 
 class TestTransformersConformance(BackendConformanceTests):

@@ -12,7 +12,7 @@ from strands import tool
 from tito_core import Trajectory, rollout
 from tito_core.runner import read_records
 from tito_core.runner.samples import generated_tokens, training_rows
-from tito_core.testing.tokenizers import qwen_tokenizer_dir
+from tito_testing.tokenizers import qwen_tokenizer_dir
 
 from ..runner.helpers import trained_once
 

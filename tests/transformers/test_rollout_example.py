@@ -12,7 +12,7 @@ from typing import Any
 
 from tito_core import Trajectory, rollout
 from tito_core.runner import read_records
-from tito_core.testing.tokenizers import qwen_tokenizer_dir
+from tito_testing.tokenizers import qwen_tokenizer_dir
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
 

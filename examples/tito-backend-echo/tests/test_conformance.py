@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from tito_backend_echo import EchoBackend
 
-from tito_core.testing.conformance import BackendConformanceTests
-from tito_core.testing.tokenizers import load_qwen_tokenizer
+from tito_testing.conformance import BackendConformanceTests
+from tito_testing.tokenizers import load_qwen_tokenizer
 
 
 class TestEchoConformance(BackendConformanceTests):

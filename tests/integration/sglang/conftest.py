@@ -122,7 +122,7 @@ def sglang_model_dir() -> Path:
     if (reason := _sglang_missing()) is not None:
         print(f"\nSKIP sglang integration suite: {reason}", file=sys.stderr)
         pytest.skip(reason)
-    from tito_core.testing.tiny_model import build_tiny_qwen3
+    from tito_testing.tiny_model import build_tiny_qwen3
 
     return build_tiny_qwen3()
 

@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from tito_core.testing.conformance import BackendConformanceTests, ModelConformanceTests
 from tito_sglang import SGLangBackend
+from tito_testing.conformance import BackendConformanceTests, ModelConformanceTests
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def tokenizer() -> Any:
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     return load_qwen_tokenizer()
 

@@ -64,7 +64,7 @@ class RecordingTransport(httpx.AsyncBaseTransport):
 
 @pytest.fixture(scope="session")
 def tokenizer() -> Any:
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     return load_qwen_tokenizer()
 
@@ -488,7 +488,7 @@ async def test_new_weights_mid_generation_each_token_logprob_is_its_spans_weight
     update match; those after it were computed over the KV cache of the old weights, and the difference is
     reported (the reason ``recompute`` exists)."""
     from tito_core import weight_update
-    from tito_core.testing.tiny_model import build_tiny_qwen3
+    from tito_testing.tiny_model import build_tiny_qwen3
 
     second = build_tiny_qwen3(seed=1)
     backend = SGLangBackend(sglang_url, timeout=300.0)
@@ -559,7 +559,7 @@ async def test_new_weights_mid_rollout_in_abort_mode_continue_the_cut_calls_exac
     """Eight 2-call rollouts; ``weight_update(mode="abort")`` cuts the calls in flight, another checkpoint is loaded
     (``/update_weights_from_disk``, cache flushed) and each cut call goes on from its tokens: every token of those
     calls has the logprob of the weights that sampled it (see ``weight_updates.new_weights_mid_rollout``)."""
-    from tito_core.testing.tiny_model import build_tiny_qwen3
+    from tito_testing.tiny_model import build_tiny_qwen3
 
     from ..weight_updates import new_weights_mid_rollout
 

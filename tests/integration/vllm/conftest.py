@@ -88,15 +88,13 @@ def _warm_up(client: httpx.Client) -> None:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    """The tiny random Qwen3 (``tito_core.testing.tiny_model``), built once into the tito cache."""
+    """The tiny random Qwen3 (``tito_testing.tiny_model``), built once into the tito cache."""
     missing = _vllm_missing()
     if missing:
         print(f"SKIPPED vLLM integration suite: {missing}")
         pytest.skip(missing)
     started = time.monotonic()
-    done = subprocess.run(
-        [SERVER_PYTHON, "-m", "tito_core.testing.tiny_model"], capture_output=True, text=True, timeout=600
-    )
+    done = subprocess.run([SERVER_PYTHON, "-m", "tito_testing.tiny_model"], capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"building the tiny model failed:\n{done.stderr[-4000:]}")
     TIMINGS["tiny model (build or cache hit)"] = time.monotonic() - started
@@ -135,6 +133,6 @@ def vllm_url(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def qwen3() -> Any:
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     return load_qwen_tokenizer("qwen3")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tito_core.testing.conformance import BackendConformanceTests, ModelConformanceTests
+from tito_testing.conformance import BackendConformanceTests, ModelConformanceTests
 from tito_vllm import VLLMBackend
 
 pytestmark = pytest.mark.integration

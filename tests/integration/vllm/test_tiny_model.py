@@ -29,7 +29,7 @@ def test_tiny_model_config(tiny_model_dir: Path) -> None:
 
 def test_tiny_model_rebuild_is_byte_identical(tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "again"
-    subprocess.run([SERVER_PYTHON, "-m", "tito_core.testing.tiny_model", str(out)], check=True, timeout=600)
+    subprocess.run([SERVER_PYTHON, "-m", "tito_testing.tiny_model", str(out)], check=True, timeout=600)
     for name in ("model.safetensors", "tokenizer.json"):
         assert filecmp.cmp(tiny_model_dir / name, out / name, shallow=False), f"{name} differs on rebuild"
     # The shared cache may have been built by another environment's transformers (the embedded backend's

@@ -38,7 +38,7 @@ def _ids(encoded: Any) -> list[int]:
 
 
 def qwen25_template() -> str:
-    from tito_core.testing.tokenizers import chat_template
+    from tito_testing.tokenizers import chat_template
 
     return chat_template("qwen2_5")
 
@@ -531,7 +531,7 @@ async def test_new_weights_mid_rollout_each_token_logprob_is_its_spans_weights(
     from ..weight_updates import new_weights_mid_rollout
     from .conftest import SERVER_PYTHON
 
-    built = subprocess.run([SERVER_PYTHON, "-m", "tito_core.testing.tiny_model", "--seed", "1"],
+    built = subprocess.run([SERVER_PYTHON, "-m", "tito_testing.tiny_model", "--seed", "1"],
                            capture_output=True, text=True, timeout=600, check=True)  # fmt: skip
     second = built.stdout.strip().splitlines()[-1]
     backend = VLLMBackend(vllm_url, endpoint="generate", timeout=300.0)

@@ -11,17 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tito_core.plugins import BackendSpec, ToolParserSpec, hookimpl
-
-
-@hookimpl
-def tito_backends() -> Iterator[BackendSpec]:
-    """Yield the in-process backend used by tests and examples."""
-    yield BackendSpec(
-        "scripted",
-        "tito_core.testing.scripted:ScriptedBackend",
-        "In-process test backend that returns scripted texts as token ids",
-    )
+from tito_core.plugins import ToolParserSpec, hookimpl
 
 
 @hookimpl

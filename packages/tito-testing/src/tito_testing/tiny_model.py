@@ -9,7 +9,7 @@ rarely stops on its own, so tests bound ``max_new_tokens`` or force the text wit
 Building needs ``torch`` and ``transformers``, which exist only in the inference-engine environments;
 they are imported inside :func:`build_tiny_qwen3`. Command line::
 
-    python -m tito_core.testing.tiny_model OUT_DIR
+    python -m tito_testing.tiny_model OUT_DIR
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tito_core.testing.tokenizers import cache_root, qwen_tokenizer_dir
+from tito_testing.tokenizers import cache_root, qwen_tokenizer_dir
 
 __all__ = ["TINY_QWEN3", "build_tiny_qwen3"]
 
@@ -132,7 +132,7 @@ def _tokenizer_length(tokenizer_dir: Path) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """Command line: build the tiny model into OUT_DIR (or the cache) and print its directory."""
-    parser = argparse.ArgumentParser(prog="python -m tito_core.testing.tiny_model")
+    parser = argparse.ArgumentParser(prog="python -m tito_testing.tiny_model")
     parser.add_argument("out_dir", nargs="?", help="target directory (default: the tito cache)")
     parser.add_argument("--seed", type=int, default=_SEED, help="the weights' random seed (another checkpoint)")
     args = parser.parse_args(argv)

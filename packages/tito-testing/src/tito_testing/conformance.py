@@ -4,8 +4,8 @@ Subclass :class:`BackendConformanceTests` in a test module, supply two fixtures 
 flags your engine has; every standard test then runs against your backend::
 
     import pytest
-    from tito_core.testing.conformance import BackendConformanceTests
-    from tito_core.testing.tokenizers import load_qwen_tokenizer
+    from tito_testing.conformance import BackendConformanceTests
+    from tito_testing.tokenizers import load_qwen_tokenizer
 
     from tito_mybackend import MyBackend
 
@@ -29,7 +29,7 @@ checks. Tests
 are ``async`` and need ``pytest-asyncio`` (``asyncio_mode = "auto"`` or its ``asyncio`` mark, which the
 tests carry). A standard test that does not apply may be overridden only with
 ``@pytest.mark.xfail(reason=...)`` or ``@pytest.mark.skip(reason=...)``; ``test_no_overrides`` fails
-otherwise, so a kit upgrade can never be silently bypassed. Pin the tito-core version you test against:
+otherwise, so a kit upgrade can never be silently bypassed. Pin the tito-testing version you test against:
 new standard tests can appear in new versions.
 
 Everything here is engine-neutral: requests carry token ids built with the ``tokenizer`` fixture,
@@ -366,7 +366,7 @@ class ModelConformanceTests(_StandardTests):
 
     def _model(self, backend: Backend, tokenizer: Any, **sampling: Any) -> Any:
         from tito_core.model import TitoModel
-        from tito_core.testing.recording import RecordingBackend
+        from tito_testing.recording import RecordingBackend
 
         options = {"temperature": 0.0, **sampling}
         return TitoModel(RecordingBackend(backend), tokenizer, sampling=options)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ..backend import Backend, GenerateRequest, GenerateResult
+from tito_core.backend import Backend, GenerateRequest, GenerateResult
 
 
 class RecordingBackend(Backend):

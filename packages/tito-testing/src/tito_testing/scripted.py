@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..backend import Backend, FinishReason, GenerateRequest, GenerateResult
-from ..errors import BackendError, ContextLengthError
-from ..versions import VersionSpan
+from tito_core.backend import Backend, FinishReason, GenerateRequest, GenerateResult
+from tito_core.errors import BackendError, ContextLengthError
+from tito_core.versions import VersionSpan
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
