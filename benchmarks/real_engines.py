@@ -16,7 +16,9 @@ Interpreters: ``TITO_SGLANG_PYTHON`` / ``TITO_VLLM_PYTHON``, else ``.nox/integra
 no interpreter is reported as not measured.
 
 Usage:
-    python benchmarks/real_engines.py [--engines sglang,vllm] [--rollouts 3] [--calls 6]
+    python benchmarks/real_engines.py [--engines sglang,vllm] [--rollouts 3] [--calls 6] [--fake-server]
+
+``--fake-server`` runs the same rollouts on the fake SGLang server instead (a smoke run: ``nox -s bench_smoke``).
 """
 
 from __future__ import annotations
@@ -324,6 +326,12 @@ def main() -> None:
     parser.add_argument("--engines", default="sglang,vllm")
     parser.add_argument("--rollouts", type=int, default=3, help="timed rollouts per engine (after one warm-up)")
     parser.add_argument("--calls", type=int, default=6, help="model calls per rollout")
+    parser.add_argument(
+        "--fake-server",
+        action="store_true",
+        help="measure on the fake SGLang server (benchmarks/fake_sglang.py) instead of the engines: a smoke run of "
+        "this script that needs no engine (its figures say nothing about a real engine)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     lines = [
@@ -331,6 +339,18 @@ def main() -> None:
         "client / round trip |",
         "|---|---|---|---|---|---|",
     ]
+    if args.fake_server:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from run import fake_server
+        from workload import Workload
+
+        from tito_core.testing.tokenizers import qwen_tokenizer_dir
+
+        with fake_server(str(qwen_tokenizer_dir("qwen3")), Workload.for_size(300, args.calls)) as url:
+            figures = asyncio.run(measure("sglang", url, args.rollouts, args.calls, session="off"))
+        lines.append(_row("fake sglang", figures))
+        print("\n".join(lines))
+        return
     for engine in [e for e in args.engines.split(",") if e]:
         python = server_python(engine)
         if python is None:
@@ -345,14 +365,19 @@ def main() -> None:
         except Exception as exc:  # reported in the table: one engine failing does not hide the other
             lines.append(f"| {engine} | not measured: {type(exc).__name__}: {str(exc)[:200]} |")
             continue
-        client = statistics.median(figures["client"]) * 1e3
-        server_ms = statistics.median(figures["server"]) * 1e3
-        share = statistics.median([c / s for c, s in zip(figures["client"], figures["server"], strict=True)])
-        lines.append(
-            f"| {engine} | {len(figures['client'])} | {max(figures['tokens'])} | {server_ms:.1f} | {client:.2f} | "
-            f"{100 * share:.2f}% |"
-        )
+        lines.append(_row(engine, figures))
     print("\n".join(lines))
+
+
+def _row(engine: str, figures: dict[str, Any]) -> str:
+    """One engine's row of the table."""
+    client = statistics.median(figures["client"]) * 1e3
+    server_ms = statistics.median(figures["server"]) * 1e3
+    share = statistics.median([c / s for c, s in zip(figures["client"], figures["server"], strict=True)])
+    return (
+        f"| {engine} | {len(figures['client'])} | {max(figures['tokens'])} | {server_ms:.1f} | {client:.2f} | "
+        f"{100 * share:.2f}% |"
+    )
 
 
 if __name__ == "__main__":

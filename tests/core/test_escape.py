@@ -13,10 +13,9 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strands import Agent, tool
-from strands.agent.conversation_manager import NullConversationManager
+from strands import tool
 
-from tito_core import TitoModel
+from tests.helpers import scripted_agent
 from tito_core.chat import ChatRenderer, first_difference
 from tito_core.config import load_config
 from tito_core.errors import ConfigError, TemplateError
@@ -35,15 +34,10 @@ def leak() -> str:
 
 
 def run(tok, *, escape: bool, render_mode: str = "auto"):
-    backend = ScriptedBackend(tok, [hermes_call("leak", {}), "done"])
-    model = TitoModel(backend, tok, escape_special_text=escape, render_mode=render_mode)
-    agent = Agent(
-        model=model,
-        tools=[leak],
-        system_prompt=SYSTEM,
-        callback_handler=None,
-        conversation_manager=NullConversationManager(),
-    )
+    agent, model, backend = scripted_agent(
+        tok, [hermes_call("leak", {}), "done"], [leak], system_prompt=SYSTEM, escape_special_text=escape,
+        render_mode=render_mode,
+    )  # fmt: skip
     agent("Go.")
     return model, backend
 

@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 import pytest
 from pydantic import BaseModel
-from strands import Agent, tool
-from strands.agent.conversation_manager import NullConversationManager
+from strands import tool
 
+from tests.helpers import agent_for
 from tito_core import TitoModel
 from tito_core.errors import ConfigError
 from tito_core.grammar import (
@@ -129,7 +129,7 @@ def test_forced_first_call_sends_the_grammar_then_auto(qwen3_tokenizer: Any) -> 
 
     from strands.hooks import AfterToolCallEvent
 
-    agent = Agent(model=model, tools=[add], callback_handler=None, conversation_manager=NullConversationManager())
+    agent = agent_for(model, [add])
     agent.hooks.add_callback(AfterToolCallEvent, back_to_auto)
     agent("2 + 3?")
     first, second = backend.requests
@@ -143,7 +143,7 @@ def test_forced_first_call_sends_the_grammar_then_auto(qwen3_tokenizer: Any) -> 
 def test_forced_call_on_a_backend_without_grammars_fails_before_sending(qwen3_tokenizer: Any) -> None:
     backend = ScriptedBackend(qwen3_tokenizer, [hermes_call("add", {"a": 2, "b": 3})])
     model = TitoModel(backend, qwen3_tokenizer, tool_choice={"tool": {"name": "add"}})
-    agent = Agent(model=model, tools=[add], callback_handler=None, conversation_manager=NullConversationManager())
+    agent = agent_for(model, [add])
     with pytest.raises(Exception, match="cannot constrain decoding") as info:
         agent("2 + 3?")
     assert isinstance(info.value, ToolChoiceError) or isinstance(info.value.__cause__, ToolChoiceError)

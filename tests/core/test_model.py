@@ -10,6 +10,7 @@ from strands.agent.conversation_manager import NullConversationManager, SlidingW
 from strands.hooks import AfterModelCallEvent
 from strands.types.exceptions import ContextWindowOverflowException, MaxTokensReachedException
 
+from tests.helpers import scripted_agent
 from tito_core import TitoModel, Trajectory
 from tito_core.errors import BackendThrottledError, ConfigError, TitoError, UnsupportedContentError
 from tito_testing.scripted import ScriptedBackend, ScriptedReply
@@ -20,17 +21,7 @@ IM_END = 151645
 
 
 def make_agent(tokenizer, replies, *, tools=(add,), manager=None, hooks=None, **model_kwargs):
-    backend = ScriptedBackend(tokenizer, replies, context_length=model_kwargs.pop("context_length", None))
-    model = TitoModel(backend, tokenizer, **model_kwargs)
-    agent = Agent(
-        model=model,
-        tools=list(tools),
-        system_prompt=SYSTEM,
-        callback_handler=None,
-        conversation_manager=manager or NullConversationManager(),
-        hooks=hooks or [],
-    )
-    return agent, model, backend
+    return scripted_agent(tokenizer, replies, tools, system_prompt=SYSTEM, manager=manager, hooks=hooks, **model_kwargs)
 
 
 def assert_token_in(backend: ScriptedBackend, traj: Trajectory) -> None:

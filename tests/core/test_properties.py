@@ -8,10 +8,10 @@ import unicodedata
 
 from hypothesis import given
 from hypothesis import strategies as st
-from strands import Agent, tool
-from strands.agent.conversation_manager import NullConversationManager
+from strands import tool
 
-from tito_core import TitoModel, Trajectory
+from tests.helpers import scripted_agent
+from tito_core import Trajectory
 from tito_core.chat import ChatRenderer, to_chat_messages, tool_specs_to_chat
 from tito_testing.scripted import ScriptedBackend
 
@@ -59,15 +59,7 @@ def echo(text: str) -> str:
 
 
 def run(tokenizer, replies, user_text):
-    backend = ScriptedBackend(tokenizer, replies)
-    model = TitoModel(backend, tokenizer)
-    agent = Agent(
-        model=model,
-        tools=[echo],
-        system_prompt=SYSTEM,
-        callback_handler=None,
-        conversation_manager=NullConversationManager(),
-    )
+    agent, model, backend = scripted_agent(tokenizer, replies, [echo], system_prompt=SYSTEM)
     agent(user_text)
     return agent, model, backend
 

@@ -12,6 +12,7 @@ from strands import Agent, tool
 from strands.agent.conversation_manager import NullConversationManager
 from strands.types.exceptions import ContextWindowOverflowException
 
+from tests.helpers import scripted_agent
 from tito_core import TitoModel
 from tito_core.backend import GenerateRequest, GenerateResult
 from tito_core.errors import (
@@ -60,14 +61,7 @@ def snapshot(traj: Trajectory) -> tuple:
 
 def run_agent(tok, replies, tamper=None, *, tools=(add,), prompt="Add 1 and 2.", **model_kwargs):
     backend = TamperingBackend(tok, replies, tamper or {}, context_length=model_kwargs.pop("context_length", None))
-    model = TitoModel(backend, tok, **model_kwargs)
-    agent = Agent(
-        model=model,
-        tools=list(tools),
-        system_prompt=SYSTEM,
-        callback_handler=None,
-        conversation_manager=NullConversationManager(),
-    )
+    agent, model, _ = scripted_agent(tok, replies, tools, system_prompt=SYSTEM, backend=backend, **model_kwargs)
     error: BaseException | None = None
     try:
         agent(prompt)

@@ -194,12 +194,16 @@ async def test_answer_delimited_by_close_is_read_whole_and_not_reused() -> None:
 
 async def test_max_connections_bounds_requests_in_flight() -> None:
     in_flight = peak = 0
+    pair = asyncio.Event()
 
     async def script(raw: RawServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, index: int) -> None:
         nonlocal in_flight, peak
         while await raw.recv(reader) is not None:
             in_flight += 1
             peak = max(peak, in_flight)
+            if in_flight == 2:
+                pair.set()
+            await pair.wait()  # the first request is held until a second one is in flight, however slow
             await asyncio.sleep(0.02)
             in_flight -= 1
             writer.write(answer(b"ok"))

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 from strands import Agent, tool
-from strands.agent.conversation_manager import ConversationManager, NullConversationManager
+from strands.agent.conversation_manager import ConversationManager
 
+from tests.helpers import add, agent_for
 from tito_core import TitoModel, Trajectory, get_backend
 from tito_core.backend import Backend
 from tito_core.http import RetryPolicy
@@ -36,12 +37,6 @@ ADAPTERS = ("sglang", "vllm")
 
 # Fast, bounded retries: 3 attempts, at most 0.5 s apart, 5 s in all.
 RETRY = RetryPolicy(max_attempts=3, initial_delay=0.02, max_delay=0.5, max_total=5.0, jitter=0.5)
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two integers."""
-    return a + b
 
 
 @tool(name="add")
@@ -130,13 +125,7 @@ class Harness:
         """Run one agent invocation (bounded in time); never raises what the agent raised."""
         model = model or (agent.model if agent is not None else self.model(backend, **model_kwargs))  # type: ignore[assignment]
         if agent is None:
-            agent = Agent(
-                model=model,
-                tools=list(tools),
-                system_prompt=SYSTEM,
-                callback_handler=None,
-                conversation_manager=manager or NullConversationManager(),
-            )
+            agent = agent_for(model, tools, system_prompt=SYSTEM, manager=manager)
             for event, callback in callbacks:
                 agent.hooks.add_callback(event, callback)
         started = time.monotonic()
@@ -151,8 +140,10 @@ class Harness:
         return Outcome(model, agent, error, result, time.monotonic() - started)
 
     async def wait_for(self, predicate: Callable[[], bool], timeout: float = 3.0) -> bool:
-        """Poll ``predicate`` every 10 ms for at most ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
+        """Poll ``predicate`` every 10 ms until it holds. Every caller asserts that it comes true, so the
+        deadline only ends a hang: it is never under 60 s (``timeout`` is the caller's expectation, not a
+        limit a busy machine could miss)."""
+        deadline = time.monotonic() + max(timeout, 60.0)
         while time.monotonic() < deadline:
             if predicate():
                 return True

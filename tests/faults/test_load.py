@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from strands import Agent
-from strands.agent.conversation_manager import NullConversationManager
 
+from tests.helpers import agent_for
 from tito_core import TitoModel, Trajectory, get_backend
 from tito_core.http import RetryPolicy
 
@@ -97,13 +96,7 @@ async def run_rollouts(url: str, tokenizer: Any, n: int) -> tuple[list[Trajector
 
     async def one() -> Trajectory:
         model = TitoModel(backend, tokenizer, tool_parser="hermes", sampling={"max_new_tokens": 64})
-        agent = Agent(
-            model=model,
-            tools=[add],
-            system_prompt=SYSTEM,
-            callback_handler=None,
-            conversation_manager=NullConversationManager(),
-        )
+        agent = agent_for(model, [add], system_prompt=SYSTEM)
         with contextlib.suppress(Exception):
             await agent.invoke_async(PROMPT)
         return model.trajectory

@@ -21,16 +21,44 @@ from tito_core.trajectory import Trajectory
 
 from .helpers import lines, tasks, tokenizer_dir, write_jsonl
 
+_GATE = """
+import asyncio
+from pathlib import Path
 
-def _toml(tmp_path: Path, *, delay: float = 0.0, extra: str = "") -> Path:
+_rewarded = 0
+
+
+async def reward(sample):
+    global _rewarded
+    _rewarded += 1
+    if _rewarded > {open_for}:  # held until the test releases it: the run cannot end before the test acts
+        while not Path({release!r}).exists():
+            await asyncio.sleep(0.005)
+    return {body}
+"""
+
+
+def _gated_reward(tmp_path: Path, module: str, body: str, *, open_for: int | None) -> None:
+    """Write ``<module>.py`` with an async ``reward`` returning ``body``. With ``open_for``, only the first
+    ``open_for`` rewards of a process return; the others wait until :func:`_release` (async, so the event
+    loop, its SIGINT handling included, runs on while they wait)."""
+    limit = 10**9 if open_for is None else open_for
+    text = _GATE.format(open_for=limit, release=str(tmp_path / "release"), body=body)
+    (tmp_path / f"{module}.py").write_text(text)
+
+
+def _release(tmp_path: Path) -> None:
+    """Let every gated reward (this run's and any rerun's) return."""
+    (tmp_path / "release").touch()
+
+
+def _toml(tmp_path: Path, *, gate: int | None = None, extra: str = "") -> Path:
     tok = json.dumps(tokenizer_dir())
-    (tmp_path / "rewards.py").write_text(
-        "def reward(sample):\n    return 1.0 if str(sample.task.answer) in sample.text else 0.0\n"
-    )
+    _gated_reward(tmp_path, "rewards", "1.0 if str(sample.task.answer) in sample.text else 0.0", open_for=gate)
     path = tmp_path / "tito.toml"
     path.write_text(
         f'backend = "scripted"\ntokenizer = {tok}\n'
-        f"[backend_options]\ntokenizer = {tok}\nreplies = {json.dumps(['The answer is 4.'] * 500)}\ndelay = {delay}\n"
+        f"[backend_options]\ntokenizer = {tok}\nreplies = {json.dumps(['The answer is 4.'] * 500)}\n"
         f'[rollout]\ngroup_size = 2\nconcurrency = 2\nreward = "rewards:reward"\n{extra}'
     )
     return path
@@ -84,7 +112,7 @@ def test_errors_before_any_work_exit_2_with_one_line(tmp_path: Path, capsys: pyt
 def test_a_killed_run_loses_no_written_rollout_and_a_rerun_completes_it(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "t.jsonl", tasks(40))
     out = tmp_path / "out.jsonl"
-    command = [sys.executable, "-m", "tito_core.cli", *_run(tmp_path, "--output", str(out), "--quiet", delay=0.05)]
+    command = [sys.executable, "-m", "tito_core.cli", *_run(tmp_path, "--output", str(out), "--quiet", gate=6)]
     proc = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE)
     _wait_for_lines(proc, out, 6)
     os.kill(proc.pid, signal.SIGKILL)
@@ -92,6 +120,7 @@ def test_a_killed_run_loses_no_written_rollout_and_a_rerun_completes_it(tmp_path
     killed = out.read_bytes()
     whole = killed[: killed.rfind(b"\n") + 1]
     assert 6 <= whole.count(b"\n") < 80
+    _release(tmp_path)
     rerun = subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=300, check=False)
     assert rerun.returncode == 0, rerun.stderr
     final = out.read_bytes()
@@ -100,7 +129,7 @@ def test_a_killed_run_loses_no_written_rollout_and_a_rerun_completes_it(tmp_path
     assert len(keys) == len(set(keys)) == 80
 
 
-def _wait_for_lines(proc: subprocess.Popen[bytes], out: Path, count: int) -> None:
+def _wait_for_lines(proc: subprocess.Popen[Any], out: Path, count: int) -> None:
     deadline = time.monotonic() + 120
     while (not out.exists() or out.read_bytes().count(b"\n") < count) and time.monotonic() < deadline:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
@@ -113,7 +142,7 @@ def test_a_second_run_on_a_live_output_is_refused_naming_the_pid(tmp_path: Path,
         pytest.importorskip("pyarrow")
     write_jsonl(tmp_path / "t.jsonl", tasks(40))
     out = tmp_path / name
-    command = [sys.executable, "-m", "tito_core.cli", *_run(tmp_path, "--output", str(out), "--quiet", delay=0.05)]
+    command = [sys.executable, "-m", "tito_core.cli", *_run(tmp_path, "--output", str(out), "--quiet", gate=0)]
     first = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE)
     try:
         lock = tmp_path / f"{name}.lock"
@@ -130,6 +159,7 @@ def test_a_second_run_on_a_live_output_is_refused_naming_the_pid(tmp_path: Path,
         os.kill(first.pid, signal.SIGKILL)  # the kernel releases the lock with the process
         first.wait()
         assert lock.exists()  # left behind by the kill: harmless
+        _release(tmp_path)
         rerun = subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=300, check=False)
         assert rerun.returncode == 0, rerun.stderr
         keys = [r.key for r in read_records(out)]
@@ -142,20 +172,21 @@ def test_a_second_run_on_a_live_output_is_refused_naming_the_pid(tmp_path: Path,
 
 
 def test_kill_inside_a_group_loses_no_finished_rollout_and_the_rerun_completes_the_group(tmp_path: Path) -> None:
-    (tmp_path / "graded.py").write_text("def reward(sample):\n    return float(sample.sample * sample.sample)\n")
+    _gated_reward(tmp_path, "graded", "float(sample.sample * sample.sample)", open_for=2)
     extra = 'group_reward = "tito_core.runner.rewards:group_normalized"\n'
     write_jsonl(tmp_path / "t.jsonl", tasks(1))
     out = tmp_path / "out.jsonl"
     args = _run(tmp_path, "--output", str(out), "--quiet", "--group-size", "4", "--concurrency", "1",
-                "--reward", "graded:reward", delay=0.5, extra=extra)  # fmt: skip
+                "--reward", "graded:reward", extra=extra)  # fmt: skip
     command = [sys.executable, "-m", "tito_core.cli", *args]
     proc = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE)
     _wait_for_lines(proc, out, 2)
-    os.kill(proc.pid, signal.SIGKILL)  # between two samples of the group (one rollout takes 0.5 s)
+    os.kill(proc.pid, signal.SIGKILL)  # between two samples of the group (the third one's reward is held)
     proc.wait()
     killed = [r for r in read_records(out)]
     assert 2 <= len(killed) < 4  # the finished samples are on disk before their group is done
     assert all(r.status == "completed" and r.advantage is None for r in killed)
+    _release(tmp_path)
     rerun = subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=300, check=False)
     assert rerun.returncode == 0, rerun.stderr
     records = sorted(read_records(out), key=lambda r: r.sample)
@@ -297,11 +328,11 @@ def test_scripted_demo_without_tito_testing_names_what_to_install(
 def test_ctrl_c_stops_with_130_and_keeps_what_was_written(tmp_path: Path) -> None:
     write_jsonl(tmp_path / "t.jsonl", tasks(40))
     out = tmp_path / "out.jsonl"
-    command = [sys.executable, "-m", "tito_core.cli", *_run(tmp_path, "--output", str(out), "--quiet", delay=0.05)]
+    # the first 4 rewards return, the 5th waits for a release that never comes: the run is still going when
+    # the SIGINT lands, however slow the machine
+    command = [sys.executable, "-m", "tito_core.cli", *_run(tmp_path, "--output", str(out), "--quiet", gate=4)]
     proc = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while (not out.exists() or out.read_bytes().count(b"\n") < 4) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for_lines(proc, out, 4)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "rerun to resume" in err

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from strands import Agent, tool
-from strands.agent.conversation_manager import NullConversationManager
 
+from tests.helpers import agent_for
 from tito_core import TitoModel, Trajectory
 from tito_testing.scripted import ScriptedBackend
 
@@ -30,13 +30,7 @@ def call(expression: str) -> str:
 
 
 def new_agent(model: TitoModel) -> Agent:
-    return Agent(
-        model=model,
-        tools=[calculator],
-        system_prompt=SYSTEM,
-        callback_handler=None,
-        conversation_manager=NullConversationManager(),
-    )
+    return agent_for(model, [calculator], system_prompt=SYSTEM)
 
 
 WEIGHT_VERSION = "7"

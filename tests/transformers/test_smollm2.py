@@ -11,14 +11,14 @@ import uuid
 
 import pytest
 
+from tests.helpers import agent_for
 from tito_core.backend import GenerateRequest, SamplingParams
 
 pytest.importorskip("gguf")
 
 
 async def test_smollm2_answers_and_records_exact_rollouts() -> None:
-    from strands import Agent, tool
-    from strands.agent.conversation_manager import NullConversationManager
+    from strands import tool
     from transformers import AutoTokenizer
 
     from tito_core import TitoModel
@@ -39,7 +39,7 @@ async def test_smollm2_answers_and_records_exact_rollouts() -> None:
 
         # 1. a sensible greedy answer through a Strands agent, ending on the model's own EOS
         model = TitoModel(backend, tokenizer, sampling={"temperature": 0.0, "max_new_tokens": 32})
-        agent = Agent(model=model, callback_handler=None, conversation_manager=NullConversationManager())
+        agent = agent_for(model)
         answer = await agent.invoke_async("What is the capital of France?")
         assert "Paris" in str(answer)
         traj = model.reset()
@@ -80,9 +80,7 @@ async def test_smollm2_answers_and_records_exact_rollouts() -> None:
             chat_template=smollm2_tools(),
             sampling={"temperature": 0.0, "max_new_tokens": 12},
         )
-        agent = Agent(
-            model=model, tools=[get_weather], callback_handler=None, conversation_manager=NullConversationManager()
-        )
+        agent = agent_for(model, [get_weather])
         try:
             await agent.invoke_async("What is the weather in Paris? Call get_weather.")
         except Exception as exc:  # a truncated turn ends the agent with MaxTokensReachedException
