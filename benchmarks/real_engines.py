@@ -344,7 +344,7 @@ def main() -> None:
         from run import fake_server
         from workload import Workload
 
-        from tito_core.testing.tokenizers import qwen_tokenizer_dir
+        from tito_testing.tokenizers import qwen_tokenizer_dir
 
         with fake_server(str(qwen_tokenizer_dir("qwen3")), Workload.for_size(300, args.calls)) as url:
             figures = asyncio.run(measure("sglang", url, args.rollouts, args.calls, session="off"))

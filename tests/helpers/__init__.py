@@ -13,7 +13,7 @@ from strands import Agent, tool
 from strands.agent.conversation_manager import ConversationManager, NullConversationManager
 
 from tito_core import TitoModel
-from tito_core.testing.scripted import ScriptedBackend
+from tito_testing.scripted import ScriptedBackend
 
 __all__ = ["add", "agent_for", "echo", "hermes_call", "scripted_agent"]
 
