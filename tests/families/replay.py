@@ -17,7 +17,8 @@ from strands.types.tools import ToolSpec
 from tito_core.backend import Backend, GenerateRequest, GenerateResult
 from tito_core.chat import ChatRenderer
 from tito_core.plugins import get_tool_parser
-from tito_core.recording import CallOptions, RenderMode, Rollout
+from tito_core.rollout_core import CallOptions, RenderMode, Rollout
+from tito_core.strands_messages import to_conversation
 from tito_core.tool_parsers.base import ParsedOutput
 from tito_core.trajectory import Trajectory
 
@@ -88,7 +89,7 @@ def replay(
             if message["role"] != "assistant":
                 history.append(_renamed(message, rename))
                 continue
-            result = await rollout.call(list(history), tools, system, CallOptions())
+            result = await rollout.call(to_conversation(list(history), tools, system), CallOptions())
             history.append(assistant_message(result.parsed))
             asked = [b["toolUse"]["toolUseId"] for b in message["content"] if "toolUse" in b]
             rename.update(zip(asked, [c.id for c in result.parsed.calls], strict=False))

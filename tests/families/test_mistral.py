@@ -4,7 +4,7 @@ The reference is what vLLM / SGLang compute for Mistral models: ``MistralCommonB
 (mistral-common) on the conversation so far, built here from the Strands messages independently of tito.
 Hypothesis writes multi-turn tool conversations (parallel calls, error results, unicode, empty tool
 results, control-token text such as ``[INST]`` or ``</s>`` inside user and tool messages); each is replayed
-through a real :class:`~tito_core.recording.Rollout` whose engine answers every assistant turn with the ids
+through a real :class:`~tito_core.rollout_core.Rollout` whose engine answers every assistant turn with the ids
 mistral-common gives it. Measured divergence: tokenizer v3 encodes the tools block and the system prompt
 with the *last* user message (v7 and v11: the tools block), so a later user message moves them. v11
 (``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}``) and v13 (no call ids, tools block first, ``[THINK]``) are the
@@ -29,7 +29,8 @@ from strands.types.tools import ToolSpec
 from tito_core.errors import ConfigError, TemplateError
 from tito_core.mistral import MistralCommonRenderer
 from tito_core.plugins import get_tool_parser
-from tito_core.recording import CallOptions, Rollout
+from tito_core.rollout_core import CallOptions, Rollout
+from tito_core.strands_messages import to_conversation
 from tito_testing.families import load_family_tokenizer
 
 from .replay import IdsBackend, replay
@@ -346,7 +347,7 @@ def test_a_mistral_common_failure_fails_the_rollout(monkeypatch: pytest.MonkeyPa
     ]
     backend = IdsBackend([Reference("mistral", messages, TOOLS, SYSTEM).output(1)])
     rollout = Rollout(backend, MistralCommonRenderer(tok), get_tool_parser("mistral"))
-    asyncio.run(rollout.call(messages[:1], TOOLS, SYSTEM, CallOptions()))
+    asyncio.run(rollout.call(to_conversation(messages[:1], TOOLS, SYSTEM), CallOptions()))
     assert rollout.trajectory.status == "running"
 
     def broken(*args: Any, **kwargs: Any) -> Any:
@@ -354,7 +355,7 @@ def test_a_mistral_common_failure_fails_the_rollout(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(tok, "apply_chat_template", broken)
     with pytest.raises(TemplateError, match="exploded"):
-        asyncio.run(rollout.call(messages, TOOLS, SYSTEM, CallOptions()))
+        asyncio.run(rollout.call(to_conversation(messages, TOOLS, SYSTEM), CallOptions()))
     assert rollout.trajectory.status == "failed"
     assert "exploded" in (rollout.trajectory.status_reason or "")
 
