@@ -154,10 +154,10 @@ async def test_constrained_logprobs_are_the_masked_renormalised_distribution(fp3
         with torch.no_grad():
             logits = fp32.model(torch.tensor([[*ids, *output]])).logits[0, len(ids) - 1 : -1].float()
         info = xgrammar.TokenizerInfo.from_huggingface(
-            fp32._tokenizer, vocab_size=fp32._vocab, stop_token_ids=sorted(EOS)
+            fp32._tokenizer, vocab_size=fp32._preparer.vocab, stop_token_ids=sorted(EOS)
         )
         matcher = xgrammar.GrammarMatcher(xgrammar.GrammarCompiler(info).compile_grammar(ADD_CALL))
-        bitmask = xgrammar.allocate_token_bitmask(1, fp32._vocab)
+        bitmask = xgrammar.allocate_token_bitmask(1, fp32._preparer.vocab)
         expected, raw = [], []
         for row, token in zip(logits, output, strict=True):
             raw.append(float(row[token] - torch.logsumexp(row, -1)))
