@@ -10,14 +10,22 @@ and nothing else; it never sees a framework's types.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 
-__all__ = ["ChatMessage", "Conversation", "canonical", "reply_message", "tool_specs_to_chat"]
+__all__ = ["ChatMessage", "Conversation", "ToolSpec", "canonical", "reply_message", "tool_specs_to_chat"]
 
 ChatMessage = dict[str, Any]
 """One chat-template message, as the model family's chat template takes it."""
+
+
+class ToolSpec(TypedDict):
+    """A tool offered to the model, as tool parsers and grammars read it (Strands' tool specs have this shape)."""
+
+    name: str
+    description: str
+    inputSchema: dict[str, Any]
 
 
 class Conversation(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,7 +40,7 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True):
 
     messages: Sequence[ChatMessage]
     system: str | None = None
-    tool_specs: Sequence[Mapping[str, Any]] | None = None
+    tool_specs: Sequence[ToolSpec] | None = None
 
     def chat(self) -> list[ChatMessage]:
         """The whole conversation as the chat template renders it: the system message first, when there is one."""
@@ -41,13 +49,13 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True):
         return [{"role": "system", "content": self.system}, *self.messages]
 
 
-def tool_specs_to_chat(tool_specs: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
+def tool_specs_to_chat(tool_specs: Sequence[ToolSpec] | None) -> list[dict[str, Any]] | None:
     """Tool specs to the OpenAI ``{"type": "function", "function": ...}`` form chat templates expect."""
     if not tool_specs:
         return None
     tools = []
     for spec in tool_specs:
-        schema = spec.get("inputSchema", {})
+        schema: Any = spec.get("inputSchema", {})
         parameters = schema.get("json", schema) if isinstance(schema, Mapping) else {}
         tools.append(
             {

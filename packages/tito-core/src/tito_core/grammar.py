@@ -18,9 +18,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from strands.types.tools import ToolSpec
-
 from tito_core._suggest import did_you_mean
+from tito_core.conversation import ToolSpec
 from tito_core.errors import ConfigError
 
 __all__ = [

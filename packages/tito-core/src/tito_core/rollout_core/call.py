@@ -157,7 +157,7 @@ class Rollout:
             except BaseException:
                 # The continuation failed or was cancelled: keep every token generated so far, as an aborted turn.
                 cut = progress.result
-                parsed = self.tool_parser.parse(self.renderer.decode(cut.output_ids), conversation.tool_specs)  # type: ignore[arg-type]
+                parsed = self.tool_parser.parse(self.renderer.decode(cut.output_ids), conversation.tool_specs)
                 with contextlib.suppress(GenerationAbortedError):
                     self._record(conversation, plan, request, cut, new_ids, n_boundary, parsed, started, progress.rids)
                 raise

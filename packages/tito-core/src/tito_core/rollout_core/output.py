@@ -7,14 +7,13 @@ The output is parsed (reasoning, content, tool calls) without the token it stopp
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import msgspec
 
 from ..backend import GenerateRequest, GenerateResult, SamplingParams
 from ..chat import ChatRenderer
-from ..conversation import ChatMessage, reply_message
+from ..conversation import ChatMessage, ToolSpec, reply_message
 from ..tool_parsers.base import ParsedOutput, ToolCall, ToolParser
 from ..trajectory import Trajectory, Turn, Usage
 from ..versions import check_spans
@@ -45,7 +44,7 @@ async def parse_output(
     renderer: ChatRenderer,
     parser: ToolParser,
     result: GenerateResult,
-    tool_specs: Sequence[Mapping[str, Any]] | None,
+    tool_specs: Sequence[ToolSpec] | None,
     sampling: SamplingParams,
 ) -> ParsedOutput:
     """Split the output (without the token it stopped on) into reasoning, content and tool calls."""
@@ -58,7 +57,7 @@ async def parse_output(
             or (isinstance(result.matched_stop, int) and result.matched_stop == last)
         ):
             ids = ids[:-1]
-    return parser.parse(await renderer.adecode(ids), tool_specs)  # type: ignore[arg-type]
+    return parser.parse(await renderer.adecode(ids), tool_specs)
 
 
 def stop_reason(result: GenerateResult, parsed: ParsedOutput) -> str:

@@ -10,14 +10,14 @@ prompt must extend the trajectory.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
 
 from ..backend import GenerateResult
 from ..chat import ChatRenderer, first_difference
-from ..conversation import Conversation
+from ..conversation import Conversation, ToolSpec
 from ..errors import ConfigError, PrefixMismatchError, TemplateError
 from ..grammar import ToolChoiceError, forced_tools, tool_call_grammar
 from ..tool_parsers.base import ToolParser
@@ -75,9 +75,9 @@ class PromptBuilder:
         self._moves_for: tuple[str | None, list[dict[str, Any]] | None] = (None, None)
 
     # ---------------------------------------------------------------------------------------------- grammar
-    def grammar(self, tool_specs: Sequence[Mapping[str, Any]] | None, tool_choice: Any) -> str | None:
+    def grammar(self, tool_specs: Sequence[ToolSpec] | None, tool_choice: Any) -> str | None:
         """The grammar forcing a tool call, or None when ``tool_choice`` forces none."""
-        forced = forced_tools(tool_specs, tool_choice)  # type: ignore[arg-type]
+        forced = forced_tools(tool_specs, tool_choice)
         if forced is None:
             return None
         if not self._supports_grammar:

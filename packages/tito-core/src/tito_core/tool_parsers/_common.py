@@ -9,8 +9,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from strands.types.tools import ToolSpec
-
+from tito_core.conversation import ToolSpec
 from tito_core.tool_parsers._reasoning import skip_whitespace
 from tito_core.tool_parsers.base import ToolCall, json_type_name, loads_json_strict, malformed_call, new_call_id
 

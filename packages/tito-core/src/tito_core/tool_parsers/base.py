@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
-from strands.types.tools import ToolSpec
+
+from tito_core.conversation import ToolSpec
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True):

@@ -24,8 +24,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from strands.types.tools import ToolSpec
-
+from tito_core.conversation import ToolSpec
 from tito_core.tool_parsers._common import call_with_json_arguments, json_end, scan_call_section, snippet, valid_name
 from tito_core.tool_parsers._reasoning import ThinkAwareParser, find_delimiter_end, index_past, skip_whitespace
 from tito_core.tool_parsers.base import ParsedOutput, ToolCall, loads_json_strict, malformed_call, new_call_id

@@ -17,8 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from strands.types.tools import ToolSpec
-
+from tito_core.conversation import ToolSpec
 from tito_core.tool_parsers._common import snippet, valid_name
 from tito_core.tool_parsers._reasoning import DelimitedToolParser, RawCall
 from tito_core.tool_parsers.base import ParsedOutput, ToolCall, malformed_call, new_call_id

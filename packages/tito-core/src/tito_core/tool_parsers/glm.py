@@ -16,8 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from strands.types.tools import ToolSpec
-
+from tito_core.conversation import ToolSpec
 from tito_core.tool_parsers._common import input_schemas, schema_typed_arguments, snippet, valid_name
 from tito_core.tool_parsers._reasoning import DelimitedToolParser, RawCall, index_past, skip_whitespace
 from tito_core.tool_parsers.base import (

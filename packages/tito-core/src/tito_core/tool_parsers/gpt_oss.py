@@ -19,8 +19,7 @@ import re
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from strands.types.tools import ToolSpec
-
+from tito_core.conversation import ToolSpec
 from tito_core.tool_parsers._common import call_with_json_arguments, snippet, valid_name
 from tito_core.tool_parsers.base import ParsedOutput, ToolCall, malformed_call
 

@@ -6,8 +6,7 @@ import json
 import re
 from collections.abc import Sequence
 
-from strands.types.tools import ToolSpec
-
+from tito_core.conversation import ToolSpec
 from tito_core.grammar import json_call_grammar
 from tito_core.tool_parsers._common import call_from_json_object, decode_call_object
 from tito_core.tool_parsers._reasoning import DelimitedToolParser, RawCall, index_past, skip_whitespace

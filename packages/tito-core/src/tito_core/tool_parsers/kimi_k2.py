@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from strands.types.tools import ToolSpec
-
+from tito_core.conversation import ToolSpec
 from tito_core.tool_parsers._common import call_with_json_arguments, json_end, scan_call_section, snippet, valid_name
 from tito_core.tool_parsers._reasoning import DelimitedToolParser, RawCall, index_past, skip_whitespace
 from tito_core.tool_parsers.base import ParsedOutput, ToolCall, malformed_call

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from strands.types.tools import ToolSpec
-
+from tito_core.conversation import ToolSpec
 from tito_core.grammar import json_call_grammar
 from tito_core.tool_parsers._common import call_from_json_object, decode_call_object, json_end, valid_name
 from tito_core.tool_parsers._reasoning import ThinkAwareParser, skip_whitespace

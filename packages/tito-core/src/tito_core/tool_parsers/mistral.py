@@ -14,8 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from strands.types.tools import ToolSpec
-
+from tito_core.conversation import ToolSpec
 from tito_core.tool_parsers._common import call_with_json_arguments, json_end, unexpected_keys, valid_name
 from tito_core.tool_parsers._reasoning import ThinkAwareParser, skip_whitespace
 from tito_core.tool_parsers.base import (

@@ -18,8 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from strands.types.tools import ToolSpec
-
+from tito_core.conversation import ToolSpec
 from tito_core.grammar import Ebnf, literal, one_call_of, schema_rule
 from tito_core.grammar import input_schema as spec_input_schema
 from tito_core.tool_parsers._common import input_schemas, schema_typed_arguments, snippet
