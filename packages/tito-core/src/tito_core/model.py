@@ -24,10 +24,10 @@ from strands.types.streaming import StreamEvent
 from strands.types.tools import ToolSpec
 
 from .backend import Backend, SamplingParams, sampling_params
-from .chat import ChatRenderer
 from .errors import ConfigError, TitoError
 from .grammar import GrammarToolParser, tool_choice_option
 from .recording import CallOptions, CallResult, PrefixPolicy, RenderMode, Rollout
+from .render import shared_renderer
 from .tokenizers import aload_tokenizer, is_tokenizer_cached, load_tokenizer
 from .tool_parsers.base import ToolParser
 from .trajectory import Trajectory
@@ -127,7 +127,7 @@ class TitoModel(Model):
 
             tool_parser = infer_tool_parser(tokenizer, chat_template)
         self.tool_parser: ToolParser = plugins.get_tool_parser(tool_parser)
-        self.renderer = ChatRenderer.shared(
+        self.renderer = shared_renderer(
             tokenizer,
             chat_template=chat_template,
             template_kwargs=chat_template_kwargs,
