@@ -11,6 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tito_core.chat import ChatRenderer
+from tito_core.render import shared_renderer
+from tito_core.render.codec import BUSY_TOKENIZER_MESSAGES, is_busy_tokenizer
 
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "<|endoftext|>", "\n", " ", "\t"]
 texts = st.lists(st.one_of(st.text(max_size=40), st.sampled_from(SPECIALS)), max_size=12).map("".join)
@@ -83,13 +85,19 @@ def test_a_tokenizer_without_a_rust_backend_keeps_to_its_methods(qwen3_tokenizer
 
 
 def test_models_share_one_renderer_per_tokenizer_and_template(qwen3_tokenizer: Any, qwen25_tokenizer: Any) -> None:
-    first = ChatRenderer.shared(qwen3_tokenizer, template_kwargs={"enable_thinking": False})
-    assert ChatRenderer.shared(qwen3_tokenizer, template_kwargs={"enable_thinking": False}) is first
-    assert ChatRenderer.shared(qwen3_tokenizer) is not first
-    assert ChatRenderer.shared(qwen25_tokenizer, template_kwargs={"enable_thinking": False}) is not first
-    assert ChatRenderer.shared(qwen3_tokenizer, chat_template="{{ 'x' }}") is not ChatRenderer.shared(qwen3_tokenizer)
+    first = shared_renderer(qwen3_tokenizer, template_kwargs={"enable_thinking": False})
+    assert shared_renderer(qwen3_tokenizer, template_kwargs={"enable_thinking": False}) is first
+    assert shared_renderer(qwen3_tokenizer) is not first
+    assert shared_renderer(qwen25_tokenizer, template_kwargs={"enable_thinking": False}) is not first
+    assert shared_renderer(qwen3_tokenizer, chat_template="{{ 'x' }}") is not shared_renderer(qwen3_tokenizer)
     with pytest.raises(TypeError):
         first.template_kwargs["enable_thinking"] = True  # type: ignore[index]
+
+
+def test_chat_renderer_shared_still_works_and_names_its_replacement(qwen3_tokenizer: Any) -> None:
+    with pytest.warns(DeprecationWarning, match=r"tito_core\.render\.shared_renderer\(\)"):
+        old = ChatRenderer.shared(qwen3_tokenizer, template_kwargs={"enable_thinking": False})
+    assert old is shared_renderer(qwen3_tokenizer, template_kwargs={"enable_thinking": False})
 
 
 async def test_long_texts_are_tokenized_on_a_worker_thread(qwen3_tokenizer: Any) -> None:
@@ -129,6 +137,77 @@ async def test_a_busy_tokenizer_falls_back_to_the_calling_thread(qwen3_tokenizer
         raise RuntimeError("Already borrowed")
 
     renderer._rust_encode = busy
+    text = "word " * chat.OFFLOAD_CHARS
+    assert await renderer.aencode(text) == qwen3_tokenizer.encode(text, add_special_tokens=False)
+
+
+async def test_other_runtime_errors_of_the_worker_are_not_taken_for_a_busy_tokenizer(qwen3_tokenizer: Any) -> None:
+    from tito_core import chat
+
+    renderer = ChatRenderer(qwen3_tokenizer)
+
+    def broken(text: str) -> list[int]:
+        raise RuntimeError("something else went wrong")
+
+    renderer._rust_encode = broken
+    with pytest.raises(RuntimeError, match="something else went wrong"):
+        await renderer.aencode("word " * chat.OFFLOAD_CHARS)
+
+
+def _tokenizers_borrow_error() -> RuntimeError:
+    """The installed tokenizers library's own borrow error: a split re-entered from inside its own callback."""
+    from tokenizers import PreTokenizedString
+
+    pretokenized = PreTokenizedString("a b")
+    raised: list[RuntimeError] = []
+
+    def split_again(index: int, piece: Any) -> list[Any]:
+        try:
+            pretokenized.split(lambda i, p: [p])
+        except RuntimeError as exc:
+            raised.append(exc)
+        return [piece]
+
+    pretokenized.split(split_again)
+    assert raised, "tokenizers let a split re-enter itself: find another way to provoke its borrow error"
+    return raised[0]
+
+
+def test_a_real_borrow_error_of_the_installed_tokenizers_is_taken_for_a_busy_tokenizer() -> None:
+    # An upgrade of tokenizers (or of the PyO3 it is built with) that rewords the error fails here, instead of
+    # turning every busy tokenizer into a crash.
+    error = _tokenizers_borrow_error()
+    assert str(error) in BUSY_TOKENIZER_MESSAGES
+    assert is_busy_tokenizer(error)
+    assert not is_busy_tokenizer(RuntimeError("something else went wrong"))
+    assert not is_busy_tokenizer(ValueError(str(error)))
+
+
+def test_every_tokenizers_message_of_the_table_is_in_the_installed_library() -> None:
+    import pathlib
+
+    import tokenizers
+
+    binaries = [p.read_bytes() for p in pathlib.Path(tokenizers.__file__).parent.glob("tokenizers*.so")]
+    binaries += [p.read_bytes() for p in pathlib.Path(tokenizers.__file__).parent.glob("tokenizers*.pyd")]
+    assert binaries, "no compiled tokenizers module found"
+    for message, why in BUSY_TOKENIZER_MESSAGES.items():
+        if why.startswith("tokenizers:"):
+            assert any(message.encode() in b for b in binaries), message
+
+
+async def test_a_pool_stopped_by_interpreter_shutdown_falls_back_to_the_calling_thread(
+    qwen3_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import concurrent.futures.thread
+
+    from tito_core import chat
+
+    with pytest.raises(RuntimeError) as stopped:  # the standard library's own message, as the table spells it
+        monkeypatch.setattr(concurrent.futures.thread, "_shutdown", True)
+        concurrent.futures.ThreadPoolExecutor(max_workers=1).submit(int)
+    assert is_busy_tokenizer(stopped.value)
+    renderer = ChatRenderer(qwen3_tokenizer)
     text = "word " * chat.OFFLOAD_CHARS
     assert await renderer.aencode(text) == qwen3_tokenizer.encode(text, add_special_tokens=False)
 

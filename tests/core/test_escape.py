@@ -19,6 +19,7 @@ from tests.helpers import scripted_agent
 from tito_core.chat import ChatRenderer, first_difference
 from tito_core.config import load_config
 from tito_core.errors import ConfigError, TemplateError
+from tito_core.render import shared_renderer
 from tito_testing.scripted import ScriptedBackend
 from tito_testing.tokenizers import load_qwen_tokenizer
 
@@ -81,8 +82,8 @@ def test_escape_changes_the_ids_exactly_at_the_spelled_text_and_the_rollout_stay
 )
 def test_escaped_encoding_keeps_the_template_ids_and_the_text(content):
     tok = load_qwen_tokenizer("qwen3")
-    renderer = ChatRenderer.shared(tok, escape_special_text=True)
-    plain = ChatRenderer.shared(tok)
+    renderer = shared_renderer(tok, escape_special_text=True)
+    plain = shared_renderer(tok)
     chat = [{"role": "tool", "tool_call_id": "c1", "content": content}]
     text = plain.turn_tail[1] + plain.continuation_text(chat)
     ids, _ = asyncio.run(renderer.continuation_ids(chat, close_turn=False))

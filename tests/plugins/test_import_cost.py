@@ -7,15 +7,15 @@ import os
 import subprocess
 import sys
 
-HEAVY_OR_ADAPTER = ("torch", "tito_vllm", "tito_sglang", "tito_backend_echo", "tito_core._builtins")
+HEAVY_OR_ADAPTER = ("torch", "tito_vllm", "tito_sglang", "tito_backend_echo", "tito_core.plugins.builtins")
 
 IMPORT_ONLY = """
 import json, sys
 import tito_core
-plugins = sys.modules.get("tito_core.plugins")
+registry = sys.modules.get("tito_core.plugins.registry")
 print(json.dumps({
     "modules": sorted(sys.modules),
-    "manager_created": None if plugins is None else plugins._manager is not None,
+    "manager_created": None if registry is None else registry._manager is not None,
 }))
 """
 

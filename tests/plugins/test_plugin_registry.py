@@ -81,7 +81,21 @@ def test_echo_backend_is_discovered_through_its_installed_entry_point() -> None:
 
 def test_builtins_are_registered_like_any_plugin() -> None:
     assert {"hermes", "qwen_xml"} <= set(list_tool_parsers())
-    assert plugin_manager().get_plugin("core") is sys.modules["tito_core._builtins"]
+    assert plugin_manager().get_plugin("core") is sys.modules["tito_core.plugins.builtins"]
+
+
+def test_an_installation_whose_metadata_names_the_old_builtins_module_still_loads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # tito-core's `core` entry point named `tito_core._builtins` before the built-ins moved into the plugins
+    # package; an environment installed then keeps that metadata until the package is reinstalled.
+    legacy = importlib.metadata.EntryPoint(name="core", value="tito_core._builtins", group="tito")
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [legacy] if group == "tito" else [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert "hermes" in list_tool_parsers()
+    assert plugin_manager().get_plugin("core") is sys.modules["tito_core.plugins.builtins"]
+    assert plugin_manager().failures == {}
 
 
 def test_scripted_backend_is_discovered_through_the_tito_testing_entry_point() -> None:

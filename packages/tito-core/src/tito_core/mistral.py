@@ -24,8 +24,8 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
-from .chat import ChatMessage, ChatRenderer
 from .errors import TemplateError, UnsupportedContentError
+from .render.renderer import ChatMessage, ChatRenderer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -58,7 +58,7 @@ def mistral_call_id(call_id: str) -> str:
 
 
 class MistralCommonRenderer(ChatRenderer):
-    """A :class:`~tito_core.chat.ChatRenderer` that encodes with mistral-common.
+    """A :class:`~tito_core.render.renderer.ChatRenderer` that encodes with mistral-common.
 
     Message content is always encoded as text (``escape_special_text`` is implied). The text views
     (:meth:`render`, :meth:`continuation_text`) decode the ids, for messages and diagnostics only.

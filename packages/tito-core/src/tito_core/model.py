@@ -27,9 +27,9 @@ from strands.types.streaming import StreamEvent
 from strands.types.tools import ToolSpec
 
 from .backend import Backend, SamplingParams, sampling_params
-from .chat import ChatRenderer
 from .errors import ConfigError, TitoError
 from .grammar import GrammarToolParser, tool_choice_option
+from .render import shared_renderer
 from .rollout_core import CallOptions, CallResult, PrefixPolicy, RenderMode, Rollout
 from .status import end_with
 from .strands_messages import to_conversation
@@ -133,7 +133,7 @@ class TitoModel(Model):
 
             tool_parser = infer_tool_parser(tokenizer, chat_template)
         self.tool_parser: ToolParser = plugins.get_tool_parser(tool_parser)
-        self.renderer = ChatRenderer.shared(
+        self.renderer = shared_renderer(
             tokenizer,
             chat_template=chat_template,
             template_kwargs=chat_template_kwargs,

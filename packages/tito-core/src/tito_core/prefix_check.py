@@ -22,8 +22,10 @@ import msgspec
 from strands.types.content import Messages
 from strands.types.tools import ToolSpec
 
-from .chat import ChatRenderer, first_difference, to_chat_messages, tool_specs_to_chat
+from .conversation import tool_specs_to_chat
 from .errors import TemplateError
+from .render.renderer import ChatRenderer, first_difference
+from .strands_messages import to_chat_messages
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..chat import ChatRenderer, first_difference
+from ..render.renderer import ChatRenderer, first_difference
 from ..trajectory import Trajectory
 from .text_stack import TextStackView
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ..chat import ChatRenderer
+from ..render.renderer import ChatRenderer
 from ..tool_parsers.base import ToolParser
 from ..trajectory import Trajectory
 

@@ -14,8 +14,10 @@ from typing import Any
 import msgspec
 from strands.types.content import ContentBlock, Message, Messages
 
-from ..chat import ChatMessage, ChatRenderer, to_chat_messages
+from ..conversation import ChatMessage
 from ..errors import TemplateError
+from ..render.renderer import ChatRenderer
+from ..strands_messages import to_chat_messages
 from ..tool_parsers.base import ToolParser
 from ..trajectory import Trajectory
 

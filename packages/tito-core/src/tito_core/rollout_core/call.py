@@ -18,10 +18,10 @@ from typing import Any
 import msgspec
 
 from ..backend import Backend, GenerateRequest, GenerateResult, SamplingParams
-from ..chat import ChatRenderer
 from ..conversation import Conversation, tool_specs_to_chat
 from ..errors import ContextWindowFullError, GenerationAbortedError, TitoError
 from ..partial import Progress, go_on
+from ..render.renderer import ChatRenderer
 from ..status import CallEnd, status_of
 from ..tool_parsers.base import ToolParser
 from ..trajectory import Trajectory

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from typing import cast
 
 from ..backend import GenerateRequest, GenerateResult
-from ..chat import first_difference
 from ..errors import BackendResponseError
+from ..render.renderer import first_difference
 from ..versions import check_spans
 
 __all__ = ["bad_answer", "check_result"]

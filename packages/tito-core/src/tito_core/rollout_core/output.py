@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import msgspec
 
 from ..backend import GenerateRequest, GenerateResult, SamplingParams
-from ..chat import ChatRenderer
 from ..conversation import ChatMessage, ToolSpec, reply_message
+from ..render.renderer import ChatRenderer
 from ..tool_parsers.base import ParsedOutput, ToolCall, ToolParser
 from ..trajectory import Trajectory, Turn, Usage
 from ..versions import check_spans

@@ -16,10 +16,10 @@ from typing import Any, Literal
 import msgspec
 
 from ..backend import GenerateResult
-from ..chat import ChatRenderer, first_difference
 from ..conversation import Conversation, ToolSpec
 from ..errors import ConfigError, PrefixMismatchError, TemplateError
 from ..grammar import ToolChoiceError, forced_tools, tool_call_grammar
+from ..render.renderer import ChatRenderer, first_difference
 from ..tool_parsers.base import ToolParser
 from .checks import SHOWN, bad_answer
 from .sync import ConversationSync, Plan

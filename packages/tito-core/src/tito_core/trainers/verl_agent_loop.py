@@ -22,7 +22,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase
 
 from ..model import TitoModel
-from .verl import VerlServerBackend, agent_loop_output
+from .verl_backend import VerlServerBackend, agent_loop_output
 
 AgentRollout = Callable[..., Awaitable[float | None]]
 

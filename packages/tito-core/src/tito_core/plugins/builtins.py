@@ -1,8 +1,9 @@
-"""The core's own plugin: built-in tool parsers and the in-process test backend.
+"""The core's own plugin: the built-in tool parsers (the scripted test backend comes from tito-testing).
 
 Registered like any third-party plugin (entry point ``core`` in tito-core's ``pyproject.toml``, or
 directly by the plugin manager when running from a source tree). Factories are import strings, so
-listing them imports nothing.
+listing them imports nothing. It needs only the plugin contract (``tito_core.plugins.hookspecs``),
+never the manager that loads it.
 """
 
 # ruff: noqa: RUF001  (DeepSeek's markers are spelled with full-width characters)
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tito_core.plugins import ToolParserSpec, hookimpl
+from tito_core.plugins.hookspecs import ToolParserSpec, hookimpl
 
 
 @hookimpl
