@@ -241,8 +241,7 @@ class Trajectory:
     def set_status(self, status: Status, reason: str | None = None) -> None:
         """Set the status and the reason for it."""
         self._check_open()
-        self.status = status
-        self.status_reason = reason
+        self.status, self.status_reason = status, reason
 
     def amend_status(self, status: Status, reason: str | None = None) -> None:
         """Change a closed trajectory's status after the fact (the runner, when the reward function fails)."""
