@@ -31,7 +31,7 @@ class ToolSpec(TypedDict):
 class Conversation(msgspec.Struct, frozen=True, kw_only=True):
     """One model call's input, in tito's own form.
 
-    Args:
+    Attributes:
         messages: The chat messages after the system prompt (user, assistant, tool), oldest first.
         system: The system prompt, or None.
         tool_specs: The tools offered on this call: ``{"name", "description", "inputSchema": {"json": schema}}``
