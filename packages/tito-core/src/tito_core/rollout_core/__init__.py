@@ -1,11 +1,16 @@
 """The rollout core: one model call at a time on tito's own conversation form, recorded as exact tokens.
 
-Parts, each with its own state: :mod:`~tito_core.rollout_core.sync` (which messages the tokens cover; the one fork),
-:mod:`~tito_core.rollout_core.prompt` (the new prompt ids, the grammar of a forced call), :mod:`~tito_core.rollout_core.checks` (the engine's answer is
-valid before anything is recorded), :mod:`~tito_core.rollout_core.output` (parse and record), :mod:`~tito_core.rollout_core.sequence` (the backend
-sequence of the live branch) and :mod:`~tito_core.rollout_core.call` (the call loop, :class:`Rollout`). None of them imports a
-front's framework (Strands); :class:`~tito_core.model.TitoModel` and the gateway convert to
-:class:`~tito_core.conversation.Conversation`.
+Its parts each own their state:
+
+- :mod:`~tito_core.rollout_core.sync`: which messages the tokens cover; the one fork.
+- :mod:`~tito_core.rollout_core.prompt`: the new prompt ids, the grammar of a forced call.
+- :mod:`~tito_core.rollout_core.checks`: the engine's answer is valid before anything is recorded.
+- :mod:`~tito_core.rollout_core.output`: parse and record.
+- :mod:`~tito_core.rollout_core.sequence`: the backend sequence of the live branch.
+- :mod:`~tito_core.rollout_core.call`: the call loop, :class:`Rollout`.
+
+None of them imports a front's framework (Strands); :class:`~tito_core.model.TitoModel` and the gateway convert
+to :class:`~tito_core.conversation.Conversation`.
 """
 
 from .call import CallOptions, Rollout
