@@ -14,7 +14,8 @@ import httpx
 import pytest
 from strands.types.exceptions import ContextWindowOverflowException, ModelThrottledException
 
-import tito_core.http as http_mod
+import tito_core.http.client as client_mod
+import tito_core.http.retry as retry_mod
 from tito_core.backend import GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import (
     BackendConnectionError,
@@ -39,8 +40,8 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
     async def fake_sleep(delay: float) -> None:
         recorded.append(delay)
 
-    monkeypatch.setattr(http_mod, "_sleep", fake_sleep)
-    monkeypatch.setattr(http_mod, "_random", lambda: 1.0)
+    monkeypatch.setattr(client_mod, "_sleep", fake_sleep)
+    monkeypatch.setattr(retry_mod, "_random", lambda: 1.0)
     yield recorded
 
 
@@ -70,10 +71,10 @@ class Counter:
 
 
 def test_retry_policy_backoff_is_exponential_and_capped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http_mod, "_random", lambda: 0.0)
+    monkeypatch.setattr(retry_mod, "_random", lambda: 0.0)
     policy = RetryPolicy(initial_delay=0.5, max_delay=3.0, jitter=0.5)
     assert [policy.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
-    monkeypatch.setattr(http_mod, "_random", lambda: 1.0)
+    monkeypatch.setattr(retry_mod, "_random", lambda: 1.0)
     assert [policy.delay(n) for n in range(1, 4)] == [0.25, 0.5, 1.0]
 
 
