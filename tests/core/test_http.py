@@ -221,7 +221,7 @@ async def test_connection_lost_after_sending_is_not_retried_and_aborts(sleeps: l
     [
         '{"error": "The input (5000 tokens) is longer than the model\'s context length (4096 tokens)."}',
         "This model's maximum context length is 4096 tokens",
-        "prompt is too long",
+        "The decoder prompt (length 4100) is longer than the maximum model length of 4096. Make sure that ...",
         "Requested token count exceeds the model's maximum",
     ],
 )
@@ -231,6 +231,18 @@ async def test_context_length_errors(status: int, body: str) -> None:
         await client.post("/generate", b"{}")
     assert isinstance(info.value, ContextWindowOverflowException)
     assert info.value.status == status and info.value.body == body
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["prompt is too long", "field 'stop' is too long", "n exceeds the limit of 8", "too many tokens in 'stop'"],
+)
+async def test_a_bare_too_long_or_exceed_is_not_a_context_length_error(body: str) -> None:
+    """Only an engine's own context-window wording is a ContextLengthError, not any 400 saying "too long"."""
+    client = make_client(lambda _: httpx.Response(400, text=body))
+    with pytest.raises(BackendError) as info:
+        await client.post("/generate", b"{}")
+    assert type(info.value) is BackendError and info.value.status == 400
 
 
 @pytest.mark.parametrize("status", [400, 404, 422])

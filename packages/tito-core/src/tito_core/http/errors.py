@@ -42,9 +42,9 @@ LIBRARY_TEXTS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         # httpx (httpcore 1.x, h11 0.14-0.16) raises RemoteProtocolError both for a connection closed early and
         # for a malformed answer.
         "httpx.RemoteProtocolError": (
-            "Server disconnected",  # closed before the status line (HTTP/1.1 "... without sending a response.")
-            "peer closed connection without sending complete message body",  # closed inside the body
-            "peer unexpectedly closed connection",  # closed inside the head
+            "Server disconnected",  # httpcore: closed before or inside the head ("... without sending a response.")
+            "peer closed connection without sending complete message body",  # h11: closed inside the body
+            "peer unexpectedly closed connection",  # h11: closed inside the head (httpcore says the first instead)
         ),
     }
 )
@@ -73,16 +73,9 @@ CONTEXT_LENGTH_TEXTS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
 )
 """Per engine, regexes of its "prompt does not fit the context window" error body (matched ignoring case)."""
 
-DEFAULT_CONTEXT_LENGTH_PATTERNS: Final[tuple[str, ...]] = (
-    r"context[ _-]?length",
-    r"context[ _-]?window",
-    r"maximum context",
-    r"max(?:imum)?[ _-]?model[ _-]?len",
-    r"too long",
-    r"too many tokens",
-    r"exceed",
-)
-"""Regexes (case-insensitive) that identify a "prompt does not fit" error body."""
+DEFAULT_CONTEXT_LENGTH_PATTERNS: Final[tuple[str, ...]] = tuple(p for ps in CONTEXT_LENGTH_TEXTS.values() for p in ps)
+"""Regexes (case-insensitive) that identify a "prompt does not fit" error body: every engine's, from
+:data:`CONTEXT_LENGTH_TEXTS`."""
 
 THROTTLE_STATUSES: Final = frozenset({429, 503})
 """Statuses that mean the server refused the work (retried)."""
