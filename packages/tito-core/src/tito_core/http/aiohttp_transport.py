@@ -53,6 +53,7 @@ class AiohttpTransport:
         self.trust_env = trust_env
         self.keepalive_timeout = keepalive_timeout
         self._session: aiohttp.ClientSession | None = None
+        self._proxy: str | None = None
         self._urls: dict[str, Any] = {}
 
     def _open(self) -> aiohttp.ClientSession:
@@ -65,15 +66,16 @@ class AiohttpTransport:
             keepalive_timeout=self.keepalive_timeout,
         )
         install_strict_handler(connector)
+        # The proxy is looked up once here, not by aiohttp's trust_env on every request (which reads the
+        # environment per request: ~0.5 ms each, measured). It is passed with each request: ClientSession
+        # takes a default proxy= only from aiohttp 3.11 on, and tito allows 3.10.
+        self._proxy = _env_proxy(self.base_url) if self.trust_env else None
         self._session = aiohttp.ClientSession(
             connector=connector,
             headers=self.headers,
             # sock_connect bounds opening a connection; waiting for a free pooled one is bounded by the
             # request's own timeout (``connect`` would count the wait as a connect failure)
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
-            # The proxy is looked up once here, not by aiohttp's trust_env on every request (which reads
-            # the environment per request: ~0.5 ms each, measured).
-            proxy=_env_proxy(self.base_url) if self.trust_env else None,
             trust_env=False,
             cookie_jar=aiohttp.DummyCookieJar(),  # no state carried from one answer to the next request
             auto_decompress=False,  # no compression is asked for; a compressed body is never inflated
@@ -107,7 +109,7 @@ class AiohttpTransport:
             async with asyncio.timeout(timeout):
                 try:
                     async with session.request(
-                        method, self._url(path), data=body, headers=headers, allow_redirects=False
+                        method, self._url(path), data=body, headers=headers, proxy=self._proxy, allow_redirects=False
                     ) as answer:
                         return await _read_aiohttp(answer, max_body)
                 except (aiohttp.ClientError, OSError) as exc:
