@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import httpx
 import pytest
@@ -28,6 +28,7 @@ from tito_core.errors import (
     ResponseTooLargeError,
 )
 from tito_core.http import HttpBackend, HttpClient, HttpOptions, RetryPolicy, check_base_url, response_byte_limit
+from tito_core.http.transport import MaybeSentError, NotSentError, Response
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -641,3 +642,67 @@ async def test_http_backend_response_limit() -> None:
     fixed = _Echo(transport=big, max_response_bytes=3_000_000)
     assert fixed.response_limit(request) == 3_000_000
     assert len((await fixed.generate(request)).output_ids) == 2_000_000
+
+
+# -- a tito Transport given ------------------------------------------------------------------------
+
+
+class ScriptedTransport:
+    """A :class:`tito_core.http.transport.Transport` answering from a list: a Response, or an error to raise."""
+
+    def __init__(self, answers: list[object]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, str, bytes | None, dict[str, str] | None]] = []
+        self.closed = False
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None,
+        max_body: int | None,
+    ) -> Response:
+        self.calls.append((method, path, body, dict(headers) if headers is not None else None))
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        assert isinstance(answer, Response)
+        return answer
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+    def abandon(self) -> None:
+        pass
+
+
+async def test_a_given_transport_is_sent_through_with_retries_and_error_mapping(sleeps: list[float]) -> None:
+    transport = ScriptedTransport(
+        [NotSentError("refused"), Response(503, {}, b"busy"), Response(200, {}, b"ok"), MaybeSentError("reset")]
+    )
+    client = HttpClient(
+        "http://engine.test", backend_name="fake", transport=transport, headers={"x-key": "k"}, retry={"jitter": 0.0}
+    )
+    assert await client.post("/generate", b"{}") == b"ok"
+    assert [c[2] for c in transport.calls] == [b"{}"] * 3 and len(sleeps) == 2
+    assert transport.calls[0][3] == {"content-type": "application/json", "x-key": "k"}
+    aborted: list[bool] = []
+
+    async def abort() -> None:
+        aborted.append(True)
+
+    with pytest.raises(BackendConnectionError):
+        await client.post("/generate", b"{}", abort=abort)
+    assert aborted == [True] and len(transport.calls) == 4  # lost after sending: not sent again
+    await client.aclose()
+    assert transport.closed
+
+
+def test_a_given_transport_and_a_client_are_refused_together() -> None:
+    with pytest.raises(ConfigError, match="either client="):
+        HttpClient(
+            "http://engine.test", backend_name="fake", transport=ScriptedTransport([]), client=httpx.AsyncClient()
+        )
