@@ -5,13 +5,12 @@
 passes, or any transport given) and maps failures onto tito's error hierarchy. :class:`HttpBackend` is the
 base class of the HTTP adapters: the connection options every engine shares, parsed once.
 
-One module per job: :mod:`~tito_core.http.client` (the client), :mod:`~tito_core.http.backend` (the
-adapters' base), :mod:`~tito_core.http.retry` (the retry policy), :mod:`~tito_core.http.urls` (URL and
-header checks), :mod:`~tito_core.http.limits` (answer sizes), :mod:`~tito_core.http.errors` (error
-classification, with its two tables of texts), :mod:`~tito_core.http.loops` (a transport per event loop),
-:mod:`~tito_core.http.transport` (the transport seam) and its two implementations
-(:mod:`~tito_core.http.aiohttp_transport`, :mod:`~tito_core.http.httpx_transport`), and
-``tito_core.http._aiohttp`` (every aiohttp private name tito uses).
+One module per job, under ``tito_core/http/``: ``client`` (the client), ``backend`` (the adapters' base),
+``retry`` (the retry policy), ``urls`` (URL and header checks), ``limits`` (answer sizes),
+:mod:`~tito_core.http.errors` (error classification, with its two tables of texts), ``loops`` (a transport
+per event loop), :mod:`~tito_core.http.transport` (the transport seam) and its two implementations
+(:mod:`~tito_core.http.aiohttp_transport`, :mod:`~tito_core.http.httpx_transport`), and ``_aiohttp`` (every
+aiohttp private name tito uses).
 
 What is retried. Only answers that prove the engine did not start the request, with the same body (so
 the same request id), at most ``RetryPolicy.max_attempts`` attempts within ``RetryPolicy.max_total``
