@@ -27,6 +27,7 @@ nox.options.sessions = [
     "tests_adapter",
     "tests_families",
     "faults",
+    "aiohttp_compat",  # seconds plus two installs: tito's aiohttp private names on the oldest and newest aiohttp
     "tests_transformers",
     "train_demo",  # ~3 minutes: SmolLM2 + LoRA, one REINFORCE round on tito rollouts, CPU
     "trainers",
@@ -127,6 +128,20 @@ def faults(session: nox.Session) -> None:
     install_core(session, *ADAPTERS.values())
     session.install("aiohttp")
     session.run("pytest", "tests/faults", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+
+
+# The oldest aiohttp packages/tito-core/pyproject.toml allows (>=3.10) and the newest 3.x (<4): bump the second
+# when a new 3.x is out.
+AIOHTTP_VERSIONS = ["3.10.11", "3.14.5"]
+
+
+@nox.session(python=PYTHON, tags=["tests"])
+@nox.parametrize("aiohttp", AIOHTTP_VERSIONS)
+def aiohttp_compat(session: nox.Session, aiohttp: str) -> None:
+    """Every aiohttp private name tito uses (tito_core/http/_aiohttp.py) and the aiohttp message text it reads,
+    checked against one pinned aiohttp."""
+    session.install("-e", CORE, "pytest>=8", "pytest-asyncio>=0.24", "hypothesis>=6.100", f"aiohttp=={aiohttp}")
+    session.run("pytest", "tests/core/test_aiohttp_compat.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import httpx
 import pytest
 from strands.types.exceptions import ContextWindowOverflowException, ModelThrottledException
 
-import tito_core.http as http_mod
+import tito_core.http.client as client_mod
+import tito_core.http.retry as retry_mod
 from tito_core.backend import GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import (
     BackendConnectionError,
@@ -27,6 +28,7 @@ from tito_core.errors import (
     ResponseTooLargeError,
 )
 from tito_core.http import HttpBackend, HttpClient, HttpOptions, RetryPolicy, check_base_url, response_byte_limit
+from tito_core.http.transport import MaybeSentError, NotSentError, Response
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -39,8 +41,8 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
     async def fake_sleep(delay: float) -> None:
         recorded.append(delay)
 
-    monkeypatch.setattr(http_mod, "_sleep", fake_sleep)
-    monkeypatch.setattr(http_mod, "_random", lambda: 1.0)
+    monkeypatch.setattr(client_mod, "_sleep", fake_sleep)
+    monkeypatch.setattr(retry_mod, "_random", lambda: 1.0)
     yield recorded
 
 
@@ -70,10 +72,10 @@ class Counter:
 
 
 def test_retry_policy_backoff_is_exponential_and_capped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http_mod, "_random", lambda: 0.0)
+    monkeypatch.setattr(retry_mod, "_random", lambda: 0.0)
     policy = RetryPolicy(initial_delay=0.5, max_delay=3.0, jitter=0.5)
     assert [policy.delay(n) for n in range(1, 6)] == [0.5, 1.0, 2.0, 3.0, 3.0]
-    monkeypatch.setattr(http_mod, "_random", lambda: 1.0)
+    monkeypatch.setattr(retry_mod, "_random", lambda: 1.0)
     assert [policy.delay(n) for n in range(1, 4)] == [0.25, 0.5, 1.0]
 
 
@@ -220,7 +222,7 @@ async def test_connection_lost_after_sending_is_not_retried_and_aborts(sleeps: l
     [
         '{"error": "The input (5000 tokens) is longer than the model\'s context length (4096 tokens)."}',
         "This model's maximum context length is 4096 tokens",
-        "prompt is too long",
+        "The decoder prompt (length 4100) is longer than the maximum model length of 4096. Make sure that ...",
         "Requested token count exceeds the model's maximum",
     ],
 )
@@ -230,6 +232,18 @@ async def test_context_length_errors(status: int, body: str) -> None:
         await client.post("/generate", b"{}")
     assert isinstance(info.value, ContextWindowOverflowException)
     assert info.value.status == status and info.value.body == body
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["prompt is too long", "field 'stop' is too long", "n exceeds the limit of 8", "too many tokens in 'stop'"],
+)
+async def test_a_bare_too_long_or_exceed_is_not_a_context_length_error(body: str) -> None:
+    """Only an engine's own context-window wording is a ContextLengthError, not any 400 saying "too long"."""
+    client = make_client(lambda _: httpx.Response(400, text=body))
+    with pytest.raises(BackendError) as info:
+        await client.post("/generate", b"{}")
+    assert type(info.value) is BackendError and info.value.status == 400
 
 
 @pytest.mark.parametrize("status", [400, 404, 422])
@@ -628,3 +642,67 @@ async def test_http_backend_response_limit() -> None:
     fixed = _Echo(transport=big, max_response_bytes=3_000_000)
     assert fixed.response_limit(request) == 3_000_000
     assert len((await fixed.generate(request)).output_ids) == 2_000_000
+
+
+# -- a tito Transport given ------------------------------------------------------------------------
+
+
+class ScriptedTransport:
+    """A :class:`tito_core.http.transport.Transport` answering from a list: a Response, or an error to raise."""
+
+    def __init__(self, answers: list[object]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, str, bytes | None, dict[str, str] | None]] = []
+        self.closed = False
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None,
+        max_body: int | None,
+    ) -> Response:
+        self.calls.append((method, path, body, dict(headers) if headers is not None else None))
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        assert isinstance(answer, Response)
+        return answer
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+    def abandon(self) -> None:
+        pass
+
+
+async def test_a_given_transport_is_sent_through_with_retries_and_error_mapping(sleeps: list[float]) -> None:
+    transport = ScriptedTransport(
+        [NotSentError("refused"), Response(503, {}, b"busy"), Response(200, {}, b"ok"), MaybeSentError("reset")]
+    )
+    client = HttpClient(
+        "http://engine.test", backend_name="fake", transport=transport, headers={"x-key": "k"}, retry={"jitter": 0.0}
+    )
+    assert await client.post("/generate", b"{}") == b"ok"
+    assert [c[2] for c in transport.calls] == [b"{}"] * 3 and len(sleeps) == 2
+    assert transport.calls[0][3] == {"content-type": "application/json", "x-key": "k"}
+    aborted: list[bool] = []
+
+    async def abort() -> None:
+        aborted.append(True)
+
+    with pytest.raises(BackendConnectionError):
+        await client.post("/generate", b"{}", abort=abort)
+    assert aborted == [True] and len(transport.calls) == 4  # lost after sending: not sent again
+    await client.aclose()
+    assert transport.closed
+
+
+def test_a_given_transport_and_a_client_are_refused_together() -> None:
+    with pytest.raises(ConfigError, match="either client="):
+        HttpClient(
+            "http://engine.test", backend_name="fake", transport=ScriptedTransport([]), client=httpx.AsyncClient()
+        )

@@ -543,7 +543,7 @@ def test_incremental_json_of_input_ids_is_byte_exact(qwen25_tokenizer):
     """An adapter's per-sequence JSON of the ids equals a fresh encoding on every call, across forks too."""
     import msgspec
 
-    from tito_core.ids_json import IdsJson
+    from tito_core.http.ids_json import IdsJson
 
     tok = qwen25_tokenizer
 

@@ -22,7 +22,7 @@ from tito_core.errors import (
     LoopLimitError,
     TrajectoryError,
 )
-from tito_core.ids_json import IdsJson
+from tito_core.http.ids_json import IdsJson
 from tito_core.plugins import get_tool_parser
 from tito_core.rollout_core import CallOptions, Rollout
 from tito_core.rollout_core.sequence import SequenceTracker

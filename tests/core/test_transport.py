@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import tito_core.http as http_mod
-from tito_core import transport as transport_mod
+import tito_core.http.client as client_mod
 from tito_core.errors import (
     BackendConnectionError,
     BackendError,
@@ -27,6 +26,7 @@ from tito_core.errors import (
     ResponseTooLargeError,
 )
 from tito_core.http import HttpClient, RetryPolicy
+from tito_core.http import _aiohttp as aiohttp_compat
 from tito_core.transport import AiohttpTransport, BodyTooLargeError, FramingError, MaybeSentError, NotSentError
 
 Script = Callable[["RawServer", asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
@@ -135,7 +135,7 @@ def no_sleep(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
     async def fake_sleep(delay: float) -> None:
         slept.append(delay)
 
-    monkeypatch.setattr(http_mod, "_sleep", fake_sleep)
+    monkeypatch.setattr(client_mod, "_sleep", fake_sleep)
     yield slept
 
 
@@ -283,10 +283,10 @@ def test_missing_factory_is_logged_once(caplog: pytest.LogCaptureFixture, monkey
     class Bare:
         pass
 
-    monkeypatch.setattr(transport_mod, "_warned_no_factory", False)
+    monkeypatch.setattr(aiohttp_compat, "_warned_no_factory", False)
     with caplog.at_level(logging.WARNING):
-        transport_mod._install_strict_handler(Bare())  # type: ignore[arg-type]
-        transport_mod._install_strict_handler(Bare())  # type: ignore[arg-type]
+        aiohttp_compat.install_strict_handler(Bare())  # type: ignore[arg-type]
+        aiohttp_compat.install_strict_handler(Bare())  # type: ignore[arg-type]
     assert caplog.text.count("request-id checks") == 1
 
 
@@ -497,7 +497,7 @@ async def test_server_back_after_refusals_gets_the_same_body_once(no_sleep: list
             raw2.url = server  # type: ignore[assignment]
             started.append(raw2)
 
-    http_mod._sleep = fake_sleep  # restored by the no_sleep fixture's monkeypatch
+    client_mod._sleep = fake_sleep  # restored by the no_sleep fixture's monkeypatch
     client = client_for(f"http://127.0.0.1:{port}", retry=RetryPolicy(max_attempts=4, initial_delay=0.0))
     assert await client.post("/g", b'{"rid": "r1"}') == b'{"rid": "r1"}'
     await client.aclose()

@@ -360,7 +360,7 @@ async def test_server_error_not_retried() -> None:
 
 
 async def test_throttled_after_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tito_core.http as http_mod
+    import tito_core.http.client as http_mod  # the retry loop and its sleep
 
     async def no_sleep(_: float) -> None:
         return None

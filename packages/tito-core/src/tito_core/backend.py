@@ -210,7 +210,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
         messages: Chat-template messages, set only for backends with ``renders_prompt = True``.
         tools: OpenAI-style tool schemas, set only for backends with ``renders_prompt = True``.
         input_ids_json: Deprecated, always None: the core no longer encodes wire formats. An HTTP adapter that
-            sends the ids as JSON keeps the JSON of each sequence itself (:class:`tito_core.ids_json.IdsJson`,
+            sends the ids as JSON keeps the JSON of each sequence itself (:class:`tito_core.http.ids_json.IdsJson`,
             O(new tokens) per call).
         grammar: A grammar the output must follow (constrained decoding, e.g. a forced tool call from
             Strands' ``tool_choice``), or None. EBNF in the dialect of xgrammar and llama.cpp's GBNF

@@ -61,7 +61,13 @@ class Session(msgspec.Struct, frozen=True):
     length: int = 0
 
 
-_SESSION_REFUSED: Final = re.compile(r"session", re.IGNORECASE)
+SESSION_REFUSED_TEXTS: Final[tuple[str, ...]] = (
+    r"session id .*does not exist",  # "Invalid request: session id S does not exist"
+    r"Invalid request session id",  # a parent rid the session does not hold
+    r"close was requested for session",  # "... close was requested for session S"
+)
+"""SGLang 0.5.23's wording (regexes) of a 400 refusing a session request before generating anything."""
+_SESSION_REFUSED: Final = re.compile("|".join(f"(?:{t})" for t in SESSION_REFUSED_TEXTS), re.IGNORECASE)
 
 
 def session_refused(exc: BackendError) -> bool:

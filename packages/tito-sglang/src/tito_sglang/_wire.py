@@ -18,7 +18,7 @@ import msgspec
 
 from tito_core.backend import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import BackendResponseError
-from tito_core.ids_json import IdsJson
+from tito_core.http.ids_json import IdsJson
 from tito_core.versions import VersionSpan, clip_spans, decode_spans
 from tito_sglang._sessions import Session
 

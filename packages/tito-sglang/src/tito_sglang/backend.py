@@ -12,7 +12,7 @@ import msgspec
 from tito_core.backend import GenerateRequest, GenerateResult, PauseMode
 from tito_core.errors import BackendError, BackendResponseError
 from tito_core.http import HttpBackend, HttpOptions
-from tito_core.ids_json import IdsJson
+from tito_core.http.ids_json import IdsJson
 from tito_sglang import _wire
 from tito_sglang._sessions import Session, SessionMode, SessionPool, session_refused
 

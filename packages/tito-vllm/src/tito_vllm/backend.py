@@ -39,7 +39,7 @@ import msgspec
 from tito_core.backend import GenerateRequest, GenerateResult
 from tito_core.errors import BackendError, BackendResponseError, ConfigError
 from tito_core.http import HttpOptions
-from tito_core.ids_json import IdsJson
+from tito_core.http.ids_json import IdsJson
 from tito_vllm import _wire
 from tito_vllm._server import ROUTE_MISSING, Mode, _VLLMServer
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from .backend import GenerateRequest
+from ..backend import GenerateRequest
 
 __all__ = ["IdsJson"]
 
