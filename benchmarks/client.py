@@ -196,16 +196,22 @@ class Client:
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.tokenizer_seconds = 0.0
         if impl.startswith("tito"):  # tito calls the Rust backend itself (maybe on worker threads)
-            import tito_core.render.renderer as tito_chat
+            try:
+                import tito_core.render.renderer as tito_chat
 
+                codec_name = "rust_codec"
+            except ImportError:  # a --baseline tree from before the renderer left chat.py
+                import tito_core.chat as tito_chat  # type: ignore[no-redef]
+
+                codec_name = "_rust_codec"
             self._time_method(tito_chat.ChatRenderer, "_tokenizer_encode")
             self._time_method(tito_chat.ChatRenderer, "_tokenizer_decode")
-            rust_codec = tito_chat.rust_codec
+            rust_codec = getattr(tito_chat, codec_name)
 
             def timed_codec(tokenizer: Any) -> tuple[Any, Any]:
                 return tuple(self._timed(f) if f is not None else None for f in rust_codec(tokenizer))  # type: ignore[return-value]
 
-            tito_chat.rust_codec = timed_codec
+            setattr(tito_chat, codec_name, timed_codec)
         else:
             self._time_method(self.tokenizer, "encode")
             self._time_method(self.tokenizer, "decode")

@@ -39,6 +39,8 @@ def system_text(system_prompt: str | None, system_prompt_content: Sequence[Mappi
 
 
 def _tool_result_text(content: Sequence[ToolResultContent], tool_use_id: str) -> str:
+    if len(content) == 1 and "text" in content[0]:
+        return content[0]["text"]
     parts: list[str] = []
     for item in content:
         if "text" in item:
@@ -95,6 +97,21 @@ def _assistant_to_chat(message: Message) -> tuple[ChatMessage, list[str]]:
 
 def _user_to_chat(message: Message, call_order: Sequence[str]) -> list[ChatMessage]:
     """A user message becomes tool messages (in call order) and/or user messages, in block order."""
+    content = message["content"]
+    if len(content) == 1:  # the common case (one text, one tool result), converted every call: no ordering needed
+        block = content[0]
+        if "text" in block:
+            return [{"role": "user", "content": block["text"]}]
+        if "toolResult" in block:
+            result = block["toolResult"]
+            call_id = result["toolUseId"]
+            return [
+                {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "content": _tool_result_text(result.get("content", []), call_id),
+                }
+            ]
     out: list[ChatMessage] = []
     texts: list[str] = []
     results: list[tuple[str, ChatMessage]] = []
