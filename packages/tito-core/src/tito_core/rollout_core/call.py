@@ -23,7 +23,7 @@ from ..errors import ContextWindowFullError, GenerationAbortedError, TitoError
 from ..partial import Progress, go_on
 from ..render.renderer import ChatRenderer
 from ..status import CallEnd, status_of
-from ..tool_parsers.base import ToolParser
+from ..tool_parsers.base import ParsedOutput, ToolParser
 from ..trajectory import Trajectory
 from ..weights import aborted_by_update, aborting_updates
 from .checks import check_result
@@ -225,7 +225,7 @@ class Rollout:
         result: GenerateResult,
         new_ids: list[int],
         n_boundary: int,
-        parsed: Any,
+        parsed: ParsedOutput,
         started: float,
         continued: list[str],
     ) -> CallResult:
