@@ -61,7 +61,7 @@ GENERATE_PATHS = {
     "/v1/completions": "vllm-completions",
 }
 _MAX_HEAD = 64 * 1024
-_ANSWERS_WHOLE = frozenset({"refuse", "kill-after_answer", "extra"})  # faults that deliver the answer first
+_ANSWERS_WHOLE = frozenset({"refuse", "kill-after_answer", "extra", "hold"})  # faults that deliver the answer first
 
 
 # --------------------------------------------------------------------------------------------- faults
@@ -121,6 +121,12 @@ class Fault:
         write, or (``until``) once the test sets that event while the connection sits idle; whether that
         late write found the connection idle is logged in :attr:`FaultServer.late_forgeries`."""
         return cls("extra", until=until)
+
+    @classmethod
+    def hold(cls, until: asyncio.Event) -> Fault:
+        """Read the request and answer it normally once the test sets ``until``; meanwhile it counts in
+        :attr:`FaultServer.holding` (a test waits for requests in flight that cannot end, then acts)."""
+        return cls("hold", until=until)
 
     @classmethod
     def content_length(cls, mode: str) -> Fault:
@@ -353,6 +359,7 @@ class FaultServer:
         self.received: list[Received] = []
         self.answers: dict[str, list[Answer]] = {}
         self.forged: list[list[int]] = []
+        self.holding = 0  # requests held by a hold fault right now
         self.late_forgeries: list[bool] = []  # per late extra-bytes fault: written (True) or the connection was busy
         self.aborts: list[str] = []
         self.faults_injected = 0
@@ -747,6 +754,16 @@ class FaultServer:
                 task.add_done_callback(self._background.discard)
             else:
                 await self._send(conn, http_response(200, payload) + forged)
+        elif kind == "hold":
+            assert fault.until is not None
+            self.holding += 1
+            try:
+                await fault.until.wait()
+            finally:
+                self.holding -= 1
+            status, payload = self._route(request, rec, body, None)
+            rec.status = status
+            await self._send(conn, http_response(status, payload, close=not keep), close=not keep)
         elif kind == "content_length":
             _, payload = self._route(request, rec, body, None)
             rec.status = 200
