@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,7 +100,9 @@ async def test_a_config_that_cannot_travel_to_workers_is_named(tmp_path: Path, e
         await server.aclose()
 
 
-async def _kill_when(executor: RayExecutor, server: FaultServer, out: Path, lines: int, workers: int) -> None:
+async def _kill_when(
+    executor: RayExecutor, server: FaultServer, run: asyncio.Future[Any], out: Path, lines: int, workers: int
+) -> None:
     """Kill ``workers`` of the executor's actors once ``out`` holds ``lines`` records and every lane of every
     worker is mid-rollout, then let the rest run.
 
@@ -113,8 +116,9 @@ async def _kill_when(executor: RayExecutor, server: FaultServer, out: Path, line
     # each rollout makes two calls: with every lane held, ``lines`` rollouts are done, at least
     rule = server.inject(Fault.hold(release), from_gen(2 * lines + lanes), times=-1)
     try:
-        async with asyncio.timeout(60):  # a guard against a hang, not a speed check
+        async with asyncio.timeout(600):  # a guard against a hang (the workers' start included), not a speed check
             while server.holding < lanes or not out.exists() or out.read_text().count("\n") < lines:
+                assert not run.done(), f"the run ended before the kill: {run.exception() or 'completed'}"
                 await asyncio.sleep(0.02)
         for handle in list(executor.actors)[:workers]:
             ray.kill(handle, no_restart=True)
@@ -132,7 +136,7 @@ async def test_a_killed_worker_loses_only_its_rollouts_in_flight_which_run_elsew
         executor.replacements = 0
         config = sglang_config([server.url], group_size=2)
         run = asyncio.ensure_future(arollout(config, tasks(12), out, executor=executor))
-        await _kill_when(executor, server, out, 4, 1)
+        await _kill_when(executor, server, run, out, 4, 1)
         summary = await run
         assert executor.lost == 1
         assert summary.statuses == {"completed": 24} and summary.written == 24
@@ -151,7 +155,7 @@ async def test_losing_every_worker_stops_the_run_and_a_rerun_completes_it(
         executor.concurrency, executor.replacements = 2, 0
         config = sglang_config([server.url], group_size=2)
         run = asyncio.ensure_future(arollout(config, tasks(12), out, executor=executor))
-        await _kill_when(executor, server, out, 3, 2)
+        await _kill_when(executor, server, run, out, 3, 2)
         with pytest.raises(TitoError, match="every Ray worker was lost"):
             await run
         before = [r.key for r in read_records(out)]
