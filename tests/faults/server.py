@@ -61,7 +61,7 @@ GENERATE_PATHS = {
     "/v1/completions": "vllm-completions",
 }
 _MAX_HEAD = 64 * 1024
-_ANSWERS_WHOLE = frozenset({"refuse", "kill-after_answer", "extra"})  # faults that deliver the answer first
+_ANSWERS_WHOLE = frozenset({"refuse", "kill-after_answer", "extra", "hold"})  # faults that deliver the answer first
 
 
 # --------------------------------------------------------------------------------------------- faults
@@ -79,6 +79,7 @@ class Fault:
     size: int = 0
     body: bytes = b""
     for_s: float | None = None
+    until: asyncio.Event | None = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -115,10 +116,17 @@ class Fault:
         return cls("cut", mode=framing)
 
     @classmethod
-    def extra_bytes(cls, *, delay: float = 0.0) -> Fault:
+    def extra_bytes(cls, *, until: asyncio.Event | None = None) -> Fault:
         """Answer, then write a forged complete response on the same keep-alive connection: in the same
-        write (``delay`` 0) or ``delay`` seconds later, while the connection sits idle."""
-        return cls("extra", delay=delay)
+        write, or (``until``) once the test sets that event while the connection sits idle; whether that
+        late write found the connection idle is logged in :attr:`FaultServer.late_forgeries`."""
+        return cls("extra", until=until)
+
+    @classmethod
+    def hold(cls, until: asyncio.Event) -> Fault:
+        """Read the request and answer it normally once the test sets ``until``; meanwhile it counts in
+        :attr:`FaultServer.holding` (a test waits for requests in flight that cannot end, then acts)."""
+        return cls("hold", until=until)
 
     @classmethod
     def content_length(cls, mode: str) -> Fault:
@@ -351,6 +359,8 @@ class FaultServer:
         self.received: list[Received] = []
         self.answers: dict[str, list[Answer]] = {}
         self.forged: list[list[int]] = []
+        self.holding = 0  # requests held by a hold fault right now
+        self.late_forgeries: list[bool] = []  # per late extra-bytes fault: written (True) or the connection was busy
         self.aborts: list[str] = []
         self.faults_injected = 0
         self._gen_count = 0
@@ -667,6 +677,7 @@ class FaultServer:
             self.received.clear()
             self.answers.clear()
             self.forged.clear()
+            self.late_forgeries.clear()
             self.aborts.clear()
             self.faults_injected = 0
             self._seen_rids.clear()
@@ -726,13 +737,16 @@ class FaultServer:
             _, payload = self._route(request, rec, body, None)
             rec.status = 200
             forged = self._forged(request.path)
-            if fault.delay:
+            if fault.until is not None:
                 await self._send(conn, http_response(200, payload))
+                until = fault.until
 
                 async def late() -> None:
-                    await asyncio.sleep(fault.delay)
-                    if conn in self._conns and not conn.busy:
+                    await until.wait()
+                    idle = conn in self._conns and not conn.busy
+                    if idle:
                         conn.writer.write(forged)
+                    self.late_forgeries.append(idle)
 
                 task = asyncio.ensure_future(late())
                 conn.extra_tasks.append(task)
@@ -740,6 +754,16 @@ class FaultServer:
                 task.add_done_callback(self._background.discard)
             else:
                 await self._send(conn, http_response(200, payload) + forged)
+        elif kind == "hold":
+            assert fault.until is not None
+            self.holding += 1
+            try:
+                await fault.until.wait()
+            finally:
+                self.holding -= 1
+            status, payload = self._route(request, rec, body, None)
+            rec.status = status
+            await self._send(conn, http_response(status, payload, close=not keep), close=not keep)
         elif kind == "content_length":
             _, payload = self._route(request, rec, body, None)
             rec.status = 200

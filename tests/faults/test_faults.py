@@ -243,8 +243,18 @@ async def test_extra_bytes_after_a_response_are_never_read_as_the_next_answer(h:
 
 
 async def test_extra_bytes_on_an_idle_keep_alive_connection_are_never_read(h: Harness) -> None:
-    h.server.inject(Fault.extra_bytes(delay=0.05), when=0)
-    outcome = await h.rollout(tools=(slow_add,))  # the tool takes 0.3 s: the forged bytes land meanwhile
+    idle = asyncio.Event()
+
+    @tool(name="add")
+    async def add_while_forged(a: int, b: int) -> int:
+        """Add two integers once the server has forged bytes onto the idle connection."""
+        idle.set()  # the answer was read whole (the tool runs): the connection sits idle in the pool
+        assert await h.wait_for(lambda: bool(h.server.late_forgeries)), "the forged bytes were never written"
+        return a + b
+
+    h.server.inject(Fault.extra_bytes(until=idle), when=0)
+    outcome = await h.rollout(tools=(add_while_forged,))
+    assert h.server.late_forgeries == [True], "the forged bytes did not land on an idle connection"
     assert outcome.error is None, outcome.error
     assert outcome.traj.status == "completed"
     assert len(h.server.gen_requests()) == 2, "the next request never reached the server"

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tito_core import partial
 from tito_core.errors import ConfigError, WeightUpdateError
 from tito_core.weights import weight_update
 
@@ -227,7 +228,17 @@ async def test_a_continuation_lost_to_a_fault_keeps_the_cut_tokens_and_ends_with
         h.check(outcome)
 
 
-async def test_a_rollout_cancelled_while_waiting_for_the_resume_keeps_the_cut_tokens(h: Harness) -> None:
+async def test_a_rollout_cancelled_while_waiting_for_the_resume_keeps_the_cut_tokens(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    waiting: list[object] = []
+    real_wait = partial.wait_for_resume
+
+    async def counted_wait(backend: Any) -> None:
+        waiting.append(backend)
+        await real_wait(backend)
+
+    monkeypatch.setattr(partial, "wait_for_resume", counted_wait)
     backend = h.backend()
     h.server.decode_s = 0.4
     models = [h.model(backend) for _ in range(2)]
@@ -235,7 +246,8 @@ async def test_a_rollout_cancelled_while_waiting_for_the_resume_keeps_the_cut_to
     assert await h.wait_for(lambda: len(h.server.gen_requests()) >= 2, timeout=10.0)
     async with weight_update([backend], version=1, mode="abort"):
         assert await h.wait_for(lambda: sum(r.cut for r in h.server.received) >= 2, timeout=5.0)
-        await asyncio.sleep(0.2)  # the cut calls wait for the resume
+        # the cut calls wait for the resume, however slow the machine
+        assert await h.wait_for(lambda: len(waiting) >= 2), "the cut calls never waited for the resume"
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

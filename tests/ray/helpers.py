@@ -1,20 +1,10 @@
-"""Tools and configs of the Ray suite (imported by the Ray workers as ``tests.ray.helpers``)."""
+"""Configs, rewards and record comparisons of the Ray suite (imported by the Ray workers as ``tests.ray.helpers``)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from strands import tool
-
 from tests.runner.helpers import tokenizer_dir
-
-
-@tool(name="add")  # the name the fault server calls
-async def slow_add(a: int, b: int) -> int:
-    """Add two integers, slowly (so that a worker can be killed while rollouts are in flight)."""
-    await asyncio.sleep(0.25)
-    return a + b
 
 
 def sglang_config(urls: list[str], **rollout: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from tito_core.runner.collector import TUNED_THRESHOLD
 from tito_core.runner.ray_executor import RayExecutor
 from tito_core.tokenizers import load_tokenizer
 
-from ..faults.server import FaultServer
+from ..faults.server import Fault, FaultServer, from_gen
 from ..runner.helpers import tasks, tokenizer_dir
 from .helpers import comparable, sglang_config
 
@@ -100,19 +100,31 @@ async def test_a_config_that_cannot_travel_to_workers_is_named(tmp_path: Path, e
         await server.aclose()
 
 
-async def _kill_when(executor: RayExecutor, out: Path, lines: int, workers: int) -> None:
-    """Kill ``workers`` of the executor's actors once ``out`` holds ``lines`` records."""
+async def _kill_when(
+    executor: RayExecutor, server: FaultServer, run: asyncio.Future[Any], out: Path, lines: int, workers: int
+) -> None:
+    """Kill ``workers`` of the executor's actors once ``out`` holds ``lines`` records and every lane of every
+    worker is mid-rollout, then let the rest run.
+
+    The server holds every generation request from the one after the ``lines`` records' calls on, so nothing
+    can finish meanwhile: the kill lands with each killed worker's rollouts in flight, however slow the machine.
+    """
     import ray
 
-    while not out.exists() or out.read_text().count("\n") < lines or len(executor.actors) < workers:
-        await asyncio.sleep(0.02)
-    for handle in list(executor.actors)[:workers]:
-        ray.kill(handle, no_restart=True)
-
-
-def _slow(config: dict[str, Any]) -> dict[str, Any]:
-    config["rollout"]["tools"] = ["tests.ray.helpers:slow_add"]
-    return config
+    lanes = executor.workers * (executor.concurrency or 1)
+    release = asyncio.Event()
+    # each rollout makes two calls: with every lane held, ``lines`` rollouts are done, at least
+    rule = server.inject(Fault.hold(release), from_gen(2 * lines + lanes), times=-1)
+    try:
+        async with asyncio.timeout(600):  # a guard against a hang (the workers' start included), not a speed check
+            while server.holding < lanes or not out.exists() or out.read_text().count("\n") < lines:
+                assert not run.done(), f"the run ended before the kill: {run.exception() or 'completed'}"
+                await asyncio.sleep(0.02)
+        for handle in list(executor.actors)[:workers]:
+            ray.kill(handle, no_restart=True)
+    finally:
+        rule.times = 0
+        release.set()
 
 
 async def test_a_killed_worker_loses_only_its_rollouts_in_flight_which_run_elsewhere(
@@ -122,9 +134,9 @@ async def test_a_killed_worker_loses_only_its_rollouts_in_flight_which_run_elsew
     try:
         out = tmp_path / "out.jsonl"
         executor.replacements = 0
-        config = _slow(sglang_config([server.url], group_size=2))
+        config = sglang_config([server.url], group_size=2)
         run = asyncio.ensure_future(arollout(config, tasks(12), out, executor=executor))
-        await _kill_when(executor, out, 4, 1)
+        await _kill_when(executor, server, run, out, 4, 1)
         summary = await run
         assert executor.lost == 1
         assert summary.statuses == {"completed": 24} and summary.written == 24
@@ -141,9 +153,9 @@ async def test_losing_every_worker_stops_the_run_and_a_rerun_completes_it(
     try:
         out = tmp_path / "out.jsonl"
         executor.concurrency, executor.replacements = 2, 0
-        config = _slow(sglang_config([server.url], group_size=2))
+        config = sglang_config([server.url], group_size=2)
         run = asyncio.ensure_future(arollout(config, tasks(12), out, executor=executor))
-        await _kill_when(executor, out, 3, 2)
+        await _kill_when(executor, server, run, out, 3, 2)
         with pytest.raises(TitoError, match="every Ray worker was lost"):
             await run
         before = [r.key for r in read_records(out)]

@@ -150,9 +150,15 @@ def test_a_second_run_on_a_live_output_is_refused_naming_the_pid(tmp_path: Path,
         while not (lock.exists() and lock.read_text().strip()) and time.monotonic() < deadline:
             assert first.poll() is None, first.stderr.read() if first.stderr else ""
             time.sleep(0.01)
+        # the second run's prepare hook (which runs before any model is built or server asked) leaves a mark
+        (tmp_path / "marking.py").write_text(
+            f"from pathlib import Path\n\n\ndef prepare():\n    Path({str(tmp_path / 'prepared')!r}).touch()\n"
+        )
+        marked = [*command, "--set", 'rollout.prepare="marking:prepare"']
         started = time.monotonic()
-        second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
-        assert time.monotonic() - started < 30  # refused at once, before any model or server
+        second = subprocess.run(marked, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+        assert time.monotonic() - started < 30  # a guard against a hang, not a speed check
+        assert not (tmp_path / "prepared").exists()  # refused at once: before any model or server
         assert second.returncode == 2, second.stderr
         assert f"{out} is being written by process {first.pid}" in second.stderr
         assert first.poll() is None  # the first run goes on
@@ -160,8 +166,9 @@ def test_a_second_run_on_a_live_output_is_refused_naming_the_pid(tmp_path: Path,
         first.wait()
         assert lock.exists()  # left behind by the kill: harmless
         _release(tmp_path)
-        rerun = subprocess.run(command, cwd=tmp_path, capture_output=True, timeout=300, check=False)
+        rerun = subprocess.run(marked, cwd=tmp_path, capture_output=True, timeout=300, check=False)
         assert rerun.returncode == 0, rerun.stderr
+        assert (tmp_path / "prepared").exists()  # the mark works: a run that is not refused leaves it
         keys = [r.key for r in read_records(out)]
         assert len(keys) == len(set(keys)) == 80
         assert not lock.exists()  # a run that ends normally deletes its lock file
