@@ -263,12 +263,11 @@ async def new_weights_mid_rollout(
         assert figures.mean("default", "1") > OTHER_MEAN, figures.describe(NAMES)
     elif expect_checkpoint:  # keep: the new weights over a cache of the old ones, nearer the new checkpoint
         assert figures.mean("1", "1") < figures.mean("default", "1"), figures.describe(NAMES)
-    sample = next(iter(continued), None) or next(
-        t for traj in trajectories for t in traj.turns if len(t.weight_versions or ()) > 1
-    )
+    straddled = [t for traj in trajectories for t in traj.turns if len(t.weight_versions or ()) > 1]
+    sample = next(iter(continued), None) or next(iter(straddled), None) or trajectories[0].turns[-1]
     line = (
-        f"new weights mid-rollout ({mode}): {rollouts} rollouts x {calls} calls, {len(continued)} calls cut and "
-        f"continued, e.g. rid {sample.rid} + {list(sample.continued_rids)}: "
+        f"new weights mid-rollout ({mode}): {rollouts} rollouts x {calls} calls, {len(straddled)} calls straddled "
+        f"the update, {len(continued)} cut and continued, e.g. rid {sample.rid} + {list(sample.continued_rids)}: "
         f"{[(s.version, s.start, s.end) for s in sample.weight_versions or ()]}; |recorded logprob - re-scored|: "
         + figures.describe(NAMES)
     )
