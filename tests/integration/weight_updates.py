@@ -199,6 +199,9 @@ async def new_weights_mid_rollout(
             await asyncio.sleep(0.1)
             if sum(bool(m.trajectory.turns) for m in models) >= 2 or any(t.done() for t in tasks):
                 break
+        # the rollouts' first calls decode in one batch and end together: let their second calls get under way,
+        # so that the update meets calls mid-decode rather than between two calls
+        await asyncio.sleep(0.5)
         async with weight_update([backend], version="1", mode=mode):
             await load("1")
         trajectories = list(await asyncio.gather(*tasks))
