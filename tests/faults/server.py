@@ -275,6 +275,8 @@ class _Draft:
     prompt_lp_start: int | None = None
     prompt_lp_ids: list[int] | None = None
     prompt_tokens: int | None = None  # reported instead of len(prompt)
+    prompt_lp: float = -0.75  # every prompt logprob given (the server's "weights")
+    vllm_prompt_lps: bool = False  # /v1/completions asked for prompt_logprobs
     versions: list[dict[str, Any]] = field(default_factory=list)  # weight_versions spans over ids
 
 
@@ -371,6 +373,7 @@ class FaultServer:
         self._background: set[asyncio.Task[None]] = set()
         self._encode_cache: dict[str, list[int]] = {}
         self.weight_version = "default"
+        self.prompt_logprob = -0.75  # the logprob of every prompt token it scores: a test changes it to "load" others
         self.pauses: list[str] = []  # "pause" / "pause:abort" / "resume" / "version:<v>", in order
         self.decode_s = 0.0  # how long a generation decodes before it answers (an abort-mode pause cuts it)
         self._running = asyncio.Event()
@@ -900,14 +903,18 @@ class FaultServer:
             start = body.get("logprob_start_len")
             prompt_lp_start = start if with_lp and isinstance(start, int) and start >= 0 else None
             echo = None
+            vllm_prompt_lps = False
         else:
             sampling = body.get("sampling_params") or body
             with_lp = sampling.get("logprobs") is not None
             prompt_lp_start = None
             echo = list(prompt) if (path == "/v1/completions" or body.get("return_token_ids")) else None
+            vllm_prompt_lps = path == "/v1/completions" and body.get("prompt_logprobs") is not None
         draft = _Draft(rid=rid, echo_rid=rid, prompt=prompt, ids=ids, lps=lps, lp_ids=list(ids), finish=finish,
                        text=text, prompt_echo=echo, with_logprobs=with_lp, prompt_lp_start=prompt_lp_start,
-                       prompt_lp_ids=prompt[prompt_lp_start:] if prompt_lp_start is not None else None)  # fmt: skip
+                       prompt_lp_ids=prompt[prompt_lp_start:] if prompt_lp_start is not None else None,
+                       prompt_lp=self.prompt_logprob)  # fmt: skip
+        draft.vllm_prompt_lps = vllm_prompt_lps
         draft.versions = self._spans(rec, len(ids))
         if bad in ("not_json", "wrong_shape"):
             self.answers.setdefault(rid, []).append(Answer(rid, path, [], [], "none", bad))
@@ -986,7 +993,8 @@ class FaultServer:
                 meta["output_token_logprobs"] = [[lp, i, None] for lp, i in zip(d.lps, d.lp_ids, strict=False)]
                 if d.prompt_lp_ids is not None and d.prompt_lp_start is not None:
                     meta["input_token_logprobs"] = [
-                        [None if d.prompt_lp_start + k == 0 else -0.75, i, None] for k, i in enumerate(d.prompt_lp_ids)
+                        [None if d.prompt_lp_start + k == 0 else d.prompt_lp, i, None]
+                        for k, i in enumerate(d.prompt_lp_ids)
                     ]
                 else:
                     meta["input_token_logprobs"] = []
@@ -1013,6 +1021,8 @@ class FaultServer:
         choice["text"] = d.text
         choice["prompt_token_ids"] = d.prompt_echo
         choice["prompt_logprobs"] = None
+        if d.vllm_prompt_lps:
+            choice["prompt_logprobs"] = [None] + [{str(i): {"logprob": d.prompt_lp, "rank": 1}} for i in d.prompt[1:]]
         if d.with_logprobs:
             choice["logprobs"] = {
                 "text_offset": [0] * len(d.lps),

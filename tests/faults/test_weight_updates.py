@@ -257,3 +257,68 @@ async def test_a_rollout_cancelled_while_waiting_for_the_resume_keeps_the_cut_to
         assert traj.status == "aborted" and traj.status_reason
         assert len(traj.turns) == 1 and traj.turns[0].finish_reason == "abort" and traj.turns[0].output_len > 0
         check_trajectory(h.server, traj)
+
+
+# -- the weight probe (weight_update(..., probe=...)) over HTTP ------------------------------------------------------
+
+PROBE_IDS = (151644, 872, 198, 9707, 11, 1879, 0, 151645)
+
+
+def _probe(logprob: float = -0.75) -> Any:
+    from tito_core.weights import WeightProbe
+
+    return WeightProbe(token_ids=PROBE_IDS, logprobs=(logprob,) * (len(PROBE_IDS) - 1))
+
+
+async def test_a_probe_of_the_weights_served_passes_after_the_resume(h: Harness) -> None:
+    backend = h.backend()
+    tasks = await _in_flight(h, 4, backend)
+    async with weight_update([backend], version=1, probe=_probe()) as update:
+        assert not any(r.input_ids == list(PROBE_IDS) for r in h.server.received)  # nothing scored while paused
+    assert h.server.pauses == ["pause", "version:1", "resume"]
+    (score,) = update.probes
+    assert score.passed and score.max_diff == 0.0 and score.tokens == len(PROBE_IDS) - 1
+    scored = [r for r in h.server.received if r.input_ids == list(PROBE_IDS)]
+    assert len(scored) == 1 and not scored[0].held  # one prefill, sent once the engine runs again
+    for outcome in await asyncio.gather(*tasks):
+        assert outcome.traj.status == "completed"
+        h.check(outcome)
+
+
+async def test_a_probe_of_other_weights_pauses_the_engine_again_and_its_rollouts_wait(h: Harness) -> None:
+    backend = h.backend(timeout=1.5)
+    tasks = await _in_flight(h, 2, backend)
+    h.server.prompt_logprob = -1.25  # the engine "loaded" other weights: 0.5 nats a token from the trainer's
+    with pytest.raises(WeightUpdateError) as caught:
+        async with weight_update([backend], version=2, probe=_probe()):
+            pass
+    message = str(caught.value)
+    assert f"{h.server.url}: mean |logprob - the trainer's| 0.5 nats, max 0.5, over 7 tokens" in message
+    assert "paused again (keep)" in message and caught.value.paused == [h.server.url]
+    assert h.server.pauses == ["pause", "version:2", "resume", "pause"]  # left paused
+    for outcome in await asyncio.gather(*tasks):  # held by the paused engine until the backend's timeout
+        assert outcome.traj.status in ("failed", "aborted") and outcome.traj.status_reason
+        h.check(outcome)
+    await backend.resume_generation()
+
+
+async def test_in_abort_mode_a_failed_probe_cuts_nothing_more_and_continues_nothing(h: Harness) -> None:
+    backend = h.backend(timeout=1.5)
+    h.server.decode_s = 0.4
+    tasks = await _in_flight(h, 2, backend)
+    h.server.prompt_logprob = -2.0
+    with pytest.raises(WeightUpdateError, match="paused again \\(abort\\)"):
+        async with weight_update([backend], version=3, mode="abort", probe=_probe()):
+            assert await h.wait_for(lambda: sum(r.cut for r in h.server.received) >= 2, timeout=5.0)
+    assert h.server.pauses == ["pause:abort", "version:3", "resume", "pause:abort"]
+    # the cut calls were continued only after the probe: to the paused engine, which holds them
+    probe_at = next(r.n for r in h.server.received if r.input_ids == list(PROBE_IDS))
+
+    def continuations() -> list[Any]:  # (a probe's rid, tito-probe-<hex>, may look like one)
+        return [r for r in h.server.received if _continuation(r.rid) and r.input_ids != list(PROBE_IDS)]
+
+    assert await h.wait_for(lambda: len(continuations()) >= 2, timeout=5.0)
+    assert all(r.n > probe_at and r.held for r in continuations())
+    for outcome in await asyncio.gather(*tasks):
+        assert outcome.traj.status in ("failed", "aborted") and outcome.traj.status_reason
+    await backend.resume_generation()

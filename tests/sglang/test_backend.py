@@ -642,3 +642,29 @@ def test_pause_modes_are_sglangs_in_place_and_retract() -> None:
     with pytest.raises(ValueError, match="unknown pause mode 'wait'"):
         _wire.encode_pause("wait")
     assert json.loads(_wire.encode_weight_version("3")) == {"new_version": "3", "abort_all_requests": False}
+
+
+# -- scoring (weight probes) -----------------------------------------------------------------------
+
+
+async def test_score_is_one_prefill_of_the_whole_sequence() -> None:
+    """``score`` (what a weight probe sends): the whole sequence from position 0, so SGLang reuses no cached
+    prefix, one greedy token, no session; the logprobs of ``token_ids[1:]`` read from the recorded answer."""
+    server = FakeServer({"/generate": PROMPT_LOGPROBS})
+    backend = make_backend(server)
+    assert backend.supports_score
+    scored = await backend.score(PROMPT)
+    (body,) = server.bodies("/generate")
+    assert body["input_ids"] == PROMPT and body["logprob_start_len"] == 0 and body["return_logprob"] is True
+    assert body["sampling_params"]["max_new_tokens"] == 1 and body["sampling_params"]["temperature"] == 0.0
+    assert "session_params" not in body and body["rid"].startswith("tito-probe-")
+    assert scored == [e[0] for e in PROMPT_LOGPROBS["meta_info"]["input_token_logprobs"][1:]]
+    assert len(scored) == len(PROMPT) - 1 and all(isinstance(v, float) for v in scored)
+
+
+async def test_score_refuses_an_answer_for_other_tokens() -> None:
+    entries = [list(e) for e in PROMPT_LOGPROBS["meta_info"]["input_token_logprobs"]]
+    entries[5][1] += 1
+    recorded = dict(PROMPT_LOGPROBS, meta_info=dict(PROMPT_LOGPROBS["meta_info"], input_token_logprobs=entries))
+    with pytest.raises(BackendResponseError, match="does not match the prompt id"):
+        await make_backend(FakeServer({"/generate": recorded})).score(PROMPT)

@@ -874,3 +874,41 @@ async def test_openai_endpoints_report_no_weight_versions() -> None:
     fake = FakeVLLM({"/v1/chat/completions": response_of("chat"), "/v1/completions": response_of("completions_tokens")})
     assert (await make(fake, mode="chat").generate(request(messages=MESSAGES, tools=TOOLS))).weight_versions is None
     assert (await make(fake, endpoint="completions").generate(request())).weight_versions is None
+
+
+# -- scoring (weight probes) -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["tokens", "chat"])
+async def test_score_is_one_completions_prefill_in_either_mode(mode: str) -> None:
+    """``score`` (what a weight probe sends) posts the ids to ``/v1/completions`` with ``prompt_logprobs: 0`` and
+    one greedy token, in both modes (the chat mode too: the route serves token-id prompts), and reads the logprob
+    of each ``token_ids[1:]`` by its id from the recorded answer."""
+    recorded = response_of("completions_stop_string")
+    fake = FakeVLLM({"/v1/completions": recorded})
+    backend = make(fake, mode=mode)
+    assert backend.supports_score
+    scored = await backend.score(PROMPT)
+    (body,) = fake.bodies("/v1/completions")
+    assert body["prompt"] == PROMPT and body["prompt_logprobs"] == 0 and body["max_tokens"] == 1
+    assert body["temperature"] == 0.0 and body["request_id"].startswith("tito-probe-")
+    entries = recorded["choices"][0]["prompt_logprobs"]
+    assert scored == [entries[i][str(PROMPT[i])]["logprob"] for i in range(1, len(PROMPT))]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda c: c.update(prompt_logprobs=None), "no prompt logprobs"),
+        (lambda c: c.update(prompt_token_ids=[*c["prompt_token_ids"][:-1], 7]), "not the sequence sent"),
+        (lambda c: c.update(prompt_logprobs=c["prompt_logprobs"][:-1]), "prompt logprobs for a 9-token prompt"),
+    ],
+)
+async def test_score_refuses_an_answer_that_does_not_score_the_sequence(
+    change: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    recorded = copy.deepcopy(response_of("completions_stop_string"))
+    recorded["choices"][0]["prompt_token_ids"] = list(PROMPT)
+    change(recorded["choices"][0])
+    with pytest.raises(BackendResponseError, match=message):
+        await make(FakeVLLM({"/v1/completions": recorded})).score(PROMPT)

@@ -109,6 +109,11 @@ def vllm_url(request: pytest.FixtureRequest) -> Iterator[str]:
         yield existing.rstrip("/")
         return
     model_dir: Path = request.getfixturevalue("tiny_model_dir")
+    yield from serve(model_dir, "vLLM server")
+
+
+def serve(model_dir: Path, name: str) -> Iterator[str]:
+    """Start a vLLM server on ``model_dir`` (the suite's flags and environment), yield its URL, stop it."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_dir = Path(tempfile.mkdtemp(prefix="tito-vllm-"))
@@ -123,12 +128,12 @@ def vllm_url(request: pytest.FixtureRequest) -> Iterator[str]:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         wait_until_healthy(url, process, log, name="vllm", timeout=START_TIMEOUT, warm_up=_warm_up)
-        TIMINGS["vLLM server start (health + warm-up)"] = time.monotonic() - started
+        TIMINGS[f"{name} start (health + warm-up)"] = time.monotonic() - started
         yield url
     finally:
         stopping = time.monotonic()
         stop_process_group(process)
-        TIMINGS["vLLM server stop"] = time.monotonic() - stopping
+        TIMINGS[f"{name} stop"] = time.monotonic() - stopping
 
 
 @pytest.fixture(scope="session")

@@ -518,36 +518,71 @@ async def test_a_weight_update_in_keep_mode_loses_no_rollout_in_flight(vllm_url:
     REPORT.append("weight update in keep mode, 8 rollouts in flight: " + check_versions(trajectories))
 
 
-@pytest.mark.parametrize("mode", ["keep", "abort"])
-async def test_new_weights_mid_rollout_each_token_logprob_is_its_spans_weights(
-    vllm_url: str, tiny_model_dir: Any, qwen3: Any, mode: str
+async def test_a_reload_from_disk_of_a_tied_checkpoint_keeps_the_old_output_layer(
+    vllm_url: str, tiny_model_dir: Any, qwen3: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Eight 2-call rollouts; ``weight_update`` pauses vLLM, another checkpoint is loaded from disk (the dev-mode
-    ``/collective_rpc`` ``reload_weights``; vLLM 0.32 has no other disk reload) and each token's logprob is compared
-    with the engine's re-scoring under the weights of its span (``weight_updates.new_weights_mid_rollout``):
-    ``abort`` continues the cut calls under the new weights, exactly; ``keep`` resumes them over the old KV cache."""
+    """What vLLM 0.32's CPU build does on ``/collective_rpc`` ``reload_weights`` of a checkpoint with tied
+    embeddings (the tiny model): every weight is B's except the output layer, which still computes with A's
+    embedding matrix. Its logits go through a oneDNN handle that packed the matrix at startup; the reload skips
+    the tied ``lm_head`` (its weight is not in the checkpoint: "ParallelLMHead: Failed to load weights" in the
+    server log) and so never packs B's. Checked against transformers forward passes: B's files (far), and B's
+    files with A's output layer (within bf16 noise). The weight probe catches it: ``weight_update(..., probe=B's)``
+    raises and leaves the engine paused. (``test_weight_reload.py`` reloads an untied copy, which is exact.)"""
     import subprocess
 
-    from ..weight_updates import new_weights_mid_rollout
+    from safetensors.torch import load_file, save_file
+
+    from tito_core import weight_update
+    from tito_core.errors import WeightUpdateError
+
+    from ..reference import Reference, trainer_probe, untied_checkpoint
+    from ..weight_updates import BF16_MAX, BF16_MEAN, OTHER_MEAN
     from .conftest import SERVER_PYTHON
 
     built = subprocess.run([SERVER_PYTHON, "-m", "tito_testing.tiny_model", "--seed", "1"],
                            capture_output=True, text=True, timeout=600, check=True)  # fmt: skip
     second = built.stdout.strip().splitlines()[-1]
+    # B with A's output layer: what the engine is expected to serve after the reload
+    stale = untied_checkpoint(second, tmp_path_factory.mktemp("stale") / "ckpt")
+    tensors = load_file(str(stale / "model.safetensors"))
+    tensors["lm_head.weight"] = load_file(str(tiny_model_dir / "model.safetensors"))["model.embed_tokens.weight"]
+    save_file(tensors, str(stale / "model.safetensors"), metadata={"format": "pt"})
+    ids = list(qwen3.encode("The engine reloads its weights from disk; a forward pass of the files says which."))
+    reference = Reference()
+    expected = {"B": reference.score(second, ids), "A": reference.score(tiny_model_dir, ids),
+                "B with A's output layer": reference.score(stale, ids)}  # fmt: skip
     backend = VLLMBackend(vllm_url, endpoint="generate", timeout=300.0)
 
-    async def load(version: str) -> None:
-        path = second if version == "1" else str(tiny_model_dir)
+    async def reload(path: Any) -> None:
         async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as client:
-            body = {"method": "reload_weights", "kwargs": {"weights_path": path}}
+            body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
             (await client.post("/collective_rpc", json=body)).raise_for_status()
-            reset = await client.post("/reset_prefix_cache")  # no KV of the other weights is reused
-            paused = (await client.get("/is_paused")).json().get("is_paused")
-            assert paused or reset.json().get("success"), reset.text  # refused only while requests are frozen
+
+    def mean(got: list[float | None], name: str) -> float:
+        return sum(abs((a or 0.0) - b) for a, b in zip(got, expected[name], strict=True)) / len(got)
 
     try:
-        REPORT.append(await new_weights_mid_rollout(backend, qwen3, load, mode=mode))  # type: ignore[arg-type]
+        await reload(second)
+        got = await backend.score(ids)
+        figures = {name: mean(got, name) for name in expected}
+        most = max(abs((a or 0.0) - b) for a, b in zip(got, expected["B with A's output layer"], strict=True))
+        assert figures["B"] > OTHER_MEAN and figures["A"] > OTHER_MEAN, figures  # neither checkpoint
+        assert figures["B with A's output layer"] < BF16_MEAN and most < BF16_MAX, figures
+        await reload(tiny_model_dir)  # reloading A gives A back (its output layer never changed)
+        assert mean(await backend.score(ids), "A") < BF16_MEAN
+        probe = trainer_probe(reference, second, qwen3)  # the trainer pushes B
+        with pytest.raises(WeightUpdateError) as caught:
+            async with weight_update([backend], version="1", probe=probe):
+                await reload(second)
+        assert caught.value.paused == [vllm_url] and not caught.value.probes[0].passed
     finally:
-        await load("default")
+        await backend.resume_generation()
+        await reload(tiny_model_dir)
         await backend.set_weight_version("default")
         await backend.aclose()
+    REPORT.append(
+        "reload from disk of a tied checkpoint (vLLM CPU): mean |engine - forward pass| over "
+        f"{len(ids) - 1} tokens: "
+        + ", ".join(f"vs {k} {v:.1e}" for k, v in figures.items())
+        + f"; the probe: {caught.value}"
+    )

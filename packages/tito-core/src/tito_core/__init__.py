@@ -44,6 +44,7 @@ _EXPORTS = {
     "arollout": "tito_core.runner",
     "RolloutRecord": "tito_core.runner",
     "weight_update": "tito_core.weights",
+    "WeightProbe": "tito_core.weights",
 }
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "TrajectoryRecord",
     "Turn",
     "Usage",
+    "WeightProbe",
     "aload_tokenizer",
     "arollout",
     "check_prefix_preservation",
@@ -100,7 +102,7 @@ if TYPE_CHECKING:
     from .tokenizers import aload_tokenizer, load_tokenizer
     from .tool_parsers.base import ParsedOutput, ToolCall, ToolParser
     from .trajectory import Segment, Trajectory, TrajectoryRecord, Turn, Usage
-    from .weights import weight_update
+    from .weights import WeightProbe, weight_update
 
 
 def __getattr__(name: str) -> Any:

@@ -348,6 +348,18 @@ class Backend(abc.ABC):
         """Label the engine's current weights ``version`` (what its answers' weight-version spans then say)."""
         raise NotImplementedError(f"{type(self).__name__} cannot label its weights (supports_pause is False)")
 
+    supports_score: ClassVar[bool] = False
+    """True for backends that implement :meth:`score`: what a weight probe
+    (``weight_update(..., probe=...)``, :class:`tito_core.weights.WeightProbe`) needs."""
+
+    async def score(self, token_ids: Sequence[int]) -> list[float | None]:
+        """The engine's logprob of each of ``token_ids[1:]`` given the tokens before it, under the weights now.
+
+        One prefill (prompt logprobs), nothing served from a cache computed under other weights. Returns
+        ``len(token_ids) - 1`` values (None where the engine gave none).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot score a token sequence (supports_score is False)")
+
     def end_sequence(self, sequence: str) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Forget :attr:`GenerateRequest.sequence` ``sequence``: its branch was reset, forked, or a call failed.
 

@@ -13,6 +13,8 @@ those retries are spent; it is deliberately *not* a Strands ``ModelThrottledExce
 
 from __future__ import annotations
 
+from typing import Any
+
 from strands.types.exceptions import ContextWindowOverflowException
 
 
@@ -142,14 +144,26 @@ class BackendThrottledError(BackendError):
 
 
 class WeightUpdateError(BackendError):
-    """A weight-update handshake failed: an engine refused the pause or the version, or was left paused.
+    """A weight-update handshake failed: an engine refused the pause or the version, was left paused, or failed.
+
+    It failed the weight probe: it does not serve the weights the trainer pushed.
 
     Attributes:
         paused: Names of the engines still paused when it was raised (empty when every one was resumed).
+        probes: The failed weight-probe scores (:class:`tito_core.weights.ProbeScore`: engine, mean and max
+            difference), empty when no probe failed on a difference.
     """
 
-    def __init__(self, message: str, *, paused: list[str] | None = None, backend: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        paused: list[str] | None = None,
+        backend: str | None = None,
+        probes: list[Any] | None = None,
+    ) -> None:
         self.paused = list(paused or [])
+        self.probes = list(probes or [])
         super().__init__(message, backend=backend)
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Unpack
 
 import msgspec
 
-from tito_core.backend import GenerateRequest, GenerateResult, PauseMode
+from tito_core.backend import GenerateRequest, GenerateResult, PauseMode, SamplingParams
 from tito_core.errors import BackendError, BackendResponseError
 from tito_core.http import HttpBackend, HttpOptions
 from tito_core.http.ids_json import IdsJson
@@ -52,6 +54,7 @@ class SGLangBackend(HttpBackend):
     name: ClassVar[str] = "sglang"
     supports_grammar: ClassVar[bool] = True
     supports_pause: ClassVar[bool] = True
+    supports_score: ClassVar[bool] = True
     default_base_url: ClassVar[str] = "http://127.0.0.1:30000"
 
     def __init__(
@@ -175,6 +178,25 @@ class SGLangBackend(HttpBackend):
     async def set_weight_version(self, version: str) -> None:
         """``POST /update_weight_version`` with ``abort_all_requests: false`` (SGLang aborts them by default)."""
         await self._http.post("/update_weight_version", _wire.encode_weight_version(version))
+
+    async def score(self, token_ids: Sequence[int]) -> list[float | None]:
+        """Logprobs of ``token_ids[1:]`` under the weights loaded now (what a weight probe sends).
+
+        One ``/generate`` with ``logprob_start_len: 0`` (SGLang then reuses no cached prefix: the whole sequence
+        is prefilled) and one greedy token, outside any session.
+        """
+        request = GenerateRequest(
+            rid=f"tito-probe-{uuid.uuid4().hex}",
+            input_ids=list(token_ids),
+            prefix_len=1,
+            sampling=SamplingParams(max_new_tokens=1, temperature=0.0),
+            return_logprobs=False,
+            return_prompt_logprobs=True,
+        )
+        result = await self._generate(request, None)
+        if result.prompt_logprobs is None:  # decode_generate refuses an answer without them; kept for mypy
+            raise BackendResponseError(f"{self.name}: no prompt logprobs in the answer to a probe", backend=self.name)
+        return list(result.prompt_logprobs)
 
     async def aclose(self) -> None:
         """Close the sessions still held, then the connections of the current event loop."""

@@ -7,6 +7,8 @@ renders the prompt) build their bodies on it; reading the answers is :mod:`tito_
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal, TypeVar, Unpack
 
 import msgspec
@@ -22,6 +24,7 @@ __all__ = ["ROUTE_MISSING", "Mode"]
 Mode = Literal["tokens", "chat"]
 
 _MODELS_PATH = "/v1/models"
+_COMPLETIONS_PATH = "/v1/completions"
 _SERVER_INFO_PATH = "/server_info?config_format=json"
 # Statuses meaning "this route is not served here" (403: scale-out endpoints disabled).
 ROUTE_MISSING = frozenset({403, 404, 405})
@@ -40,6 +43,7 @@ class _VLLMServer(HttpBackend):
     mode: ClassVar[Mode]
     supports_grammar: ClassVar[bool] = True
     supports_pause: ClassVar[bool] = True
+    supports_score: ClassVar[bool] = True
     default_base_url: ClassVar[str] = "http://127.0.0.1:8000"
 
     def __init__(
@@ -94,6 +98,43 @@ class _VLLMServer(HttpBackend):
     async def set_weight_version(self, version: str) -> None:
         """``POST /update_weight_version``: the label the answers' ``weight_versions`` spans carry from now on."""
         await self._http.post("/update_weight_version", json.dumps({"new_version": version}).encode())
+
+    async def score(self, token_ids: Sequence[int]) -> list[float | None]:
+        """Logprobs of ``token_ids[1:]`` under the weights loaded now (what a weight probe sends).
+
+        One ``POST /v1/completions`` with the ids as the prompt, ``prompt_logprobs: 0`` and one greedy token
+        (every vLLM server has the route, in both modes). vLLM reads no prefix cache for a request with prompt
+        logprobs: the whole sequence is prefilled.
+        """
+        await self._discover()
+        ids = [int(i) for i in token_ids]
+        request = GenerateRequest(
+            rid=f"tito-probe-{uuid.uuid4().hex}",
+            input_ids=ids,
+            prefix_len=1,
+            sampling=SamplingParams(max_new_tokens=1, temperature=0.0),
+            return_logprobs=False,
+            return_prompt_logprobs=True,
+        )
+        body = {"model": self.model, "request_id": request.rid, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": 0, "return_token_ids": True, "stream": False, "echo": False}  # fmt: skip
+        limit = self._answer_limit(request, echoed_tokens=len(ids))
+        response = await self._post(_COMPLETIONS_PATH, body, _wire.CompletionResponse, max_body=limit)
+        self._check_echoed_id(response.id, "cmpl-", request, "id")
+        choice = self._answers.only_choice(response.choices, _COMPLETIONS_PATH)
+        if choice.prompt_logprobs is None:
+            raise BackendResponseError(
+                f"{self.name}: {_COMPLETIONS_PATH}: no prompt logprobs although they were requested",
+                field="prompt_logprobs",
+                backend=self.name,
+            )
+        if choice.prompt_token_ids is not None and choice.prompt_token_ids != ids:
+            raise BackendResponseError(
+                f"{self.name}: {_COMPLETIONS_PATH}: the echoed prompt is not the sequence sent to be scored",
+                field="prompt_token_ids",
+                backend=self.name,
+            )
+        return self._answers.prompt_logprobs(request, ids, choice.prompt_logprobs, _COMPLETIONS_PATH)
 
     # -- server facts ------------------------------------------------------------------------------
 

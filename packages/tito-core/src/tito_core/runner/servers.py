@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..backend import Backend
 from ..errors import BackendConnectionError, TitoError
-from ..weights import weight_update
+from ..weights import WeightUpdate, weight_update
 
 __all__ = ["Server", "ServerPool", "probe"]
 
@@ -82,7 +82,9 @@ class ServerPool:
         self._changed = asyncio.Condition()
         self._checker: asyncio.Task[None] | None = None
 
-    def weight_update(self, *, version: str | int | None = None, **options: Any) -> AbstractAsyncContextManager[None]:
+    def weight_update(
+        self, *, version: str | int | None = None, **options: Any
+    ) -> AbstractAsyncContextManager[WeightUpdate]:
         """Pause every server of the pool around a weight update (:func:`tito_core.weights.weight_update`).
 
         ``async with pool.weight_update(version=7): await push_weights()``: the rollouts in flight go on after it.
