@@ -61,6 +61,10 @@ CONTEXT_LENGTH_TEXTS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
             # vLLM 0.32's OpenAI routes: "This model's maximum context length is 4096 tokens. However, your
             # request has 4100 input tokens. ..."
             r"This model's maximum context length is \d+ tokens",
+            # vLLM 0.32's /inference/v1/generate when the prompt alone overflows: "Input length (4100) exceeds
+            # model's maximum context length (4096)." (the real CPU server, tests/integration/vllm
+            # test_server_clamps_to_the_context_window[generate])
+            r"Input length \(\d+\) exceeds model's maximum context length \(\d+\)",
         ),
         "sglang": (
             # SGLang 0.5.23: "The input (5000 tokens) is longer than the model's context length (4096 tokens)."
