@@ -283,6 +283,7 @@ class Capabilities(msgspec.Struct, frozen=True, gc=False):
     renders_prompt: bool
     supports_grammar: bool
     supports_pause: bool
+    supports_score: bool
 
 
 class Backend(abc.ABC):
@@ -314,6 +315,7 @@ class Backend(abc.ABC):
             renders_prompt=bool(self.renders_prompt),
             supports_grammar=bool(self.supports_grammar),
             supports_pause=bool(self.supports_pause),
+            supports_score=bool(self.supports_score),
         )
 
     supports_pause: ClassVar[bool] = False
