@@ -1,0 +1,181 @@
+"""Images in conversations and trajectories: the bytes a front hands in, and where they sit among the tokens.
+
+A front puts an image into a message as a content part, ``{"type": "image", "image": Image(...)}`` (the form
+chat templates take), in a user or tool message. The renderer expands each image's placeholder into the tokens
+the model's forward pass consumes; the trajectory records each image as an :class:`ImageSpan` over those tokens
+and keeps the bytes once per distinct image (by content hash). Requests carry the images of their prompt as
+:class:`PromptImage` in token order, so each adapter sends them in its engine's own shape.
+
+Pillow reads the bytes (``pip install "tito-core[vision]"``): an image that does not decode is an
+:class:`ImageError` when the :class:`Image` is built, before any request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from .errors import UnsupportedContentError
+
+__all__ = ["FORMATS", "Image", "ImageError", "ImageFormat", "ImageSpan", "PromptImage", "image_part", "is_image_part"]
+
+ImageFormat = Literal["png", "jpeg", "gif", "webp"]
+FORMATS: frozenset[str] = frozenset({"png", "jpeg", "gif", "webp"})
+"""The formats tito accepts (Strands' image formats; PIL's names, ``jpg`` read as ``jpeg``)."""
+
+
+class ImageError(UnsupportedContentError):
+    """An image tito cannot use, raised before any request (nothing is recorded).
+
+    An unsupported format, bytes that do not decode, too many images, an image for a model or template without vision.
+    """
+
+
+class Image:
+    """One image's encoded bytes, checked to decode, with its format, size and content hash.
+
+    Immutable; compared and hashed by content (``sha256`` of the bytes). :func:`~tito_core.conversation.canonical`
+    encodes it as its hash, so comparing conversations never walks the bytes.
+
+    Args:
+        data: The encoded image (PNG, JPEG, GIF or WebP).
+        format: The format the front declares (``"jpg"`` is read as ``"jpeg"``); None takes the decoded one.
+            A declared format that differs from the bytes' is an :class:`ImageError`.
+
+    Raises:
+        ImageError: the format is not supported, or the bytes do not decode.
+    """
+
+    __slots__ = ("_data", "_format", "_sha256", "_size")
+
+    def __init__(self, data: bytes, format: str | None = None) -> None:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise ImageError(f"image data must be bytes, got {type(data).__name__}")
+        data = bytes(data)
+        declared = _format_name(format) if format is not None else None
+        decoded, size = _probe(data)
+        if declared is not None and declared != decoded:
+            raise ImageError(f"the image is declared {declared!r} but its bytes are {decoded!r}")
+        self._data = data
+        self._format: ImageFormat = decoded  # type: ignore[assignment]
+        self._size = size
+        self._sha256 = hashlib.sha256(data).hexdigest()
+
+    @property
+    def data(self) -> bytes:
+        """The encoded bytes, as given."""
+        return self._data
+
+    @property
+    def format(self) -> ImageFormat:
+        """``png``, ``jpeg``, ``gif`` or ``webp``."""
+        return self._format
+
+    @property
+    def sha256(self) -> str:
+        """Hex SHA-256 of :attr:`data`: the image's identity in records and on disk."""
+        return self._sha256
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """``(width, height)`` in pixels."""
+        return self._size
+
+    def to_pil(self) -> Any:
+        """The decoded image as an RGB ``PIL.Image.Image`` (what image processors take)."""
+        pil = _pil()
+        with pil.open(io.BytesIO(self._data)) as opened:
+            return opened.convert("RGB")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Image) and other._sha256 == self._sha256
+
+    def __hash__(self) -> int:
+        return hash(self._sha256)
+
+    def __repr__(self) -> str:
+        w, h = self._size
+        return f"Image({self._format}, {w}x{h}, sha256={self._sha256[:12]}…)"
+
+
+class ImageSpan(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Where one image sits in a trajectory's token ids.
+
+    Attributes:
+        start: Index of its first placeholder token in the trajectory's ids.
+        length: How many placeholder tokens it expanded to (what the vision encoder's output replaces).
+        sha256: The image's content hash (its bytes are stored once per hash).
+        format: Its encoded format.
+        size: ``(width, height)`` of the original image.
+        grid_thw: The vision grid the model family's processor gave it (Qwen-VL's ``image_grid_thw``:
+            temporal, height, width patches), or None for families without one.
+        placeholder_id: The token id repeated over the span.
+    """
+
+    start: int
+    length: int
+    sha256: str
+    format: str
+    size: tuple[int, int]
+    grid_thw: tuple[int, ...] | None
+    placeholder_id: int
+
+    @property
+    def end(self) -> int:
+        """One past the last placeholder token."""
+        return self.start + self.length
+
+
+class PromptImage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One image of a request's ``input_ids``: its span there and its bytes (for the adapter to send)."""
+
+    span: ImageSpan
+    image: Image
+
+
+def image_part(image: Image) -> dict[str, Any]:
+    """The content part that puts ``image`` into a chat message (the form chat templates render)."""
+    return {"type": "image", "image": image}
+
+
+def is_image_part(part: object) -> bool:
+    """Whether a message content part is an image."""
+    return isinstance(part, Mapping) and part.get("type") == "image"
+
+
+def _format_name(name: str) -> str:
+    lowered = name.lower()
+    lowered = "jpeg" if lowered == "jpg" else lowered
+    if lowered not in FORMATS:
+        raise ImageError(f"image format {name!r} is not supported (supported: {', '.join(sorted(FORMATS))})")
+    return lowered
+
+
+def _pil() -> Any:
+    try:
+        from PIL import Image as PILImage
+    except ImportError as exc:  # pragma: no cover - pillow is in the vision extra
+        raise ImageError('images need Pillow: pip install "tito-core[vision]"') from exc
+    return PILImage
+
+
+def _probe(data: bytes) -> tuple[str, tuple[int, int]]:
+    """The decoded format and size of ``data``; fully decoded, so truncated bytes fail here, not in a processor."""
+    pil = _pil()
+    try:
+        with pil.open(io.BytesIO(data)) as opened:
+            fmt = (opened.format or "").lower()
+            size = (int(opened.width), int(opened.height))
+            opened.load()
+    except Exception as exc:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ValueError ...
+        raise ImageError(f"the image bytes do not decode ({type(exc).__name__}: {exc})") from exc
+    fmt = "jpeg" if fmt in ("jpg", "mpo") else fmt
+    if fmt not in FORMATS:
+        raise ImageError(
+            f"image format {fmt or 'unknown'!r} is not supported (supported: {', '.join(sorted(FORMATS))})"
+        )
+    return fmt, size
