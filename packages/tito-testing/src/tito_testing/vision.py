@@ -41,14 +41,15 @@ def tiny_image_processor() -> Any:
     """A fresh ``Qwen2VLImageProcessorPil`` with :data:`TINY_VISION` (Pillow only; no torch, no torchvision)."""
     from transformers import Qwen2VLImageProcessorPil
 
-    return Qwen2VLImageProcessorPil(**TINY_VISION)
+    build: Any = Qwen2VLImageProcessorPil
+    return build(**TINY_VISION)
 
 
 @contextlib.contextmanager
 def _video_processor_optional() -> Iterator[None]:
     import transformers.processing_utils as pu
 
-    original = pu.ProcessorMixin.check_argument_for_proper_class
+    original: Any = pu.ProcessorMixin.check_argument_for_proper_class
 
     def check(self: Any, name: str, argument: Any) -> Any:
         return None if argument is None else original(self, name, argument)
@@ -69,8 +70,9 @@ def hf_processor(tokenizer: Any, chat_template: str, image_processor: Any | None
     """
     from transformers import Qwen2_5_VLProcessor
 
+    build: Any = Qwen2_5_VLProcessor
     with _video_processor_optional():
-        return Qwen2_5_VLProcessor(
+        return build(
             image_processor=image_processor if image_processor is not None else tiny_image_processor(),
             tokenizer=tokenizer,
             video_processor=None,
