@@ -262,3 +262,23 @@ def test_answers_that_sample_a_placeholder_or_expand_differently_are_rejected(vl
     with pytest.raises(BackendResponseError) as info:
         asyncio.run(run.call(conv, CallOptions()))
     assert info.value.field == field and len(run.trajectory) == 0
+
+
+# ---------------------------------------------------------------------------------------------- configuration
+def test_a_tokenizer_directory_with_a_preprocessor_config_gives_the_model_vision(vl, tmp_path):
+    from tito_core.config import TitoConfig
+    from tito_core.model import TitoModel
+    from tito_core.render.vision import load_image_processor, vision_processor
+
+    tok = vl[0]
+    tok.save_pretrained(tmp_path)
+    tiny_image_processor().save_pretrained(tmp_path)
+    assert load_image_processor(tmp_path) is load_image_processor(str(tmp_path))  # loaded once per path
+    model = TitoModel(ScriptedBackend(tok, ["ok"]), str(tmp_path), tool_parser="qwen_xml")
+    vision = model._rollout.prompts.vision
+    assert vision is not None and vision.placeholder_id == PAD and vision.family.merge_size == 2
+    assert TitoModel(ScriptedBackend(tok), str(tmp_path), processor=False)._rollout.prompts.vision is None
+    assert TitoModel(ScriptedBackend(tok), tok)._rollout.prompts.vision is None  # no directory with a processor
+    config = TitoConfig(backend="scripted", tokenizer=str(tmp_path), processor=str(tmp_path), max_images=3)
+    assert config.processor == str(tmp_path) and config.max_images == 3
+    assert vision_processor(str(tmp_path), tok, max_images=3).max_images == 3

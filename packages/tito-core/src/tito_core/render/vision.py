@@ -32,6 +32,7 @@ __all__ = [
     "family_of",
     "has_preprocessor",
     "load_image_processor",
+    "vision_processor",
 ]
 
 DEFAULT_MAX_IMAGES = 64
@@ -245,3 +246,38 @@ def load_image_processor(directory: str | os.PathLike[str]) -> Any:
             raise ConfigError(f"cannot load the image processor of {directory}: {exc}") from exc
         _processors[key] = processor
         return processor
+
+
+ProcessorSpec = Any
+"""What ``TitoModel(processor=...)`` takes: None (the tokenizer's directory, when it holds a
+``preprocessor_config.json``), False (no vision), a directory, a Hugging Face image processor, or a
+:class:`VisionProcessor`."""
+
+_shared: dict[tuple[int, int, int], VisionProcessor] = {}
+
+
+def vision_processor(
+    processor: ProcessorSpec, tokenizer: Any, *, max_images: int = DEFAULT_MAX_IMAGES
+) -> VisionProcessor | None:
+    """The :class:`VisionProcessor` a model uses (None: a text-only model), one per processor and tokenizer.
+
+    Raises:
+        ConfigError: a directory without a loadable image processor, or a processor of an unknown family.
+    """
+    if processor is False:
+        return None
+    if isinstance(processor, VisionProcessor):
+        return processor
+    if processor is None:
+        directory = getattr(tokenizer, "name_or_path", None)
+        if not directory or not has_preprocessor(directory):
+            return None
+        processor = directory
+    if isinstance(processor, (str, os.PathLike)):
+        processor = load_image_processor(processor)
+    key = (id(processor), id(tokenizer), max_images)
+    with _processors_lock:
+        shared = _shared.get(key)
+        if shared is None or shared.image_processor is not processor:
+            shared = _shared[key] = VisionProcessor(processor, tokenizer, max_images=max_images)
+        return shared
