@@ -78,8 +78,9 @@ def store_images(record: TrajectoryRecord, output: str | os.PathLike[str]) -> Tr
     that references it is written; an image already there is not written again. Paths are relative to
     ``output``'s directory.
     """
-    if not record.image_data and not record.branches:
-        return record
+    branches = [store_images(b, output) for b in record.branches]
+    if not record.image_data and all(new is old for new, old in zip(branches, record.branches, strict=True)):
+        return record  # text-only: nothing to write, nothing copied
     directory = images_dir(output)
     paths = dict(record.image_paths)
     formats = {s.sha256: s.format for s in record.images}
@@ -99,7 +100,6 @@ def store_images(record: TrajectoryRecord, output: str | os.PathLike[str]) -> Tr
                 Path(tmp).unlink(missing_ok=True)
                 raise
         paths[sha] = f"{directory.name}/{name}"
-    branches = [store_images(b, output) for b in record.branches]
     return msgspec.structs.replace(record, image_data={}, image_paths=paths, branches=branches)
 
 
@@ -109,7 +109,8 @@ def load_images(record: TrajectoryRecord, output: str | os.PathLike[str]) -> Tra
     Raises:
         TrajectoryError: an image file is missing or its bytes do not have the recorded hash.
     """
-    if not record.image_paths and not record.branches:
+    branches = [load_images(b, output) for b in record.branches]
+    if not record.image_paths and all(new is old for new, old in zip(branches, record.branches, strict=True)):
         return record
     root = Path(output).parent
     data = dict(record.image_data)
@@ -125,5 +126,4 @@ def load_images(record: TrajectoryRecord, output: str | os.PathLike[str]) -> Tra
         if hashlib.sha256(blob).hexdigest() != sha:
             raise TrajectoryError(f"the image file {rel} does not hold image {sha} (its bytes changed)")
         data[sha] = blob
-    branches = [load_images(b, output) for b in record.branches]
     return msgspec.structs.replace(record, image_data=data, image_paths={}, branches=branches)
