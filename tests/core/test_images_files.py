@@ -89,3 +89,15 @@ def test_a_missing_image_file_is_a_clear_error(tmp_path):
         path.unlink()
     with pytest.raises(TrajectoryError, match="cannot be read"):
         list(read_records(output))
+
+
+def test_inspect_shows_the_image_spans(tmp_path, capsys):
+    from tito_core.cli import main
+
+    output = tmp_path / "out.jsonl"
+    image = Image(png(4))
+    with open_writer(output) as writer:
+        writer.write(record(traj_with_images("r0", [image]), 0))
+    assert main(["inspect", str(output), "--id", "t"]) == 0
+    shown = capsys.readouterr().out
+    assert "image 0: tokens 1-3 (2), 16x16 png, grid 1x2x4" in shown and image.sha256[:12] in shown

@@ -105,7 +105,10 @@ class JsonlWriter(RecordWriter):
         self._fd = self._open()
 
     def write(self, record: RolloutRecord) -> None:
-        """Append one line, in one ``write`` (after its images' files: :func:`~tito_core.runner.record_writer.with_image_files`)."""
+        """Append one line, in one ``write``, after its images' files.
+
+        (:func:`~tito_core.runner.record_writer.with_image_files`).
+        """
         self._append(ENCODER.encode(with_image_files(record, self.path)))
         self._done.add(record.key)
 

@@ -99,7 +99,10 @@ class ParquetWriter(RecordWriter):
         os.replace(temporary, part)
 
     def write(self, record: RolloutRecord) -> None:
-        """Buffer one record (its images' files written now: :func:`~tito_core.runner.record_writer.with_image_files`); flush a full row group."""
+        """Buffer one record (its images' files are written now); flush a part file when the row group is full.
+
+        (:func:`~tito_core.runner.record_writer.with_image_files`).
+        """
         self._buffer.append(with_image_files(record, self.path))
         self._done.add(record.key)
         if len(self._buffer) >= self.row_group_size:
