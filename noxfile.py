@@ -91,7 +91,7 @@ def tests_core(session: nox.Session) -> None:
     """Core unit and property tests, the rollout runner (with Parquet, and the SGLang adapter against local fake
     servers), plugin discovery with the example third-party adapter."""
     install_core(session, EXAMPLE, ADAPTERS["sglang"])
-    session.install("-e", f"{CORE}[parquet]")
+    session.install("-e", f"{CORE}[parquet,vision]")  # vision: Pillow, for the image tests
     session.install(OPENAI_SDK)  # the gateway's tests drive it with the real OpenAI SDK (and Strands' OpenAIModel)
     session.run(
         "pytest",

@@ -36,8 +36,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
+
 from ..errors import ConfigError
 from ..trajectory import Trajectory
+from ..trajectory_images import load_images
 from .jsonl_writer import JsonlWriter, read_jsonl
 from .output_lock import OutputLock, OutputLockedError
 from .parquet_writer import ParquetWriter, read_parquet
@@ -115,13 +118,14 @@ def read_records(path: str | os.PathLike[str]) -> Iterator[RolloutRecord]:
     """Every record of a rollout file (JSONL, or a Parquet directory / file), in file order.
 
     Each record carries its group's advantage from the task's last :class:`GroupAdvantages` entry (a record of a
-    group whose reward function failed reads back ``failed``, with the reason).
+    group whose reward function failed reads back ``failed``, with the reason). Image files stored next to the
+    output are read back into each trajectory record's ``image_data``.
     """
     source = Path(path)
-    if source.suffix == ".parquet":
-        yield from read_parquet(source)
-    else:
-        yield from read_jsonl(source)
+    records = read_parquet(source) if source.suffix == ".parquet" else read_jsonl(source)
+    for record in records:
+        traj = load_images(record.trajectory, source)
+        yield record if traj is record.trajectory else msgspec.structs.replace(record, trajectory=traj)
 
 
 def rollout_record(
