@@ -93,6 +93,8 @@ class RolloutWorker:
         self.tools = list(tools)
         self.reward = reward
         self.group_reward = group_reward
+        if (agents is None) != (config.rollout.agent is None):
+            raise ConfigError("`agents` runs the rollouts of a `[rollout.agent]` config, and only those")
         self.agents = agents
 
     @classmethod
