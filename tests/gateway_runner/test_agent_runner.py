@@ -6,6 +6,7 @@ HTTP to the runner's gateway.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tito_core import Trajectory, rollout
+from tito_core import Trajectory, arollout, rollout
 from tito_core.errors import ConfigError
 from tito_core.runner import read_records
 from tito_core.runner.agent_process import AgentExited, answer_line
@@ -77,7 +78,24 @@ def test_an_agent_past_its_time_limit_is_killed_with_its_process_group(tmp_path:
     (record,) = read_records(out)
     assert (record.status, record.status_reason) == ("aborted", "timed out after 8 s")
     assert record.tokens.model_calls == 1
-    assert not _alive(int(pid_file.read_text()))  # the child it started in its group is gone too
+    agent_pid, child_pid = map(int, pid_file.read_text().split())
+    assert not _alive(agent_pid) and not _alive(child_pid)  # the child it started in its group is gone too
+
+
+async def test_a_cancelled_run_kills_its_agents_process_groups(tmp_path: Path) -> None:
+    out, pid_file = tmp_path / "out.jsonl", tmp_path / "child.pid"
+    agent = {"command": script("misbehaving.py"), "env": {"PID_FILE": str(pid_file)}}
+    run = asyncio.create_task(arollout(agent_config(agent, answer_with("4")), add_tasks(1, mode="hang"), out))
+    async with asyncio.timeout(300):  # a hang guard: the agent writes the file after its model call
+        while not pid_file.exists():
+            await asyncio.sleep(0.05)
+    agent_pid, child_pid = map(int, pid_file.read_text().split())
+    assert _alive(agent_pid) and _alive(child_pid)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert not _alive(agent_pid) and not _alive(child_pid)
+    assert list(read_records(out)) == []  # a cancelled rollout is in flight, not recorded
 
 
 def test_a_flood_on_both_pipes_never_stalls_the_agent_and_its_last_line_is_the_answer(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 starts fast, so its time limit can be short).
 
 - ``crash``: writes a long standard error, then exits 3;
-- ``hang``: starts a child in its process group (its pid written to ``$PID_FILE``), then waits forever;
+- ``hang``: starts a child in its process group (its pid and the child's written to ``$PID_FILE``), then waits forever;
 - ``flood``: writes 3 MB to standard error and 3 MB to standard output, then answers;
 - ``quiet``: answers, with a few lines of standard output before.
 """
@@ -37,8 +37,9 @@ def main() -> None:
         raise SystemExit(3)
     if mode == "hang":
         child = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait()"])
-        with open(os.environ["PID_FILE"], "w") as f:
-            f.write(str(child.pid))
+        with open(os.environ["PID_FILE"] + ".part", "w") as f:
+            f.write(f"{os.getpid()} {child.pid}")
+        os.replace(os.environ["PID_FILE"] + ".part", os.environ["PID_FILE"])  # whole when it appears
         threading.Event().wait()
     if mode == "flood":
         sys.stderr.write("e" * 3_000_000 + "\n")
