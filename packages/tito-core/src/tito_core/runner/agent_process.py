@@ -1,7 +1,7 @@
 """Rollouts of an agent of any framework: a process or an async callable speaking OpenAI chat completions to a gateway.
 
 The ``[rollout.agent]`` table (:class:`~tito_core.config.AgentSettings`) names the agent. Each worker process
-runs one in-process :class:`~tito_core.gateway.Gateway` per server it uses (loopback, a free port), started at
+runs one in-process gateway (``tito_core.gateway.Gateway``) per server it uses (loopback, a free port), started at
 its first agent rollout; each rollout opens a gateway rollout, runs the agent against its base URL and takes the
 closed trajectory back, which the worker turns into the same record a Strands rollout gets
 (:mod:`tito_core.runner.finish`).

@@ -1,7 +1,8 @@
 """One rollout, start to record: a fresh Strands agent (or any agent) on a leased server, limits, timeout, reward.
 
 A ``[rollout.agent]`` config runs an agent of any framework through the gateway instead
-(:mod:`~tito_core.runner.agent_process`); both kinds of rollout end in the same record (:mod:`.finish`).
+(:mod:`~tito_core.runner.agent_process`); both kinds of rollout end in the same record
+(:mod:`~tito_core.runner.finish`).
 
 :class:`RolloutWorker` is what an executor runs: built once per process from a config
 (:meth:`RolloutWorker.create` checks everything before any work), then :meth:`RolloutWorker.run` turns one
