@@ -1,4 +1,4 @@
-"""A finished rollout's closed trajectory becomes its record: the reward, the final status, timings and counts.
+"""A finished rollout's closed trajectory becomes its record: the reward, then the record itself.
 
 Shared by every kind of rollout the worker runs (a Strands agent, an agent of any framework through the
 gateway), so their records are built the same way; a rollout that could not run at all gets :func:`failed_record`.
@@ -15,10 +15,10 @@ import msgspec
 from ..status import RewardFailed, status_of
 from ..trajectory import Trajectory
 from .dataset import Task
-from .records import FinalStatus, RolloutRecord, Timings, TokenCounts
+from .records import FinalStatus, RolloutRecord, Timings, TokenCounts, rollout_record
 from .rewards import RewardFn, Sample, call_maybe_async
 
-__all__ = ["Ran", "failed_record", "final_status", "rollout_record"]
+__all__ = ["Ran", "failed_record", "final_status", "rewarded_record"]
 
 
 class Ran(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,13 +43,13 @@ class Ran(msgspec.Struct, frozen=True, kw_only=True):
     tool_calls: int
 
 
-async def rollout_record(
+async def rewarded_record(
     task: Task, sample: int, traj: Trajectory, ran: Ran, reward_fn: RewardFn | None
 ) -> RolloutRecord:
     """Reward the closed ``traj`` of ``task``'s rollout ``sample`` and build its record.
 
-    A reward function that raises leaves the reward empty and the rollout ``failed``, in the trajectory and the
-    record alike.
+    The record is :func:`~tito_core.runner.records.rollout_record`'s, which the gateway's records share. A reward
+    function that raises leaves the reward empty and the rollout ``failed``, in the trajectory and the record alike.
     """
     reward: float | None = None
     t1 = time.perf_counter()
@@ -59,29 +59,19 @@ async def rollout_record(
             reward = _number(await call_maybe_async(reward_fn, view, in_thread=True))
         except Exception as exc:
             traj.amend_status(*status_of(RewardFailed(exc)))  # the trajectory and its record say the same
-    status, reason = final_status(traj), traj.status_reason
     now = time.perf_counter()
-    output = sum(seg.length for seg in traj.segments if seg.kind == "output")
-    versions = traj.weight_version_range(branches=True) or (None, None)
-    return RolloutRecord(
+    return rollout_record(
+        traj,
         task_id=task.id,
         sample=sample,
         group=task.index,
-        status=status,
-        status_reason=reason,
         reward=reward,
         server=ran.server,
-        trajectory=traj.to_record(),
-        timings=Timings(started=ran.started, wall_s=now - ran.t0, agent_s=ran.agent_s, reward_s=now - t1),
-        tokens=TokenCounts(
-            total=len(traj),
-            output=output,
-            prompt=len(traj) - output,
-            model_calls=len(traj.turns),
-            tool_calls=ran.tool_calls,
-        ),
-        weight_version_min=versions[0],
-        weight_version_max=versions[1],
+        started=ran.started,
+        wall_s=now - ran.t0,
+        agent_s=ran.agent_s,
+        reward_s=now - t1,
+        tool_calls=ran.tool_calls,
     )
 
 

@@ -31,7 +31,7 @@ from ..status import RolloutTimedOut, status_of
 from ..tokenizers import aload_tokenizer
 from .agent_process import AgentRunner
 from .dataset import Task
-from .finish import Ran, failed_record, rollout_record
+from .finish import Ran, failed_record, rewarded_record
 from .forcing import ForcedToolCalls
 from .limits import LoopLimiter
 from .records import RolloutRecord
@@ -180,7 +180,7 @@ class RolloutWorker:
     async def _run_on(self, server: Server, task: Task, sample: int) -> RolloutRecord:
         if self.agents is not None:
             traj, ran = await self.agents.run(server, task, sample)
-            return await rollout_record(task, sample, traj, ran, self.reward)
+            return await rewarded_record(task, sample, traj, ran, self.reward)
         settings = self.settings
         started, t0 = time.time(), time.perf_counter()
         model = self.config.create_model(server.backend, tokenizer=self.tokenizer, rollout_id=f"{task.id}:{sample}")
@@ -236,7 +236,7 @@ class RolloutWorker:
             agent_s=agent_s,
             tool_calls=limiter.tool_calls,
         )
-        return await rollout_record(task, sample, traj, ran, self.reward)
+        return await rewarded_record(task, sample, traj, ran, self.reward)
 
 
 def conversation_manager(name: str, options: Mapping[str, Any], *, search: Path | None = None) -> Any:
