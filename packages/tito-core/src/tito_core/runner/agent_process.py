@@ -31,7 +31,7 @@ import msgspec
 
 from ..config import AgentSettings, TitoConfig
 from ..errors import ConfigError, TitoError
-from ..status import Closed, RolloutTimedOut, status_of
+from ..status import RolloutTimedOut, status_of
 from ..trajectory import Trajectory
 from .dataset import Task
 from .finish import Ran
@@ -47,8 +47,10 @@ _LINGER_S = 10.0
 """After the agent exits and its group is killed, how long its pipes may stay open (held by a process that left the
 group) before they are closed unread: a guard against a hang, never reached by an agent that keeps to its group."""
 
+_WEEK_S = 7 * 24 * 3600.0
+"""The gateway's idle timeout for agents without a time limit: the runner ends its agents, not the gateway."""
+
 AgentFn = Callable[[Task, str], Awaitable[str]]
-_CLOSED_RUNNING = status_of(Closed("running"))
 
 
 class AgentExited(TitoError):
@@ -113,10 +115,13 @@ class AgentRunner:
             ended_by = RolloutTimedOut(self.limit or 0.0) if limit.expired() else exc
         except Exception as exc:
             ended_by = exc
-        finally:
-            agent_s = time.perf_counter() - t0
-            traj: Trajectory = await gateway.take(handle.id)  # a cancelled run still closes its gateway rollout
-        _end(traj, ended_by)
+        except BaseException:  # cancelled: not recorded; an idle gateway rollout is closed now, a busy one on close
+            with contextlib.suppress(Exception):
+                if not gateway.get(handle.id).busy:
+                    await gateway.take(handle.id)
+            raise
+        agent_s = time.perf_counter() - t0
+        traj = await _take(gateway, handle.id, ended_by)
         calls = sum(turn.tool_calls - turn.tool_parse_errors for turn in traj.turns)
         ran = Ran(text=text, messages=[], server=server.name, started=started, t0=t0, agent_s=agent_s, tool_calls=calls)
         return traj, ran
@@ -136,7 +141,7 @@ class AgentRunner:
             if server.name not in self._gateways:
                 from ..gateway import Gateway  # here, not at the top: the gateway imports the runner's writers
 
-                idle = max(600.0, (self.limit or 0.0) + 60.0)  # the runner's limit ends an agent, not the gateway
+                idle = self.limit + 60.0 if self.limit else _WEEK_S  # the runner's limit ends an agent, not the gateway
                 gateway = Gateway(self.config, tokenizer=self.tokenizer, backend=server.backend, idle_timeout=idle)
                 await gateway.start(host="127.0.0.1", port=0)
                 self._gateways[server.name] = gateway
@@ -223,22 +228,22 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def _end(traj: Trajectory, ended: BaseException | RolloutTimedOut | None) -> None:
-    """Give the closed ``traj`` the status of how its agent ended, where no model call set a more telling one.
+async def _take(gateway: Any, rollout_id: str, ended: BaseException | RolloutTimedOut | None) -> Trajectory:
+    """Take the rollout's trajectory from the gateway, closed with the status of how its agent ended.
 
-    A time limit overrides a running, completed or aborted status (the agent gave no answer in time); an agent
-    that failed overrides a running or completed one, and the abort of a rollout taken while its agent was
-    between calls. A status a model call set (truncated, failed, an engine's abort) stands.
+    A call the agent left in flight (it was killed mid-call) ends first and is recorded as the engine answered it.
+    Then a time limit overrides a running, completed or aborted status (the agent gave no answer in time), and an
+    agent that failed a running or completed one; a status a model call set (truncated, failed, an engine's abort)
+    stands. An agent that ended well leaves the closing to the gateway (aborted when tool calls were left unanswered).
     """
-    if ended is None:
-        return
-    status, reason = traj.status, traj.status_reason
-    if isinstance(ended, RolloutTimedOut):
-        override = status in ("running", "completed", "aborted")
-    else:
-        override = status in ("running", "completed") or (status, reason) == _CLOSED_RUNNING
-    if override:
-        traj.amend_status(*status_of(ended))
+    rollout = gateway.get(rollout_id)
+    await rollout.idle()
+    live: Trajectory = rollout.rollout.trajectory
+    overrides = ("running", "completed", "aborted") if isinstance(ended, RolloutTimedOut) else ("running", "completed")
+    if ended is not None and live.status in overrides:
+        live.close(*status_of(ended))
+    traj: Trajectory = await gateway.take(rollout_id)
+    return traj
 
 
 def _smaller(a: float | None, b: float | None) -> float | None:
