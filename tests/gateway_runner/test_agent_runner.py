@@ -140,6 +140,16 @@ def test_a_callable_agent(
     assert record.tokens.model_calls == (2 if status == "completed" else 0)
 
 
+def test_a_call_in_flight_when_the_time_limit_hits_is_recorded_then_the_rollout_times_out(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    cfg = agent_config({"callable": f"{HELPERS}:aiohttp_agent", "timeout_s": 0.5})
+    cfg["backend_options"]["delay"] = 2.0  # the engine answers after the agent was stopped
+    rollout(cfg, add_tasks(1), out)
+    (record,) = read_records(out)
+    assert (record.status, record.status_reason) == ("aborted", "timed out after 0.5 s")
+    assert record.tokens.model_calls == 1 and record.tokens.output > 0  # the engine's answer, as it gave it
+
+
 @pytest.mark.parametrize(
     ("rollout_table", "message"),
     [
