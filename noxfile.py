@@ -24,6 +24,7 @@ nox.options.sessions = [
     "lint",
     "typecheck",
     "tests_core",
+    "agents",  # ~1 minute: `tito rollout` driving agent processes (openai SDK, OpenAI Agents SDK) through the gateway
     "tests_adapter",
     "tests_families",
     "faults",
@@ -103,6 +104,16 @@ def tests_core(session: nox.Session) -> None:
         *session.posargs,
         env={"HYPOTHESIS_PROFILE": "ci"},
     )
+
+
+@nox.session(python=PYTHON, tags=["tests"])
+def agents(session: nox.Session) -> None:
+    """`tito rollout` with a `[rollout.agent]`: agent processes and callables through the runner's gateway, on the
+    scripted backend; a plain `openai` SDK script and the OpenAI Agents SDK example (examples/openai_agents_rollout),
+    the second framework. openai-agents adds five small packages (openai among them) to the core's."""
+    install_core(session)
+    session.install("openai-agents==0.24.0")
+    session.run("pytest", "tests/gateway_runner", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 
 @nox.session(python=PYTHON, tags=["tests"])

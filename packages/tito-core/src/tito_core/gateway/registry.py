@@ -51,11 +51,17 @@ class GatewayRollout:
         self.sample = 0
         self.finished = False
         self._busy = False
+        self._idle = asyncio.Event()  # set while no call runs: what idle() waits on
+        self._idle.set()
 
     @property
     def busy(self) -> bool:
         """True while a call runs."""
         return self._busy
+
+    async def idle(self) -> None:
+        """Return once no call runs on the rollout (at once when none does)."""
+        await self._idle.wait()
 
     @contextlib.contextmanager
     def claim(self) -> Iterator[None]:
@@ -71,10 +77,12 @@ class GatewayRollout:
                 409, f"rollout {self.id!r} is already answering a call: a rollout is a sequence", code="rollout_busy"
             )
         self._busy = True
+        self._idle.clear()
         try:
             yield
         finally:
             self._busy = False
+            self._idle.set()
             self.last_used = time.monotonic()
 
 
