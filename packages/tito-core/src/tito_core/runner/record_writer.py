@@ -1,8 +1,8 @@
 """The interface every record writer has: an append-only, resumable sink that holds its output's lock.
 
 :class:`RecordWriter` keeps what the output held when it was opened (keys, outcomes, advantage entries) and
-what was written since; the file formats (:mod:`~tito_core.runner.jsonl_writer`,
-:mod:`~tito_core.runner.parquet_writer`) implement the reading, appending and rewriting.
+what was written since; the file formats (`tito_core.runner.jsonl_writer`,
+`tito_core.runner.parquet_writer`) implement the reading, appending and rewriting.
 """
 
 from __future__ import annotations
