@@ -23,12 +23,13 @@ import weakref
 from typing import Any, ClassVar, Literal
 
 from tito_core.backend import Backend, GenerateRequest, GenerateResult
-from tito_core.errors import BackendError
+from tito_core.errors import BackendError, BackendRequestError
 
 from ._batch import _Batch
 from ._job import _deliver, _Job
 from ._load import _load, _placement
 from ._prepare import _Preparer
+from ._vision import _vision_of
 
 __all__ = ["LogprobsMode", "TransformersBackend"]
 
@@ -154,6 +155,7 @@ class TransformersBackend(Backend):
         self._preparer = _Preparer(
             self.name, self.model_path, self.device, loaded.vocab, loaded.context, loaded.defaults, self.eos_token_ids
         )
+        self._vision = _vision_of(self.name, self.model_path, self.model)
         self._lock = threading.Condition()
         self._queue: collections.deque[_Job] = collections.deque()
         self._closed = False
@@ -172,11 +174,25 @@ class TransformersBackend(Backend):
             raise ValueError(f"weight_version must be a non-empty str, an int or None, not {value!r}")
         self._weight_version = None if value is None else str(value)
 
+    @property  # a property here: it depends on the model loaded
+    def supports_images(self) -> bool:  # type: ignore[override]
+        """True when the model is a vision-language model (a ``vision_config`` and an image token)."""
+        return self._vision is not None
+
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Queue the request for the worker thread and wait for its result; cancelling stops it."""
         loop = asyncio.get_running_loop()
         job = _Job(request, loop, loop.create_future())
         constraint = self._preparer.prepare(job)
+        if request.images and self._vision is None:
+            raise BackendRequestError(
+                f"the model at {self.model_path} is text-only (no vision_config): it cannot take images",
+                field="images",
+                backend=self.name,
+            )
+        if self._vision is not None and (request.images or self._vision.image_token_id in job.input_ids):
+            # checks every placeholder belongs to an image; the processor takes milliseconds per new image
+            job.pixels = await asyncio.to_thread(self._vision.pixels, request)
         if constraint is not None:  # compiling may build the tokenizer info (up to a second): off the loop
             await asyncio.to_thread(self._preparer.constrain, job, *constraint)
         with self._lock:
