@@ -77,6 +77,14 @@ class TransformersBackend(Backend):
     rows). Cancelling :meth:`generate` removes the request from the batch at the next decoding step.
     Greedy output does not depend on what else is in the batch (up to floating-point ties).
 
+    Images: a vision-language model (a config with a ``vision_config``, e.g. Qwen2.5-VL) is loaded by
+    ``AutoModelForImageTextToText`` and takes requests with :attr:`~tito_core.backend.GenerateRequest.images`
+    (``supports_images`` is True): each image goes through the model directory's image processor (cached by
+    content hash), its grid and token count must be those of its span in ``input_ids``
+    (:class:`~tito_core.errors.BackendRequestError` naming the image if not, before anything runs), and the
+    prefill takes its pixel inputs and the model's 3-D positions. ``never_sample`` ids are never sampled; raw
+    logprobs are the model's own (unmasked), so a plain forward pass with the images re-scores them.
+
     Sharing the model with a trainer: ``model=`` takes an already-loaded causal LM (a ``PreTrainedModel``, or a
     ``peft`` model wrapping one) and generates with that very module -- not a copy -- so weights a trainer
     updates in place between rounds are what the next request decodes with. The backend puts it in eval mode
