@@ -174,6 +174,9 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             (:data:`tito_core.rollout_core.RenderMode`).
         escape_special_text: Encode message content as plain text, so control-token text in a tool result
             stays text (``TitoModel(escape_special_text=...)``).
+        processor: The image processor directory of a vision model (``TitoModel(processor=...)``); unset takes
+            the tokenizer's directory when it holds a ``preprocessor_config.json``; ``false`` turns vision off.
+        max_images: The most images one prompt may hold (``TitoModel(max_images=...)``).
         tool_choice: Strands' ``tool_choice`` for calls whose agent passes none: ``"auto"`` (default),
             ``"any"`` / ``"required"``, or ``{ tool = { name = "NAME" } }`` (docs/tool-choice.md).
         rollout: Settings of the rollout runner (:class:`RolloutSettings`).
@@ -194,6 +197,8 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     render_mode: RenderMode = "auto"
     escape_special_text: bool = False
     tool_choice: str | dict[str, Any] | None = None
+    processor: str | bool | None = None
+    max_images: int = 64
     rollout: RolloutSettings = msgspec.field(default_factory=RolloutSettings)
 
     def __post_init__(self) -> None:
@@ -270,6 +275,8 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             escape_special_text=self.escape_special_text,
             tool_choice=self.tool_choice,
             rollout_id=rollout_id,
+            processor=self.processor,
+            max_images=self.max_images,
         )
 
 
