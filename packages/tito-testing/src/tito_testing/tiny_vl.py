@@ -9,8 +9,9 @@ transformers versions is byte-identical. Its output is gibberish.
 
 The directory also holds the offline Qwen3 tokenizer with tito-testing's Qwen3.5 chat template (images in
 user and tool messages, tools in the qwen_xml syntax, ``<think>``) as the tokenizer's template and as
-``chat_template.jinja``, the image processor's ``preprocessor_config.json`` (56*56 to 448*448 pixels, so an
-image is 4 to 256 placeholder tokens) and ``generation_config.json``.
+``chat_template.jinja``, the image processor's ``preprocessor_config.json``
+(:func:`tito_testing.vision.tiny_image_processor`: 56*56 to 448*448 pixels, so an image is 4 to 256 placeholder
+tokens) and ``generation_config.json``.
 
 Building needs ``torch`` and ``transformers``, which exist only in the inference-engine environments; they are
 imported inside :func:`build_tiny_qwen25_vl`. Command line::
@@ -30,12 +31,12 @@ from typing import Any
 
 from tito_testing.tiny_model import _publish
 from tito_testing.tokenizers import cache_root, qwen_tokenizer_dir
+from tito_testing.vision import TINY_VISION, tiny_image_processor, vl_chat_template
 
 __all__ = [
     "IMAGE_PAD_ID",
     "TINY_QWEN25_VL_TEXT",
     "TINY_QWEN25_VL_VISION",
-    "TINY_VL_IMAGE_PROCESSOR",
     "VISION_END_ID",
     "VISION_START_ID",
     "VIDEO_PAD_ID",
@@ -72,22 +73,11 @@ TINY_QWEN25_VL_VISION: dict[str, Any] = {
 }
 """The vision tower (``out_hidden_size`` is the text hidden size: merged patches become text embeddings)."""
 
-TINY_VL_IMAGE_PROCESSOR: dict[str, Any] = {
-    "min_pixels": 56 * 56,
-    "max_pixels": 448 * 448,
-    "patch_size": 14,
-    "merge_size": 2,
-    "temporal_patch_size": 2,
-}
-"""The image processor's settings: an image is resized to 56*56..448*448 pixels in multiples of 28, and each
-2x2 block of 14-pixel patches is one placeholder token (4 to 256 tokens per image)."""
-
 _SEED = 0
 _BUILD_VERSION = "1"
 _ENDOFTEXT, _IM_END = 151643, 151645
 _ROPE_THETA = 1_000_000.0
 _MARKER = "model.safetensors"  # written last (see tiny_model._publish)
-_TEMPLATE = Path(__file__).parent / "templates" / "qwen3_5.jinja"
 
 
 def build_tiny_qwen25_vl(out_dir: str | os.PathLike[str] | None = None, *, seed: int = _SEED) -> Path:
@@ -127,7 +117,7 @@ def _build(out: Path, tokenizer_dir: Path, seed: int) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    template = _TEMPLATE.read_text(encoding="utf-8")
+    template = vl_chat_template()
     for path in sorted(tokenizer_dir.iterdir()):
         if path.is_file() and path.name != "chat_template.jinja":
             shutil.copyfile(path, out / path.name)
@@ -173,11 +163,8 @@ def _write_template(out: Path, template: str) -> None:
 
 def _preprocessor_config() -> dict[str, Any]:
     """The image processor's config: transformers 5's ``size`` and the older ``min_pixels`` / ``max_pixels``."""
-    from transformers import Qwen2VLImageProcessorPil
-
-    processor = Qwen2VLImageProcessorPil(**TINY_VL_IMAGE_PROCESSOR)
-    config: dict[str, Any] = json.loads(processor.to_json_string())
-    config.update(TINY_VL_IMAGE_PROCESSOR)
+    config: dict[str, Any] = json.loads(tiny_image_processor().to_json_string())
+    config.update(TINY_VISION)
     config["processor_class"] = "Qwen2_5_VLProcessor"
     return config
 

@@ -17,9 +17,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tito_core.errors import BackendError
 
 from ._job import _deliver, _finish, _Job
+from ._vision import _rope_positions
 
 if TYPE_CHECKING:
     import torch
+
+    from ._vision import _Vision
 
 _PROMPT_LOGPROB_CHUNK = 256  # positions whose log-softmax is taken at once (bounds the float32 copy)
 
@@ -43,6 +46,8 @@ class _Host(Protocol):
     def _mergeable(self) -> bool: ...  # the model's cache rows can be padded and stacked
     @property
     def _tokenizer(self) -> Any: ...  # loaded before a request with stop strings is queued
+    @property
+    def _vision(self) -> _Vision | None: ...  # a vision model's image side (requests with images)
 
 
 class _Batch:
@@ -89,11 +94,13 @@ class _Batch:
         first_scored = max(job.prefix_len, 1)  # position 0 has no logprob
         keep = max(len(ids) - first_scored + 1, 1) if want_prompt else 1
         cache = DynamicCache(config=backend.model.config)
+        input_ids = torch.tensor([ids], device=backend.device)
         out = backend.model(
-            input_ids=torch.tensor([ids], device=backend.device),
+            input_ids=input_ids,
             use_cache=True,
             logits_to_keep=keep,
             **{_cache_keyword(backend.model): cache},
+            **(self._vision_inputs(job, input_ids) if job.pixels is not None else {}),
         )
         logits = out.logits[0]  # [keep, vocab]: positions len(ids) - keep ... len(ids) - 1
         job.position = len(ids)
@@ -107,6 +114,18 @@ class _Batch:
         if self._ended(job):
             return None, None
         return _cache_of(out), token
+
+    def _vision_inputs(self, job: _Job, input_ids: torch.Tensor) -> dict[str, Any]:
+        """A prompt's images as the model's forward takes them, with its 3-D positions (sets ``rope_delta``)."""
+        backend = self.backend
+        assert job.pixels is not None and backend._vision is not None
+        grid = job.pixels.image_grid_thw.to(backend.device)
+        positions, job.rope_delta = _rope_positions(backend.model, input_ids, grid, backend._vision.image_token_id)
+        return {
+            "pixel_values": job.pixels.pixel_values.to(backend.device, backend.model.dtype),
+            "image_grid_thw": grid,
+            "position_ids": positions,
+        }
 
     def step(self) -> None:
         """Feed every row's pending token, sample the next, and drop the rows that ended or were cancelled."""
@@ -122,7 +141,7 @@ class _Batch:
         out = backend.model(
             input_ids=torch.tensor([[t] for t in self.pending], device=device),
             attention_mask=mask,
-            position_ids=torch.tensor([[job.position] for job in self.rows], device=device),
+            position_ids=torch.tensor([[job.position + job.rope_delta] for job in self.rows], device=device),
             use_cache=True,
             logits_to_keep=1,
             **{_cache_keyword(backend.model): self.cache},
@@ -169,6 +188,8 @@ class _Batch:
         if job.matcher is not None:  # constrained: forbidden tokens get -inf, in every distribution below
             logits = _masked(job, logits)
         scaled = logits if job.greedy else logits / job.temperature
+        if job.never is not None:  # never sampled (vision placeholders); raw logprobs stay the model's
+            scaled = scaled.index_fill(0, job.never, -math.inf)
         if job.top_k and job.top_k < scaled.numel():
             kth = torch.topk(scaled, job.top_k).values[-1]
             scaled = scaled.masked_fill(scaled < kth, -math.inf)

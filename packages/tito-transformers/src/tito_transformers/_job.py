@@ -17,6 +17,8 @@ from tito_core.versions import VersionSpan
 if TYPE_CHECKING:
     import torch
 
+    from ._vision import _Pixels
+
 
 class _Job:
     """One request as the worker sees it; fields after ``future`` are written by the worker thread only."""
@@ -32,11 +34,14 @@ class _Job:
         "loop",
         "matcher",
         "max_new",
+        "never",
         "output_ids",
+        "pixels",
         "position",
         "prefix_len",
         "prompt_logprobs",
         "request",
+        "rope_delta",
         "stop_ids",
         "stop_strings",
         "temperature",
@@ -62,6 +67,9 @@ class _Job:
         self.generator: torch.Generator | None = None
         self.matcher: Any = None  # xgrammar.GrammarMatcher of a constrained request (set before it is queued)
         self.bitmask: torch.Tensor | None = None  # its next-token mask, one bit per vocabulary id
+        self.never: torch.Tensor | None = None  # ids never sampled (vision placeholders), set before queueing
+        self.pixels: _Pixels | None = None  # the prompt's images' vision inputs, set before queueing
+        self.rope_delta = 0  # a prompt with images: its next position minus its length (MRoPE)
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
         self.prompt_logprobs: list[float | None] | None = None

@@ -3,7 +3,8 @@
 :func:`_placement` checks the model options before anything heavy happens (an already-loaded model is used as
 is, see :func:`_shared_model`); :func:`_load` loads the model (or takes the shared one), puts it in eval mode
 and reads from its configs what the backend needs: the context window, the vocabulary size, the EOS ids, the
-``generation_config`` sampling defaults, and whether its KV cache rows can be stacked into one batch.
+``generation_config`` sampling defaults, and whether its KV cache rows can be stacked into one batch. A
+vision-language model (a config with a ``vision_config``) is loaded by ``AutoModelForImageTextToText``.
 """
 
 from __future__ import annotations
@@ -59,10 +60,11 @@ def _load(
     max_context_length: int | None,
 ) -> _Loaded:
     """Load the model from ``model_path`` unless ``model`` is given, and read its configs."""
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
     if model is None:
-        loaded: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation=attn or "sdpa")
+        auto = _auto_class(model_path)
+        loaded: Any = auto.from_pretrained(model_path, dtype=dtype, attn_implementation=attn or "sdpa")
         model = loaded.to(device)
     model = model.eval()  # a shared model: the same module, put in eval mode (no dropout)
     config = model.config.get_text_config(decoder=True)
@@ -78,6 +80,14 @@ def _load(
     if generation.get("do_sample") is False:
         defaults["temperature"] = 0.0
     return _Loaded(model, context, vocab, eos_token_ids, defaults, _plain_dynamic_cache(model))
+
+
+def _auto_class(model_path: str) -> Any:
+    """The auto class that loads ``model_path``: image-text-to-text with a ``vision_config``, else causal LM."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(model_path)
+    return AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None else AutoModelForCausalLM
 
 
 def _shared_model(

@@ -60,6 +60,11 @@ class _Preparer:
         bad = [i for i in job.input_ids if not 0 <= i < self.vocab]
         if bad:
             raise ValueError(f"input id {bad[0]} is outside the model's vocabulary (size {self.vocab})")
+        never = sorted({int(i) for i in request.never_sample})
+        if never and not 0 <= never[0] <= never[-1] < self.vocab:
+            raise ValueError(f"never_sample ids {never} are not all in the model's vocabulary (size {self.vocab})")
+        if never:
+            job.never = torch.tensor(never, device=self.device)
         constraint = self._constraint(request)
         room = (self.context - len(job.input_ids)) if self.context else None
         if room is not None and room <= 0:

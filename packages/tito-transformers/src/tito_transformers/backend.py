@@ -23,12 +23,13 @@ import weakref
 from typing import Any, ClassVar, Literal
 
 from tito_core.backend import Backend, GenerateRequest, GenerateResult
-from tito_core.errors import BackendError
+from tito_core.errors import BackendError, BackendRequestError
 
 from ._batch import _Batch
 from ._job import _deliver, _Job
 from ._load import _load, _placement
 from ._prepare import _Preparer
+from ._vision import _vision_of
 
 __all__ = ["LogprobsMode", "TransformersBackend"]
 
@@ -75,6 +76,14 @@ class TransformersBackend(Backend):
     together; requests arriving later join the running batch at the next step (up to ``max_batch_size``
     rows). Cancelling :meth:`generate` removes the request from the batch at the next decoding step.
     Greedy output does not depend on what else is in the batch (up to floating-point ties).
+
+    Images: a vision-language model (a config with a ``vision_config``, e.g. Qwen2.5-VL) is loaded by
+    ``AutoModelForImageTextToText`` and takes requests with :attr:`~tito_core.backend.GenerateRequest.images`
+    (``supports_images`` is True): each image goes through the model directory's image processor (cached by
+    content hash), its grid and token count must be those of its span in ``input_ids``
+    (:class:`~tito_core.errors.BackendRequestError` naming the image if not, before anything runs), and the
+    prefill takes its pixel inputs and the model's 3-D positions. ``never_sample`` ids are never sampled; raw
+    logprobs are the model's own (unmasked), so a plain forward pass with the images re-scores them.
 
     Sharing the model with a trainer: ``model=`` takes an already-loaded causal LM (a ``PreTrainedModel``, or a
     ``peft`` model wrapping one) and generates with that very module -- not a copy -- so weights a trainer
@@ -154,6 +163,7 @@ class TransformersBackend(Backend):
         self._preparer = _Preparer(
             self.name, self.model_path, self.device, loaded.vocab, loaded.context, loaded.defaults, self.eos_token_ids
         )
+        self._vision = _vision_of(self.name, self.model_path, self.model)
         self._lock = threading.Condition()
         self._queue: collections.deque[_Job] = collections.deque()
         self._closed = False
@@ -172,11 +182,25 @@ class TransformersBackend(Backend):
             raise ValueError(f"weight_version must be a non-empty str, an int or None, not {value!r}")
         self._weight_version = None if value is None else str(value)
 
+    @property  # a property here: it depends on the model loaded
+    def supports_images(self) -> bool:  # type: ignore[override]
+        """True when the model is a vision-language model (a ``vision_config`` and an image token)."""
+        return self._vision is not None
+
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Queue the request for the worker thread and wait for its result; cancelling stops it."""
         loop = asyncio.get_running_loop()
         job = _Job(request, loop, loop.create_future())
         constraint = self._preparer.prepare(job)
+        if request.images and self._vision is None:
+            raise BackendRequestError(
+                f"the model at {self.model_path} is text-only (no vision_config): it cannot take images",
+                field="images",
+                backend=self.name,
+            )
+        if self._vision is not None and (request.images or self._vision.image_token_id in job.input_ids):
+            # checks every placeholder belongs to an image; the processor takes milliseconds per new image
+            job.pixels = await asyncio.to_thread(self._vision.pixels, request)
         if constraint is not None:  # compiling may build the tokenizer info (up to a second): off the loop
             await asyncio.to_thread(self._preparer.constrain, job, *constraint)
         with self._lock:
