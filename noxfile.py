@@ -263,6 +263,7 @@ def integration_vllm(session: nox.Session) -> None:
     # break `import vllm`; text-only serving needs none of them.
     session.run_install("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     install_core(session, ADAPTERS["vllm"])
+    session.install(OPENAI_SDK)  # the gateway test drives it through `tito_core.gateway` on the real server
     session.run("pytest", "tests/integration/vllm", *session.posargs)
     release_env(session)
 
@@ -277,6 +278,7 @@ def integration_sglang(session: nox.Session) -> None:
     session.install("--no-deps", "sglang==0.5.23")
     session.install("-r", "tests/integration/sglang/requirements-cpu.txt")
     install_core(session, ADAPTERS["sglang"])
+    session.install(OPENAI_SDK)  # the gateway test drives it through `tito_core.gateway` on the real server
     session.run("pytest", "tests/integration/sglang", *session.posargs)
     release_env(session)
 
