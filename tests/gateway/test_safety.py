@@ -1,4 +1,5 @@
-"""The gateway's safety: 404, 409 (busy, finished), api key and loopback, bounded bodies, idle timeout, SIGTERM."""
+"""The gateway's safety: 404, 409 (busy, finished), api key and loopback, bounded bodies, idle timeout, and
+`tito serve` in a subprocess (its config's prepare hook, SIGTERM)."""
 
 from __future__ import annotations
 
@@ -125,13 +126,17 @@ async def test_idle_rollout_ends_with_a_status_and_is_written(
     assert record.tokens.model_calls == 1
 
 
-async def test_sigterm_writes_open_rollouts_as_aborted(tmp_path: Path) -> None:
+async def test_serve_runs_the_prepare_hook_and_sigterm_writes_open_rollouts_as_aborted(tmp_path: Path) -> None:
+    # The config sets its tokenizer and backend options only through `rollout.prepare`, as the embedded
+    # example does (examples/arithmetic): `tito serve` runs the hook first, as `tito rollout` does.
     tokenizer = qwen_tokenizer_dir("qwen3")
-    cfg = tmp_path / "tito.toml"
-    cfg.write_text(
-        f'backend = "scripted"\ntokenizer = "{tokenizer}"\n'
-        f'[backend_options]\ntokenizer = "{tokenizer}"\nreplies = ["first answer"]\n'
+    (tmp_path / "hook.py").write_text(
+        "def prepare():\n"
+        f"    return {{'tokenizer': {str(tokenizer)!r},\n"
+        f"            'backend_options': {{'tokenizer': {str(tokenizer)!r}, 'replies': ['first answer']}}}}\n"
     )
+    cfg = tmp_path / "tito.toml"
+    cfg.write_text('backend = "scripted"\n[rollout]\nprepare = "hook:prepare"\n')
     out = tmp_path / "served.jsonl"
     code = "import sys; from tito_core.cli import main; sys.exit(main())"
     args = ["serve", "--config", str(cfg), "--port", "0", "--output", str(out)]

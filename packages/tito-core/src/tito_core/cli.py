@@ -134,7 +134,11 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("--config", help="decode the tokens as text with this TOML config's tokenizer")
 
     serve = commands.add_parser("serve", help="an OpenAI-compatible gateway recording every rollout (docs/gateway.md)")
-    serve.add_argument("--config", required=True, help="TOML config (backend, tokenizer, tool parser, sampling)")
+    serve.add_argument(
+        "--config",
+        required=True,
+        help="TOML config (backend, tokenizer, tool parser, sampling); its rollout.prepare runs first",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (not loopback: --api-key is required)")
     serve.add_argument("--port", type=int, default=8100, help="port (0: a free one; the address is printed)")
     serve.add_argument("-o", "--output", help="rollout file finished rollouts are written to (.jsonl or .parquet)")
@@ -148,13 +152,16 @@ def _parser() -> argparse.ArgumentParser:
 def _serve(args: argparse.Namespace) -> int:
     import asyncio
 
-    from .config import load_config
     from .gateway.server import serve
+    from .runner.run import prepare_config
 
     logging.basicConfig(level=logging.WARNING, format="tito: %(message)s")
-    config = load_config(args.config)
-    return asyncio.run(
-        serve(
+
+    async def prepared_then_served() -> int:
+        # as `tito rollout` does: the config's `rollout.prepare` hook (which may build the model and set
+        # `tokenizer`, `backend_options.model_path`, `chat_template`) runs before the backend is built
+        config, _ = await prepare_config(args.config, {})
+        return await serve(
             config,
             host=args.host,
             port=args.port,
@@ -162,7 +169,12 @@ def _serve(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             idle_timeout=args.idle_timeout,
         )
-    )
+
+    try:
+        return asyncio.run(prepared_then_served())
+    except KeyboardInterrupt:  # before the gateway serves (a prepare hook building a model); it handles SIGINT after
+        print("tito serve: interrupted before serving", file=sys.stderr)
+        return 130
 
 
 def _rollout(args: argparse.Namespace) -> int:

@@ -1,0 +1,68 @@
+"""The gateway's output as Parquet: finished and shut-down rollouts read back exactly, locked, resumable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from openai import AsyncOpenAI
+
+from tests.gateway.conftest import GrammarBackend, config
+from tito_core import Trajectory
+from tito_core.gateway import Gateway
+from tito_core.runner.output_lock import OutputLockedError
+from tito_core.runner.records import read_records
+
+pytest.importorskip("pyarrow")
+
+USER = [{"role": "user", "content": "Capital of France?"}]
+
+
+async def test_parquet_output_holds_finished_and_aborted_rollouts_and_resumes(
+    qwen3_tokenizer: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "rollouts.parquet"
+    backend = GrammarBackend(qwen3_tokenizer, ["Paris.", "Lyon?", "Paris!"])
+    gateway = Gateway(config(), tokenizer=qwen3_tokenizer, backend=backend, output=out)
+    await gateway.start()
+    try:
+        with pytest.raises(OutputLockedError):  # a second writer on the same output is refused while this one lives
+            await Gateway(config(), tokenizer=qwen3_tokenizer, backend=backend, output=out).prepare()
+        done, left_open = gateway.open(task_id="t1"), gateway.open(task_id="t1")
+        for rollout in (done, left_open):
+            api = AsyncOpenAI(base_url=rollout.base_url, api_key="unused", max_retries=0)
+            await api.chat.completions.create(model="m", messages=USER)
+        recorded = Trajectory.from_json(gateway.trajectory_json(done.id))
+        url = f"{gateway.base_url}/rollouts/{done.id}/finish"
+        finish = {"reward": 1.0, "metadata": {"grader": "exact"}}
+        async with aiohttp.ClientSession() as session, session.post(url, json=finish) as response:
+            assert response.status == 200, await response.text()
+    finally:
+        await gateway.close()  # writes `left_open` as aborted and closes the Parquet writer
+    records = {r.key: r for r in read_records(out)}
+    assert set(records) == {("t1", 0), ("t1", 1)}
+    first, second = records["t1", 0], records["t1", 1]
+    assert (first.status, first.reward, first.tokens.model_calls) == ("completed", 1.0, 1)
+    back = Trajectory.from_record(first.trajectory)
+    assert (back.token_ids, back.loss_mask, back.logprobs) == (
+        recorded.token_ids,
+        recorded.loss_mask,
+        recorded.logprobs,
+    )
+    assert back.metadata["grader"] == "exact" and back.metadata["gateway_end"] == "finish"
+    assert second.status == "aborted" and second.trajectory.metadata["gateway_end"] == "shutdown"
+
+    # a new gateway on the same output numbers the task's next rollout after those already written
+    again = Gateway(config(), tokenizer=qwen3_tokenizer, backend=backend, output=out)
+    await again.start()
+    try:
+        rollout = again.open(task_id="t1")
+        api = AsyncOpenAI(base_url=rollout.base_url, api_key="unused", max_retries=0)
+        await api.chat.completions.create(model="m", messages=USER)
+        record = await again.finish(rollout.id, reward=0.5)
+    finally:
+        await again.close()
+    assert record.sample == 2
+    assert sorted(r.key for r in read_records(out)) == [("t1", 0), ("t1", 1), ("t1", 2)]

@@ -1,0 +1,18 @@
+"""The OpenAI SDK through `tito serve`'s gateway on the real vLLM server: the record holds the engine's own ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tito_vllm import VLLMBackend
+
+from ..gateway_sdk import sdk_through_gateway
+
+pytestmark = pytest.mark.integration
+
+
+async def test_openai_sdk_through_the_gateway_records_the_engines_ids(vllm_url: str, qwen3_tokenizer: Any) -> None:
+    backend = VLLMBackend(vllm_url, return_prompt_ids=True)  # the engine echoes what it consumed: checked too
+    await sdk_through_gateway(backend, qwen3_tokenizer, name="vllm")
