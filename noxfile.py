@@ -429,6 +429,10 @@ def bench_smoke(session: nox.Session) -> None:
                 "2", *SMOKE_SIZE)  # fmt: skip
     session.run("python", "benchmarks/weight_update.py", "--rollouts", "4", "--updates", "2", *SMOKE_SIZE)
     session.run("python", "benchmarks/real_engines.py", "--fake-server", "--rollouts", "1", "--calls", "3")
+    # the gateway: latency, calls/s and the fault run (20 rollouts at 30 % faults, checked) at tiny sizes
+    session.run("python", "benchmarks/gateway.py", "--no-peer", "--sizes", "300", "--repeats", "1", "--concurrency",
+                "2", "--concurrency-sizes", "300", "--throughput-repeats", "1", "--min-rollouts", "2",
+                "--fault-rollouts", "20", "--fault-rate", "0.3", "--fault-size", "300", "--calls", "2")  # fmt: skip
 
 
 def _bench_smoke_embedded(session: nox.Session) -> None:
@@ -444,7 +448,7 @@ def _bench_smoke_embedded(session: nox.Session) -> None:
 @nox.session(python=_python312())
 def bench(session: nox.Session) -> None:
     """Performance: tito vs strands-sglang on a fake SGLang server, the no-op Strands floor, 128- and 200-call
-    agents, and client time on the real CPU engines (docs/performance.md). Not a test. `nox -s bench --
+    agents, the gateway, and client time on the real CPU engines (docs/performance.md). Not a test. `nox -s bench --
     --repeats 3` passes options to benchmarks/run.py (`-- --profile 128000`: only a cProfile of tito at 137k,
     under benchmarks/results/); TITO_BENCH_REAL=0 skips the real engines."""
     from pathlib import Path
@@ -472,6 +476,8 @@ def bench(session: nox.Session) -> None:
     peer_args = args[:2] if args[:1] == ["--peer-python"] else ["--no-peer"]
     real = "--real" if os.environ.get("TITO_BENCH_REAL", "1") != "0" else "--no-real"
     session.run("python", "benchmarks/long_agent.py", *peer_args, real)
+    # the gateway (tito serve) against TitoModel direct and strands-sglang; 1,000 rollouts at 10 % engine faults
+    session.run("python", "benchmarks/gateway.py", *peer_args)
     session.run("python", "benchmarks/rollouts.py")  # the rollout runner at 64 and 512 concurrent rollouts
     session.run("python", "benchmarks/weight_update.py")  # pause -> relabel -> resume with 256 rollouts in flight
     session.install("-e", f"{CORE}[ray]")

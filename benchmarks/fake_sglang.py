@@ -12,6 +12,14 @@ cores it shares with the clients.
 For every ``/generate`` the server records its handler time (from the whole request being read to the
 response bytes being ready: request decode, answer build, response encode); ``GET /stats`` returns and
 clears those times, so clients can subtract them from their wall time.
+
+Engine faults (``benchmarks/gateway.py``): ``POST /faults`` ``{"rate": 0.1, "seed": 7}`` makes each ``/generate``
+misbehave with that probability, in one of the ways the fault suite (``tests/faults``) checks: HTTP 500 (not
+retried), HTTP 503 (retried with the same rid), a positive logprob or an out-of-vocabulary output id (answers a
+client must refuse, never record) or the connection closed after the request was read. From then on the server
+logs every generation (``GET /log``: per request its rid, what it did, the SHA-1 of the prompt ids and the turn
+answered, and the canned output of every turn), so a checker can prove that each recorded output is exactly one
+clean answer to the prompt recorded before it.
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import os
+import random
 import signal
 import sys
 import time
@@ -35,7 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workload import IM_END, TOOL_RESPONSE, Workload, answer_text
 
 CONTEXT_LENGTH = 262144
+VOCAB_SIZE = 151669  # len() of the offline Qwen3 tokenizer: the first out-of-vocabulary id
 _MAX_HEADER = 64 * 1024
+FAULTS = ("500", "503", "logprob_positive", "id_vocab", "reset")
+_RESET = -1  # a handler status: close the connection without answering
 
 
 class _SessionParams(msgspec.Struct):
@@ -77,6 +90,9 @@ class FakeSGLang:
         self.handler_times: list[float] = []
         self.requests = 0
         self.sessions: dict[str, _Session] = {}
+        self.fault_rate = 0.0
+        self.fault_rng = random.Random(0)
+        self.log: list[tuple[str, str, str, int]] | None = None  # rid, "ok" or the fault, prompt SHA-1, turn
         self._decoder = msgspec.json.Decoder(_GenerateBody)
         self._encoder = msgspec.json.Encoder()
         self.routes: dict[tuple[str, str], Callable[[bytes], tuple[int, bytes]]] = {
@@ -90,6 +106,8 @@ class FakeSGLang:
             ("POST", "/open_session"): self.open_session,
             ("POST", "/close_session"): self.close_session,
             ("GET", "/stats"): self.stats,
+            ("POST", "/faults"): self.faults,
+            ("GET", "/log"): self.generation_log,
             ("GET", "/health"): lambda _body: (200, b"ok"),
             ("GET", "/server_info"): lambda _body: (
                 200,
@@ -128,6 +146,34 @@ class FakeSGLang:
         times, self.handler_times = self.handler_times, []
         return 200, self._encoder.encode(times)
 
+    def faults(self, body: bytes) -> tuple[int, bytes]:
+        """Inject faults at ``rate`` (seeded) from now on, and log every generation (the log starts empty)."""
+        asked = msgspec.json.decode(body)
+        self.fault_rate = float(asked.get("rate", 0.0))
+        self.fault_rng = random.Random(int(asked.get("seed", 0)))
+        self.log = []
+        return 200, b"{}"
+
+    def generation_log(self, _body: bytes) -> tuple[int, bytes]:
+        """The generation log since ``/faults`` and each turn's canned output ids (logprobs are all -0.25)."""
+        answers = {str(turn): canned.output_ids for turn, canned in self.canned.items()}
+        return 200, self._encoder.encode({"log": self.log or [], "answers": answers})
+
+    def _fault(self, kind: str, canned: _Canned, meta: dict[str, Any]) -> tuple[int, bytes]:
+        """The faulty answer ``kind`` (see :data:`FAULTS`)."""
+        if kind == "reset":
+            return _RESET, b""
+        if kind in ("500", "503"):
+            return int(kind), self._encoder.encode({"error": f"injected engine fault ({kind})"})
+        ids = list(canned.output_ids)
+        logprobs: list[list[Any]] = [[-0.25, token, None] for token in ids]
+        if kind == "id_vocab":
+            ids[0] = logprobs[0][1] = VOCAB_SIZE
+        else:  # logprob_positive
+            logprobs[0][0] = 0.5
+        meta["output_token_logprobs"] = logprobs
+        return 200, self._encoder.encode({"text": canned.text, "output_ids": ids, "meta_info": meta})
+
     def open_session(self, body: bytes) -> tuple[int, bytes]:
         """``/open_session``: answers the session id (the one asked for, else a new one)."""
         asked = msgspec.json.decode(body).get("session_id") or f"session-{len(self.sessions)}-{time.monotonic_ns()}"
@@ -162,10 +208,16 @@ class FakeSGLang:
             return 400, self._encoder.encode({"error": count})
         turn = min(int(count), self.workload.calls - 1)
         canned = self.canned[turn]
-        if session is not None:
+        self.requests += 1
+        fault = ""
+        if self.log is not None:
+            if self.fault_rate and self.fault_rng.random() < self.fault_rate:
+                fault = self.fault_rng.choice(FAULTS)
+            digest = hashlib.sha1(array("i", ids).tobytes()).hexdigest()
+            self.log.append((request.rid or "", fault or "ok", digest, turn))
+        if session is not None and not fault:
             session.rid, session.tool_responses = request.rid, int(count)
             session.tokens = ids + array("i", canned.output_ids)  # a new array: ``ids`` is this prompt
-        self.requests += 1
         meta: dict[str, Any] = {
             "id": request.rid or f"fake-{self.requests}",
             "finish_reason": {"type": "stop", "matched": IM_END},
@@ -174,6 +226,9 @@ class FakeSGLang:
             "cached_tokens": 0,
             "e2e_latency": 0.0,
         }
+        if fault:
+            self.handler_times.append(time.perf_counter() - started)
+            return self._fault(fault, canned, meta)
         start = request.logprob_start_len
         if request.return_logprob and start is not None and start >= 0:
             meta["input_token_logprobs"] = [
@@ -222,6 +277,10 @@ class _HttpProtocol(asyncio.Protocol):
                     status, payload = handler(body)
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     status, payload = 400, msgspec.json.encode({"error": str(exc)})
+                if status == _RESET:  # an injected fault: the request was read, no answer comes
+                    self.transport.close()
+                    self.transport = None
+                    return
                 self._reply(status, payload, close=close)
 
     @staticmethod
@@ -240,9 +299,8 @@ class _HttpProtocol(asyncio.Protocol):
 
     def _reply(self, status: int, payload: bytes, *, close: bool) -> None:
         assert self.transport is not None
-        reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 431: "Too Large", 503: "Unavailable"}.get(
-            status, "Status"
-        )
+        reasons = {200: "OK", 400: "Bad Request", 404: "Not Found", 431: "Too Large", 500: "Error", 503: "Unavailable"}
+        reason = reasons.get(status, "Status")
         content_type = b"text/plain" if payload == b"ok" else b"application/json"
         header = (
             f"HTTP/1.1 {status} {reason}\r\nContent-Length: {len(payload)}\r\n".encode()

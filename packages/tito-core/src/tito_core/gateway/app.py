@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+import msgspec
 from aiohttp import web
 
 from ..runner.records import RolloutRecord
@@ -74,8 +74,13 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder()
+
+
 def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(data, ensure_ascii=False), status=status, content_type="application/json")
+    # msgspec, not the json module: ~20x faster on a completion's ids, ~2x on a long request (benchmarks/gateway.py)
+    return web.Response(body=_ENCODER.encode(data), status=status, content_type="application/json")
 
 
 def _error(error: GatewayError) -> web.Response:
@@ -116,7 +121,7 @@ async def _body(request: web.Request, *, optional: bool = False) -> Any:
     if not raw and optional:
         return {}
     try:
-        return json.loads(raw)
+        return _DECODER.decode(raw)
     except ValueError as exc:
         raise bad_request("body", f"not valid JSON: {exc}") from None
 

@@ -1,0 +1,241 @@
+"""The gateway's benchmark client: the workload's agent as an OpenAI chat-completions client of ``tito serve``.
+
+Speaks ``client.py``'s command protocol (one JSON command per stdin line, one ``RESULT <json>`` line back), so
+``run.py``'s helpers drive it beside the ``tito`` and ``peer`` workers. A rollout is what any OpenAI agent does:
+``POST /rollouts``, then chat calls on the rollout's ``base_url`` with the growing message list (the system and user
+prompts and the ``lookup`` tool of ``workload.py``; each assistant message replayed as the gateway returned it, each
+tool call answered with the tool's text), until an answer without tool calls; then ``POST /rollouts/<id>/finish``.
+
+The client is a bare aiohttp session posting the JSON the ``openai`` SDK would post: the SDK (httpx, pydantic
+models) costs the client ~1-2 ms per call on this machine, more than the +1 ms the gateway itself may add, and the
+figure wanted is the gateway's own. The client's JSON encode and decode time is measured per call and reported.
+
+Commands (``url``: the fake engine, for its handler times; ``gateway``: the gateway's base URL; both kept for
+the next commands, so ``{"op": "connect", "gateway": URL}`` first lets ``run.py``'s ``latency_rows`` drive it):
+    ``latency``: as ``client.py``; per call the POST wall time, the engine's handler time, the gateway's own
+    ``Gateway.chat`` time (``gateway_server.py``'s ``/_bench/times``) and the client's JSON time.
+    ``throughput``: as ``client.py`` (C lanes, at least R rollouts, event-loop lag).
+    ``faults``: ``rollouts`` rollouts at once, each ending at its first error answer (the gateway's OpenAI error
+    JSON) or its answer; returns per rollout the HTTP statuses seen and the status of the record ``finish`` wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import sys
+import time
+import urllib.request
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from client import loop_lag, server_times
+from workload import SYSTEM_PROMPT, USER_PROMPT, Workload, tool_blob
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+warnings.filterwarnings("ignore")
+
+LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look up a query in the knowledge base.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "what to look up."}},
+            "required": ["query"],
+        },
+    },
+}
+
+
+class CallFailed(Exception):
+    """The gateway answered a chat call with an error (its OpenAI error JSON)."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}: {body[:300]!r}")
+        self.status = status
+
+
+class GatewayClient:
+    """Runs the workload's agent against the gateway (one shared aiohttp session)."""
+
+    def __init__(self, tokenizer_dir: str) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.url = ""  # the fake engine
+        self.gateway = ""
+        self.session: Any = None
+        self._blobs: dict[Workload, str] = {}
+
+    def connect(self, url: str, gateway: str) -> None:
+        """Remember the engine and the gateway (each when given)."""
+        self.url, self.gateway = url or self.url, gateway or self.gateway
+
+    async def _post(self, url: str, payload: Any, json_time: list[float]) -> tuple[int, bytes, Any]:
+        if self.session is None:  # one session for the worker's life, made on its event loop
+            import aiohttp
+
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+            self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900))
+        started = time.perf_counter()
+        data = json.dumps(payload).encode()
+        encoded = time.perf_counter()
+        async with self.session.post(url, data=data, headers={"Content-Type": "application/json"}) as answer:
+            body = await answer.read()
+            status = answer.status
+        received = time.perf_counter()
+        parsed = json.loads(body) if status < 400 else None
+        json_time.append(encoded - started + time.perf_counter() - received)
+        return status, body, parsed
+
+    async def rollout(self, workload: Workload, row: dict[str, Any], task_id: str = "") -> dict[str, Any]:
+        """One agent rollout through the gateway; per call figures appended to ``row``; returns the record."""
+        blob = self._blobs.get(workload)
+        if blob is None:
+            blob = self._blobs[workload] = tool_blob(self.tokenizer, workload)
+        scratch: list[float] = []
+        status, body, opened = await self._post(
+            f"{self.gateway}/rollouts", {"task_id": task_id} if task_id else {}, scratch
+        )
+        if status != 201:
+            raise CallFailed(status, body)
+        base, rid = opened["base_url"], opened["id"]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": USER_PROMPT},
+        ]
+        try:
+            for _ in range(workload.calls + 2):
+                request = {"model": "tito", "messages": messages, "tools": [LOOKUP]}
+                started = time.perf_counter()
+                status, body, answer = await self._post(f"{base}/chat/completions", request, row["json"])
+                row["stream"].append(time.perf_counter() - started)
+                row["statuses"].append(status)
+                if status != 200:
+                    raise CallFailed(status, body)
+                message = {k: v for k, v in answer["choices"][0]["message"].items() if v is not None}
+                messages.append(message)
+                calls = message.get("tool_calls") or []
+                if not calls:
+                    break
+                for call in calls:
+                    query = json.loads(call["function"]["arguments"])["query"]
+                    messages.append(
+                        {"role": "tool", "tool_call_id": call["id"], "content": f"Result for {query}: {blob}"}
+                    )
+        finally:  # every rollout is finished, failed ones included: the gateway writes its record
+            status, body, record = await self._post(f"{self.gateway}/rollouts/{rid}/finish", {}, scratch)
+            if status != 200:
+                raise CallFailed(status, body)
+        return dict(record)
+
+    def drain(self) -> tuple[list[float], list[float]]:
+        """The engine's handler times and the gateway's chat times since the last drain."""
+        with urllib.request.urlopen(self.gateway + "/_bench/times", timeout=30) as answer:
+            chat: list[float] = json.loads(answer.read())
+        return server_times(self.url), chat
+
+    async def latency(self, workload: Workload, repeats: int, warmup: bool = True) -> dict[str, Any]:
+        """The ``latency`` command (rows shaped as ``client.py``'s, plus ``chat`` and ``json``)."""
+        if warmup:
+            await self.rollout(workload, _row())
+        self.drain()
+        rows = []
+        for _ in range(repeats):
+            row = _row()
+            started = time.perf_counter()
+            record = await self.rollout(workload, row)
+            row["wall"] = time.perf_counter() - started
+            row["server"], row["chat"] = self.drain()
+            if len(row["server"]) != workload.calls or len(row["stream"]) != workload.calls:
+                raise RuntimeError(f"gateway: {len(row['stream'])} calls, {len(row['server'])} engine calls")
+            if record["status"] != "completed":
+                raise RuntimeError(f"gateway: a clean rollout ended {record['status']}: {record['status_reason']}")
+            row["tokens"] = record["tokens"]["total"]
+            rows.append(row)
+        return {"rows": rows}
+
+    async def throughput(self, workload: Workload, concurrency: int, rollouts: int = 0) -> dict[str, Any]:
+        """The ``throughput`` command: ``concurrency`` lanes, each running its share of ``rollouts`` in turn."""
+        await self.rollout(workload, _row())  # warm-up
+        self.drain()
+        gc.collect()
+        per_lane = max(1, -(-rollouts // concurrency))
+
+        async def lane() -> None:
+            for _ in range(per_lane):
+                await self.rollout(workload, _row())
+
+        lags: list[float] = [0.0]
+        monitor = asyncio.ensure_future(loop_lag(lags))
+        started = time.perf_counter()
+        try:
+            await asyncio.gather(*(lane() for _ in range(concurrency)))
+        finally:
+            monitor.cancel()
+        wall = time.perf_counter() - started
+        server, _chat = self.drain()
+        return {"wall": wall, "calls": concurrency * per_lane * workload.calls, "server": sum(server), "lag": max(lags)}
+
+    async def faults(self, workload: Workload, rollouts: int) -> dict[str, Any]:
+        """The ``faults`` command: ``rollouts`` rollouts at once, each to its end or its first error answer."""
+
+        async def one(index: int) -> dict[str, Any]:
+            row = _row()
+            try:
+                record = await self.rollout(workload, row, task_id=f"fault-{index}")
+                return {"task_id": f"fault-{index}", "statuses": row["statuses"], "record_status": record["status"]}
+            except CallFailed as exc:
+                return {"task_id": f"fault-{index}", "statuses": row["statuses"], "error": str(exc)}
+
+        started = time.perf_counter()
+        done = await asyncio.gather(*(one(i) for i in range(rollouts)))
+        return {"wall": time.perf_counter() - started, "rollouts": done}
+
+    async def aclose(self) -> None:
+        """Close the HTTP session."""
+        if self.session is not None:
+            await self.session.close()
+
+
+def _row() -> dict[str, Any]:
+    return {"stream": [], "statuses": [], "json": [], "tool": 0.0, "tokenizer": 0.0, "bytes": 0, "tokens": 0}
+
+
+def main() -> None:
+    """Serve commands from stdin until EOF."""
+    client = GatewayClient(sys.argv[1])
+    loop = asyncio.new_event_loop()
+    print("READY", flush=True)
+    handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
+        "latency": lambda c: client.latency(Workload(**c["workload"]), int(c["repeats"]), bool(c.get("warmup", True))),
+        "throughput": lambda c: client.throughput(
+            Workload(**c["workload"]), int(c["concurrency"]), int(c.get("rollouts", 0))
+        ),
+        "connect": lambda c: asyncio.sleep(0, {}),
+        "faults": lambda c: client.faults(Workload(**c["workload"]), int(c["rollouts"])),
+    }
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        command = json.loads(line)
+        try:
+            client.connect(command.get("url", ""), command.get("gateway", ""))
+            result = loop.run_until_complete(handlers[command["op"]](command))
+            print("RESULT " + json.dumps(result), flush=True)
+        except Exception as exc:  # reported to the runner, which decides
+            print("ERROR " + json.dumps(f"{type(exc).__name__}: {exc}"), flush=True)
+    loop.run_until_complete(client.aclose())
+    loop.close()
+
+
+if __name__ == "__main__":
+    main()
