@@ -68,6 +68,20 @@ SGL_KERNEL_STANDIN = textwrap.dedent(
                 ctypes.memmove(base + tgt * stride, staging_base + i * stride, stride)
 
 
+    # Ops SGLang's Qwen3.5 model module looks up when it is imported on CPU; the Qwen-VL image processor imports
+    # that module, so without them no Qwen-VL model loads ("No processor registered for architecture"). Declared
+    # without a kernel: a call fails. Only Qwen3.5 calls them.
+    _OPS = torch.library.Library("sgl_kernel", "FRAGMENT")
+    for _op in (
+        "fused_sigmoid_mul_cpu",
+        "fused_qk_gemma_rmsnorm_cpu",
+        "fused_qk_gemma_rmsnorm_with_gate_cpu",
+        "fused_qkvzba_split_reshape_cat_contiguous_cpu",
+    ):
+        if not hasattr(torch.ops.sgl_kernel, _op):
+            _OPS.define(f"{_op}(...) -> ()")
+
+
     def __getattr__(name):
         if name.startswith("__"):
             raise AttributeError(name)

@@ -36,6 +36,12 @@ class SGLangBackend(HttpBackend):
     :meth:`generate`, a timeout or a connection lost mid-request aborts the request on the server
     (``POST /abort_request``). One instance can be shared by many models and used from any event loop.
 
+    Images (``supports_images``): a prompt's images go as ``image_data`` with ONE placeholder per image in
+    ``input_ids``; SGLang expands each into the count its image processor gives the image and keeps every other id
+    as sent, and its ``prompt_tokens`` must equal the trajectory's expanded length (see docs/multimodal.md,
+    "SGLang"). Sessions keep working: a call sends only the new ids and the images among them. Vision placeholder
+    ids (``never_sample``) get a ``logit_bias`` that bans them.
+
     Args:
         base_url: The server (or router) root URL.
         model_path: Local directory of the served model; its ``config.json`` gives the routed-experts
@@ -55,6 +61,7 @@ class SGLangBackend(HttpBackend):
     supports_grammar: ClassVar[bool] = True
     supports_pause: ClassVar[bool] = True
     supports_score: ClassVar[bool] = True
+    supports_images: ClassVar[bool] = True
     default_base_url: ClassVar[str] = "http://127.0.0.1:30000"
 
     def __init__(
