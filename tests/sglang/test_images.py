@@ -15,14 +15,13 @@ from typing import Any
 
 import httpx
 import pytest
+from PIL import Image as PIL
 
 from tito_core.backend import GenerateRequest, SamplingParams
 from tito_core.errors import BackendResponseError
 from tito_core.media import Image, ImageError, ImageSpan, PromptImage
 from tito_sglang import SGLangBackend
 from tito_sglang._images import NEVER_SAMPLE_BIAS
-
-PIL = pytest.importorskip("PIL.Image")
 
 PAD, START, END, IM_END = 151655, 151652, 151653, 151645
 VISION = (START, END, PAD, 151656)
