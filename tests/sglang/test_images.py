@@ -18,7 +18,7 @@ import pytest
 from PIL import Image as PIL
 
 from tito_core.backend import GenerateRequest, SamplingParams
-from tito_core.errors import BackendResponseError
+from tito_core.errors import BackendError, BackendRequestError, BackendResponseError
 from tito_core.media import Image, ImageError, ImageSpan, PromptImage
 from tito_sglang import SGLangBackend
 from tito_sglang._images import NEVER_SAMPLE_BIAS
@@ -231,3 +231,22 @@ async def test_spans_that_do_not_describe_the_ids_fail_before_any_request(mutate
     with pytest.raises(ImageError, match=message):
         await backend(engine, session="off").generate(request(ids, images))
     assert engine.bodies == []
+
+
+async def test_sglangs_refusal_of_the_image_count_is_a_named_request_error() -> None:
+    """SGLang 0.5.23's 400 when its pattern (``<image>`` included) counts more placeholders than images."""
+    a = png(30, 20)
+    ids, images = with_images([1], (a, 4, [2]))
+    refusal = {"error": {"message": "Prompt has 2 image placeholders but 1 image inputs were provided"}}
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, json=refusal)
+
+    sglang = SGLangBackend("http://sglang.test", transport=httpx.MockTransport(refuse), session="off")
+    with pytest.raises(BackendRequestError, match="literal text '<image>'") as caught:
+        await sglang.generate(request(ids, images))
+    assert caught.value.status == 400 and caught.value.field == "input_ids"
+    other = httpx.MockTransport(lambda r: httpx.Response(400, json={"error": {"message": "bad sampling"}}))
+    with pytest.raises(BackendError) as plain:
+        await SGLangBackend("http://sglang.test", transport=other, session="off").generate(request(ids, images))
+    assert not isinstance(plain.value, BackendRequestError) or "<image>" not in str(plain.value)

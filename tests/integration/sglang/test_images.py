@@ -9,7 +9,10 @@ What this proves, on the real engine:
 * sessions keep working with images: the second turn in a session (only the new ids and the new image sent) gives
   the same output ids and logprobs as a stateless call;
 * the output logprobs match a plain transformers forward pass with the images (bf16 noise);
-* the ids are recorded for the vLLM suite's comparison (tests/integration/cross_engine.py, case ``images``).
+* the ids are recorded for the vLLM suite's comparison (tests/integration/cross_engine.py, case ``images``);
+* an image whose placeholder count the engine computes otherwise is a BackendResponseError (``prompt_tokens``);
+* a literal ``<image>`` in the text (SGLang's own image sentinel) makes SGLang refuse the prompt: a named
+  BackendRequestError, nothing generated.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 import pytest
 
 from tito_core.backend import GenerateRequest, GenerateResult, SamplingParams
+from tito_core.errors import BackendRequestError, BackendResponseError
 from tito_core.media import Image, ImageSpan, PromptImage
 from tito_sglang import SGLangBackend
 from tito_sglang._wire import encode_generate
@@ -208,3 +212,37 @@ async def test_image_turns_are_consumed_exactly(sglang_vl_url: str, sglang_vl_mo
 
     why = record_and_compare("sglang", sglang_vl_model_dir, second, list(two.output_ids), case="images")
     REPORT.append(f"cross-engine ids with images: {'equal to vLLM' if why is None else why}")
+
+
+async def test_an_image_the_engine_counts_otherwise_is_refused(sglang_vl_url: str, processor: Any) -> None:
+    """The trajectory says the user's image (its placeholder count), the bytes sent are the tool's larger image:
+    SGLang expands the placeholder to the tool image's count, and the answer is refused on ``prompt_tokens``."""
+    text = processor.apply_chat_template(hf_messages(FIRST), tools=TOOLS, add_generation_prompt=True)
+    ids, _ = render(processor, text, [USER_IMAGE])
+    (image,) = prompt_images(processor, ids, [USER_IMAGE])
+    swapped = PromptImage(span=image.span, image=TOOL_IMAGE)
+    backend = SGLangBackend(sglang_vl_url, timeout=300.0, session="off")
+    try:
+        with pytest.raises(BackendResponseError, match="prompt tokens") as caught:
+            await backend.generate(request(ids, (swapped,), 0))
+    finally:
+        await backend.aclose()
+    assert caught.value.field == "meta_info.prompt_tokens" and caught.value.value > len(ids)
+
+
+async def test_a_literal_image_sentinel_in_the_text_is_a_named_request_error(
+    sglang_vl_url: str, processor: Any
+) -> None:
+    """SGLang's Qwen-VL processor also counts ``<image>`` in the decoded prompt as an image: with it in the user's
+    text SGLang refuses the prompt (HTTP 400 before generating), which the adapter names."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Is <image> a tag?"}, FIRST[0]["content"][1]]}]
+    text = processor.apply_chat_template(hf_messages(messages), tools=TOOLS, add_generation_prompt=True)
+    ids, _ = render(processor, text, [USER_IMAGE])
+    images = prompt_images(processor, ids, [USER_IMAGE])
+    backend = SGLangBackend(sglang_vl_url, timeout=300.0, session="off")
+    try:
+        with pytest.raises(BackendRequestError, match="literal text '<image>'") as caught:
+            await backend.generate(request(ids, images, 0))
+    finally:
+        await backend.aclose()
+    assert caught.value.status == 400 and caught.value.field == "input_ids"

@@ -17,13 +17,15 @@ decoding the ids and re-tokenizing the text (drift), or expands them again (stra
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Sequence
 from typing import Any, Final
 
 from tito_core.backend import GenerateRequest
+from tito_core.errors import BackendError, BackendRequestError
 from tito_core.media import ImageError, PromptImage
 
-__all__ = ["NEVER_SAMPLE_BIAS", "collapse_placeholders", "image_data", "logit_bias"]
+__all__ = ["NEVER_SAMPLE_BIAS", "collapse_placeholders", "image_data", "logit_bias", "placeholder_refusal"]
 
 NEVER_SAMPLE_BIAS: Final = -1.0e9
 """The logit bias of a token that must never be sampled (JSON has no ``-inf``; this is as good after softmax)."""
@@ -91,3 +93,29 @@ def logit_bias(request: GenerateRequest, user_bias: Any) -> dict[str, float]:
     for token in request.never_sample:
         bias[str(int(token))] = NEVER_SAMPLE_BIAS
     return bias
+
+
+_PLACEHOLDER_MISMATCH: Final = re.compile(r"Prompt has (\d+) image placeholders but (\d+) image inputs were provided")
+"""SGLang 0.5.23's 400 when the decoded prompt matches its image pattern more often than there are images."""
+
+
+def placeholder_refusal(exc: BackendError, images: int) -> BackendRequestError | None:
+    """A :class:`BackendRequestError` naming the cause when ``exc`` is SGLang refusing the prompt's image count.
+
+    SGLang's Qwen-VL processor counts images in the *decoded* prompt by a pattern that also matches its legacy
+    sentinel ``<image>``: a conversation whose text holds that string cannot be sent with images (HTTP 400
+    before anything is generated; nothing is recorded). None for any other error.
+    """
+    match = _PLACEHOLDER_MISMATCH.search(exc.body or "") if exc.status == 400 else None
+    if match is None:
+        return None
+    return BackendRequestError(
+        f"sglang refused a prompt with {images} image(s): it counted {match.group(1)} image placeholders in the "
+        "decoded text. SGLang also reads the literal text '<image>' as an image placeholder; a conversation whose "
+        "text holds it cannot carry images on SGLang",
+        field="input_ids",
+        value=match.group(0),
+        status=exc.status,
+        body=exc.body,
+        backend="sglang",
+    )

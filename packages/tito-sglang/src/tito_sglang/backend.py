@@ -15,7 +15,7 @@ from tito_core.backend import GenerateRequest, GenerateResult, PauseMode, Sampli
 from tito_core.errors import BackendError, BackendResponseError
 from tito_core.http import HttpBackend, HttpOptions
 from tito_core.http.ids_json import IdsJson
-from tito_sglang import _wire
+from tito_sglang import _images, _wire
 from tito_sglang._sessions import Session, SessionMode, SessionPool, session_refused
 
 __all__ = ["SGLangBackend"]
@@ -112,16 +112,23 @@ class SGLangBackend(HttpBackend):
 
         In a session, an answer proving the server no longer knows the session (HTTP 400 before anything was
         generated: restarted, or a router that sent it to another worker) is followed by the same request
-        without a session, once (see :meth:`SessionPool.lost`).
+        without a session, once (see :meth:`SessionPool.lost`). SGLang refusing a prompt's image count (its text
+        holds the literal ``<image>``) is a :class:`~tito_core.errors.BackendRequestError` naming that.
         """
         session = await self._sessions.begin(request)
         try:
-            return await self._generate(request, session)
+            try:
+                return await self._generate(request, session)
+            except BackendError as exc:
+                if session is None or not session_refused(exc):
+                    raise
+                self._sessions.lost(request.sequence, session, exc)
+                return await self._generate(request, None)
         except BackendError as exc:
-            if session is None or not session_refused(exc):
+            refusal = _images.placeholder_refusal(exc, len(request.images)) if request.images else None
+            if refusal is None:
                 raise
-            self._sessions.lost(request.sequence, session, exc)
-            return await self._generate(request, None)
+            raise refusal from exc
 
     async def _generate(self, request: GenerateRequest, session: Session | None) -> GenerateResult:
         body = _wire.encode_generate(request, session, self._ids_json)
