@@ -24,6 +24,7 @@ nox.options.sessions = [
     "lint",
     "typecheck",
     "tests_core",
+    "agents",  # ~1 minute: `tito rollout` driving agent processes (openai SDK, OpenAI Agents SDK) through the gateway
     "tests_adapter",
     "tests_families",
     "faults",
@@ -65,6 +66,9 @@ def _python312() -> str:
     return str(found[-1]) if found else "3.12"
 
 
+OPENAI_SDK = "openai>=2.0"  # the client the gateway's tests use (tests only: tito-core does not depend on it)
+
+
 def install_core(session: nox.Session, *extra_paths: str) -> None:
     """Install tito-core, tito-testing (offline tokenizers with their chat templates, the scripted backend, the
     conformance kit) and the given local packages, editable. tito-testing comes from the tree, never from the
@@ -88,16 +92,28 @@ def tests_core(session: nox.Session) -> None:
     """Core unit and property tests, the rollout runner (with Parquet, and the SGLang adapter against local fake
     servers), plugin discovery with the example third-party adapter."""
     install_core(session, EXAMPLE, ADAPTERS["sglang"])
-    session.install("-e", f"{CORE}[parquet]")
+    session.install("-e", f"{CORE}[parquet,vision]")  # vision: Pillow, for the image tests
+    session.install(OPENAI_SDK)  # the gateway's tests drive it with the real OpenAI SDK (and Strands' OpenAIModel)
     session.run(
         "pytest",
         "tests/core",
+        "tests/gateway",
         "tests/runner",
         "tests/plugins",
         EXAMPLE,
         *session.posargs,
         env={"HYPOTHESIS_PROFILE": "ci"},
     )
+
+
+@nox.session(python=PYTHON, tags=["tests"])
+def agents(session: nox.Session) -> None:
+    """`tito rollout` with a `[rollout.agent]`: agent processes and callables through the runner's gateway, on the
+    scripted backend; a plain `openai` SDK script and the OpenAI Agents SDK example (examples/openai_agents_rollout),
+    the second framework. openai-agents adds five small packages (openai among them) to the core's."""
+    install_core(session)
+    session.install("openai-agents==0.24.0")
+    session.run("pytest", "tests/gateway_runner", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 
 @nox.session(python=PYTHON, tags=["tests"])
@@ -127,7 +143,7 @@ def faults(session: nox.Session) -> None:
     """The fault suite (docs/reliability.md): a misbehaving local server against both adapters, hypothesis over
     the decoders and parsers, and 1,000 concurrent rollouts with and without random faults."""
     install_core(session, *ADAPTERS.values())
-    session.install("aiohttp")
+    session.install("aiohttp", OPENAI_SDK)
     session.run("pytest", "tests/faults", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 

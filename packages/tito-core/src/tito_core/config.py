@@ -37,11 +37,58 @@ from tito_core.rollout_core import RenderMode
 if TYPE_CHECKING:
     from tito_core.model import TitoModel
 
-__all__ = ["RolloutSettings", "TitoConfig", "load_config", "with_overrides"]
+__all__ = ["AgentSettings", "RolloutSettings", "TitoConfig", "load_config", "with_overrides"]
 
 
 CONVERSATION_MANAGERS = ("null", "sliding_window", "summarizing")
 """The built-in names of ``rollout.conversation_manager`` (Strands' managers)."""
+
+
+class AgentSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An agent of any framework that the runner drives through its gateway (the ``[rollout.agent]`` table).
+
+    Exactly one of ``command`` and ``callable``. Each rollout gets its own gateway rollout
+    (:mod:`tito_core.runner.agent_process`, docs/rollouts.md).
+
+    Attributes:
+        command: The program and its arguments, started once per rollout in the config file's directory with
+            ``OPENAI_BASE_URL`` (the rollout's base URL), ``OPENAI_API_KEY`` (the rollout id) and ``TITO_TASK``
+            (the task as JSON) set; the last non-empty line of its standard output is its answer.
+        callable: Import path of ``async def agent(task, base_url) -> str`` (the answer), run on the runner's loop.
+        timeout_s: Wall-clock limit of one agent run; past it the process group is killed and the rollout ends
+            ``aborted``. ``rollout.timeout_s`` applies too: the smaller one wins.
+        env: Variables added to the command's environment (the runner's own environment is inherited).
+    """
+
+    command: list[str] | str | None = None  # a string only to name the mistake (no shell splits it)
+    callable: str | None = None
+    timeout_s: float | None = None
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.command is None) == (self.callable is None):
+            raise ConfigError("`rollout.agent` needs exactly one of `command` (a list of strings) and `callable`")
+        if isinstance(self.command, str):
+            raise ConfigError(
+                f'`rollout.agent.command` must be a list of strings, e.g. ["python", "agent.py"], not the string '
+                f"{self.command!r} (no shell splits it)"
+            )
+        if self.command is not None and (not self.command or not all(part.strip() for part in self.command)):
+            raise ConfigError(
+                f"`rollout.agent.command` must be a non-empty list of non-empty strings: {self.command!r}"
+            )
+        if self.callable is not None and ":" not in self.callable:
+            raise ConfigError(
+                f"`rollout.agent.callable` must be an import path 'module:attribute', not {self.callable!r}"
+            )
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ConfigError(f"`rollout.agent.timeout_s` must be positive, got {self.timeout_s}")
+        if self.env and self.command is None:
+            raise ConfigError("`rollout.agent.env` is for a `command` agent; a `callable` runs in this process")
+
+
+_STRANDS_ONLY = ("tools", "forced_tool_calls", "system_prompt", "max_model_calls", "max_tool_calls", "max_messages")
+"""``[rollout]`` keys a Strands agent uses and an ``[agent]`` (which brings its own loop and tools) cannot."""
 
 
 class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -95,6 +142,8 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             they start out of its reach and collects the young generation every 10,000 allocations instead of
             700, restoring the settings after (~14 % more rollouts/s at 512 at once, docs/scaling.md);
             ``"default"`` leaves the process's settings alone (:mod:`tito_core.runner.collector`).
+        agent: An agent of any framework, run per rollout against tito's gateway instead of a Strands agent
+            (:class:`AgentSettings`); it brings its own tools and loop, so the Strands-only keys stay unset.
     """
 
     group_size: int = 1
@@ -120,8 +169,11 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_staleness: int | None = None
     stale: Literal["drop", "mark"] = "mark"
     gc: Literal["tuned", "default"] = "tuned"
+    agent: AgentSettings | None = None
 
     def __post_init__(self) -> None:
+        if self.agent is not None:
+            self._check_agent()
         for name in ("group_size", "concurrency", "row_group_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"`rollout.{name}` must be at least 1, got {getattr(self, name)}")
@@ -153,6 +205,19 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
                 "current weight version"
             )
 
+    def _check_agent(self) -> None:
+        defaults = RolloutSettings()
+        used = [name for name in _STRANDS_ONLY if getattr(self, name) != getattr(defaults, name)]
+        if self.conversation_manager != "null" or self.conversation_manager_options:
+            used.append("conversation_manager")
+        if self.context_manager is not None:
+            used.append("context_manager")
+        if used:
+            raise ConfigError(
+                f"`rollout.{used[0]}` is for Strands rollouts: an `[rollout.agent]` brings its own loop, tools and "
+                f"prompts (remove {', '.join(f'`rollout.{name}`' for name in used)})"
+            )
+
 
 class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything needed to build a :class:`~tito_core.model.TitoModel` from names and plain values.
@@ -174,6 +239,9 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             (:data:`tito_core.rollout_core.RenderMode`).
         escape_special_text: Encode message content as plain text, so control-token text in a tool result
             stays text (``TitoModel(escape_special_text=...)``).
+        processor: The image processor directory of a vision model (``TitoModel(processor=...)``); unset takes
+            the tokenizer's directory when it holds a ``preprocessor_config.json``; ``false`` turns vision off.
+        max_images: The most images one prompt may hold (``TitoModel(max_images=...)``).
         tool_choice: Strands' ``tool_choice`` for calls whose agent passes none: ``"auto"`` (default),
             ``"any"`` / ``"required"``, or ``{ tool = { name = "NAME" } }`` (docs/tool-choice.md).
         rollout: Settings of the rollout runner (:class:`RolloutSettings`).
@@ -194,6 +262,8 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     render_mode: RenderMode = "auto"
     escape_special_text: bool = False
     tool_choice: str | dict[str, Any] | None = None
+    processor: str | bool | None = None
+    max_images: int = 64
     rollout: RolloutSettings = msgspec.field(default_factory=RolloutSettings)
 
     def __post_init__(self) -> None:
@@ -270,6 +340,8 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             escape_special_text=self.escape_special_text,
             tool_choice=self.tool_choice,
             rollout_id=rollout_id,
+            processor=self.processor,
+            max_images=self.max_images,
         )
 
 
@@ -318,6 +390,8 @@ def with_overrides(config: TitoConfig, overrides: Mapping[str, Any], *, origin: 
     """
     data = msgspec.structs.asdict(config)  # not to_builtins: backend options may hold Python objects
     data["rollout"] = msgspec.structs.asdict(config.rollout)
+    if config.rollout.agent is not None:
+        data["rollout"]["agent"] = msgspec.structs.asdict(config.rollout.agent)
     rollout_keys = RolloutSettings.__struct_fields__
     for key, value in overrides.items():
         if value is None:
@@ -381,6 +455,12 @@ def _build(data: dict[str, Any], origin: str, prefix: str) -> TitoConfig:
             if key not in known:
                 hint = did_you_mean(str(key), known)
                 raise ConfigError(f"{origin}: unknown key `{prefix}rollout.{key}`{hint}")
+        agent = rollout.get("agent")
+        if isinstance(agent, Mapping):
+            for key in agent:
+                if key not in AgentSettings.__struct_fields__:
+                    hint = did_you_mean(str(key), AgentSettings.__struct_fields__)
+                    raise ConfigError(f"{origin}: unknown key `{prefix}rollout.agent.{key}`{hint}")
     if "backend" not in data:
         raise ConfigError(f"{origin}: missing required key `{prefix}backend` (or set TITO_BACKEND)")
     try:

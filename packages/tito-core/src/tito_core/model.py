@@ -30,6 +30,7 @@ from .backend import Backend, SamplingParams, sampling_params
 from .errors import ConfigError, TitoError
 from .grammar import GrammarToolParser, tool_choice_option
 from .render import shared_renderer
+from .render.vision import DEFAULT_MAX_IMAGES, ProcessorSpec, vision_processor
 from .rollout_core import CallOptions, CallResult, PrefixPolicy, RenderMode, Rollout
 from .status import end_with
 from .strands_messages import to_conversation
@@ -86,6 +87,10 @@ class TitoModel(Model):
             control token (``<|im_end|>`` in a tool result) stays text. Off by default: with a chat template
             such text becomes the control token, as it does in vLLM / SGLang. mistral-common tokenizers always
             keep it as text, as their engines do.
+        processor: The image processor of a vision model (docs/multimodal.md): a directory, a Hugging Face image
+            processor or a :class:`~tito_core.render.vision.VisionProcessor`; None takes the tokenizer's directory
+            when it holds a ``preprocessor_config.json``; False: none (images are then an ``ImageError``).
+        max_images: The most images one prompt may hold.
     """
 
     def __init__(
@@ -107,6 +112,8 @@ class TitoModel(Model):
         render_mode: RenderMode = "auto",
         tool_choice: Mapping[str, Any] | str | None = None,
         escape_special_text: bool = False,
+        processor: ProcessorSpec = None,
+        max_images: int = DEFAULT_MAX_IMAGES,
     ) -> None:
         from . import plugins
 
@@ -154,6 +161,7 @@ class TitoModel(Model):
             on_prefix_mismatch=on_prefix_mismatch,
             rollout_id=rollout_id,
             render_mode=render_mode,
+            vision=vision_processor(processor, tokenizer, max_images=max_images),
         )
         self._malformed: dict[str, str] = {}
         self._guarded_agents: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -16,8 +16,10 @@ from typing import Any
 
 from . import trajectory_views as views
 from .errors import TrajectoryError
+from .media import Image, ImageSpan, PromptImage
 from .status import Closed, status_of
 from .token_arrays import append_tokens, extend_logprobs
+from .trajectory_images import TrajectoryImages, referenced
 from .trajectory_record import (
     JSON_DECODER,
     JSON_ENCODER,
@@ -36,7 +38,7 @@ from .versions import VersionSpan
 __all__ = ["Segment", "SegmentKind", "Status", "Trajectory", "TrajectoryRecord", "Turn", "Usage"]
 
 
-class Trajectory:
+class Trajectory(TrajectoryImages):
     """Token ids, loss mask and logprobs of one rollout, exactly as the engine consumed and produced them.
 
     A live trajectory grows as the model is called; :meth:`close` freezes it. When the conversation
@@ -48,6 +50,8 @@ class Trajectory:
     __slots__ = (
         "_closed",
         "_ids",
+        "_image_data",
+        "_images",
         "_lps",
         "_segments",
         "_turns",
@@ -78,6 +82,8 @@ class Trajectory:
         self._lps = array("f")  # widened to "d" by the first logprob float32 cannot hold exactly
         self._segments: list[Segment] = []
         self._turns: list[Turn] = []
+        self._images: list[ImageSpan] = []
+        self._image_data: dict[str, Image] = {}
         self._closed = False
 
     # ----------------------------------------------------------------------------------------- views
@@ -119,6 +125,13 @@ class Trajectory:
     def turns(self) -> tuple[Turn, ...]:
         """One record per model call whose result was kept."""
         return tuple(self._turns)
+
+    def add_images(self, images: Iterable[PromptImage]) -> None:
+        """Record the images of tokens just appended (inside the same :meth:`atomic` block as their tokens)."""
+        self._check_open()
+        for item in images:
+            self._images.append(item.span)
+            self._image_data.setdefault(item.span.sha256, item.image)
 
     @property
     def closed(self) -> bool:
@@ -221,7 +234,7 @@ class Trajectory:
         """
         self._check_open()
         n, segments, turns = len(self._ids), list(self._segments), len(self._turns)
-        parse_errors, lps = dict(self.tool_parse_errors), self._lps
+        parse_errors, lps, images = dict(self.tool_parse_errors), self._lps, len(self._images)
         try:
             yield self
         except BaseException:
@@ -231,6 +244,9 @@ class Trajectory:
             self._segments[:] = segments
             del self._turns[turns:]
             self.tool_parse_errors = parse_errors
+            if len(self._images) > images:
+                del self._images[images:]
+                self._image_data = referenced(self._images, self._image_data)
             raise
 
     def add_turn(self, turn: Turn) -> None:
@@ -278,6 +294,8 @@ class Trajectory:
         child._lps = self._lps[:keep]
         child._segments = [s for s in self._segments if s.end <= keep]
         child._turns = [t for t in self._turns if t.output_start + t.output_len <= keep]
+        child._images = [s for s in self._images if s.end <= keep]
+        child._image_data = referenced(child._images, self._image_data)
         child.tool_parse_errors = dict(self.tool_parse_errors)
         note = f"forked into branch {child.branch}: {reason}"
         self.close(status, note) if status is not None else self.close(reason=note)
@@ -292,24 +310,8 @@ class Trajectory:
 
     @classmethod
     def from_record(cls, record: TrajectoryRecord) -> Trajectory:
-        """Rebuild a (closed) trajectory from its record."""
-        if len(record.logprobs) != len(record.token_ids):
-            raise TrajectoryError("record has a different number of logprobs and token ids")
-        traj = cls(record.rollout_id, branch=record.branch)
-        traj.parent_branch = record.parent_branch
-        traj.fork_at = record.fork_at
-        traj.fork_reason = record.fork_reason
-        traj.status = record.status
-        traj.status_reason = record.status_reason
-        traj.tool_parse_errors = dict(record.tool_parse_errors)
-        traj.metadata = dict(record.metadata)
-        traj._ids = array("i", record.token_ids)
-        traj._lps = extend_logprobs(traj._lps, list(record.logprobs))
-        traj._segments = list(record.segments)
-        traj._turns = list(record.turns)
-        traj.branches = [cls.from_record(b) for b in record.branches]
-        traj._closed = True
-        return traj
+        """Rebuild a (closed) trajectory from its record (image files must be resolved: ``image_data``)."""
+        return _restore(cls(record.rollout_id, branch=record.branch), record)
 
     def to_json(self) -> bytes:
         """Encode as JSON."""
@@ -335,3 +337,31 @@ class Trajectory:
         return self.to_record() == other.to_record()
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _restore(traj: Trajectory, record: TrajectoryRecord) -> Trajectory:
+    """Fill a new trajectory from ``record`` (earlier branches included) and close it."""
+    if len(record.logprobs) != len(record.token_ids):
+        raise TrajectoryError("record has a different number of logprobs and token ids")
+    traj.parent_branch = record.parent_branch
+    traj.fork_at = record.fork_at
+    traj.fork_reason = record.fork_reason
+    traj.status = record.status
+    traj.status_reason = record.status_reason
+    traj.tool_parse_errors = dict(record.tool_parse_errors)
+    traj.metadata = dict(record.metadata)
+    traj._ids = array("i", record.token_ids)
+    traj._lps = extend_logprobs(traj._lps, list(record.logprobs))
+    traj._segments = list(record.segments)
+    traj._turns = list(record.turns)
+    missing = sorted({s.sha256 for s in record.images} - set(record.image_data))
+    if missing:
+        where = f" (stored in files: {record.image_paths[missing[0]]!r}; read the record with read_records)"
+        raise TrajectoryError(
+            f"the record has no bytes for image {missing[0]}" + (where if missing[0] in record.image_paths else "")
+        )
+    traj._images = list(record.images)
+    traj._image_data = {s.sha256: Image(record.image_data[s.sha256], s.format) for s in record.images}
+    traj.branches = [_restore(Trajectory(b.rollout_id, branch=b.branch), b) for b in record.branches]
+    traj._closed = True
+    return traj

@@ -12,6 +12,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from .backend import FinishReason
+from .media import ImageSpan
 from .status import Status
 from .versions import VersionSpan
 
@@ -117,6 +118,13 @@ class TrajectoryRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     tool_parse_errors: dict[str, int] = msgspec.field(default_factory=dict)
     branches: list[TrajectoryRecord] = msgspec.field(default_factory=list)
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    images: list[ImageSpan] = msgspec.field(default_factory=list)
+    """The images among ``token_ids``, in token order (:class:`~tito_core.media.ImageSpan`)."""
+    image_data: dict[str, bytes] = msgspec.field(default_factory=dict)
+    """The encoded bytes of each distinct image, by sha256 (base64 in JSON): the record stands alone."""
+    image_paths: dict[str, str] = msgspec.field(default_factory=dict)
+    """Instead of ``image_data``, where each image's file is, relative to the rollout file's directory (the
+    runner stores them once next to it; :mod:`tito_core.trajectory_images`)."""
 
 
 JSON_ENCODER = msgspec.json.Encoder()
@@ -163,6 +171,15 @@ class Snapshotable(Protocol):
         """One record per kept model call."""
         ...
 
+    @property
+    def images(self) -> Sequence[ImageSpan]:
+        """The image spans, in token order."""
+        ...
+
+    def image_bytes(self) -> dict[str, bytes]:
+        """The encoded bytes of each distinct image of :attr:`images`, by sha256."""
+        ...
+
 
 def snapshot(traj: Snapshotable) -> TrajectoryRecord:
     """A frozen, serializable snapshot of ``traj`` (earlier branches included)."""
@@ -181,4 +198,6 @@ def snapshot(traj: Snapshotable) -> TrajectoryRecord:
         tool_parse_errors=dict(traj.tool_parse_errors),
         branches=[snapshot(b) for b in traj.branches],
         metadata=dict(traj.metadata),
+        images=list(traj.images),
+        image_data=traj.image_bytes(),
     )

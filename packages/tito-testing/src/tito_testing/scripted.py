@@ -52,6 +52,7 @@ class ScriptedBackend(Backend):
     """
 
     name = "scripted"
+    supports_images = True  # it records requests' images (tests assert what an engine would get) and ignores them
 
     def __init__(
         self,

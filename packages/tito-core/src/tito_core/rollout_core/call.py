@@ -20,15 +20,17 @@ import msgspec
 from ..backend import Backend, GenerateRequest, GenerateResult, SamplingParams
 from ..conversation import Conversation, tool_specs_to_chat
 from ..errors import ContextWindowFullError, GenerationAbortedError, TitoError
+from ..media import ImageError, PromptImage
 from ..partial import Progress, go_on
 from ..render.renderer import ChatRenderer
+from ..render.vision import VisionProcessor, chat_images
 from ..status import CallEnd, status_of
 from ..tool_parsers.base import ParsedOutput, ToolParser
 from ..trajectory import Trajectory
 from ..weights import aborted_by_update, aborting_updates
 from .checks import check_result
 from .output import CallResult, parse_output, record_call
-from .prompt import PrefixPolicy, PromptBuilder, RenderMode
+from .prompt import NewPrompt, PrefixPolicy, PromptBuilder, RenderMode
 from .sequence import SequenceTracker
 from .sync import ConversationSync, Plan
 
@@ -60,6 +62,7 @@ class Rollout:
             or ``error`` when the server's prompt does not extend the trajectory.
         rollout_id: Id of the first rollout (random when None).
         render_mode: How later prompts are rendered (:data:`RenderMode`).
+        vision: The model's vision processor (images in prompts need it); None for a text-only model.
     """
 
     def __init__(
@@ -71,6 +74,7 @@ class Rollout:
         on_prefix_mismatch: PrefixPolicy = "fork",
         rollout_id: str | None = None,
         render_mode: RenderMode = "auto",
+        vision: VisionProcessor | None = None,
     ) -> None:
         self.backend = backend
         self.capabilities = backend.capabilities()
@@ -84,6 +88,8 @@ class Rollout:
             on_prefix_mismatch=on_prefix_mismatch,
             backend_name=self.capabilities.name,
             supports_grammar=self.capabilities.supports_grammar,
+            vision=vision,
+            supports_images=self.capabilities.supports_images,
         )
         self._sync = ConversationSync(Trajectory(rollout_id))
         self._sequence = SequenceTracker(backend)
@@ -136,8 +142,11 @@ class Rollout:
         tools = tool_specs_to_chat(conversation.tool_specs)
         plan = sync.plan(conversation, tools)
         renders = self.capabilities.renders_prompt
-        new_ids, n_boundary = ([], 0) if renders else await prompts.build(plan, conversation, sync)
-        request = await self._request(conversation, tools, new_ids, options, grammar)
+        if renders and chat_images(plan.chat):
+            raise ImageError(f"the {self.capabilities.name} backend renders prompts itself; tito sends it no images")
+        new: NewPrompt = ([], 0, ()) if renders else await prompts.build(plan, conversation, sync)
+        new_ids, n_boundary, images = new
+        request = await self._request(conversation, tools, new_ids, images, options, grammar)
         started = time.perf_counter()
         updates = aborting_updates(backend)
         result = await backend.generate(request)
@@ -159,19 +168,21 @@ class Rollout:
                 cut = progress.result
                 parsed = self.tool_parser.parse(self.renderer.decode(cut.output_ids), conversation.tool_specs)
                 with contextlib.suppress(GenerationAbortedError):
-                    self._record(conversation, plan, request, cut, new_ids, n_boundary, parsed, started, progress.rids)
+                    self._record(conversation, plan, request, cut, new, parsed, started, progress.rids)
                 raise
         result = progress.result
         if renders:
             new_ids, n_boundary = prompts.server_prompt(result, sync)
+            new = (new_ids, n_boundary, ())
         parsed = await parse_output(self.renderer, self.tool_parser, result, conversation.tool_specs, request.sampling)
-        return self._record(conversation, plan, request, result, new_ids, n_boundary, parsed, started, progress.rids)
+        return self._record(conversation, plan, request, result, new, parsed, started, progress.rids)
 
     async def _request(
         self,
         conversation: Conversation,
         tools: list[dict[str, Any]] | None,
         new_ids: list[int],
+        images: tuple[PromptImage, ...],
         options: CallOptions,
         grammar: str | None,
     ) -> GenerateRequest:
@@ -191,6 +202,7 @@ class Rollout:
         input_ids = traj.ids_array()
         input_ids.fromlist(new_ids)  # twice as fast as extend() for a list
         renders = self.capabilities.renders_prompt
+        vision = self.prompts.vision
         return GenerateRequest(
             rid=f"tito-{uuid.uuid4().hex}",
             input_ids=input_ids,
@@ -203,6 +215,8 @@ class Rollout:
             tools=tools if renders else None,
             grammar=grammar,
             sequence=self._sequence.name(traj),
+            images=(*traj.prompt_images(), *images) if images or traj.images else (),
+            never_sample=vision.never_sample if vision is not None else (),
         )
 
     async def _context_limit(self) -> int | None:
@@ -223,8 +237,7 @@ class Rollout:
         plan: Plan,
         request: GenerateRequest,
         result: GenerateResult,
-        new_ids: list[int],
-        n_boundary: int,
+        new: NewPrompt,
         parsed: ParsedOutput,
         started: float,
         continued: list[str],
@@ -232,6 +245,7 @@ class Rollout:
         """Record the call, note what it consumed and what must come back, then set the status it ends with."""
         sync = self._sync
         traj = sync.trajectory
+        new_ids, n_boundary, images = new
         prompt_end = len(traj) + len(new_ids)
         latency_ms = int((time.perf_counter() - started) * 1000)
         done = record_call(
@@ -244,6 +258,7 @@ class Rollout:
             latency_ms,
             backend=self.capabilities.name,
             continued=continued,
+            images=images,
         )
         sync.consumed(plan, conversation, prompt_end)
         sync.expect(done.reply())

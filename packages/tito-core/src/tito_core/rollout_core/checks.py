@@ -2,7 +2,12 @@
 
 Ids must be in the tokenizer's vocabulary, each output id must have one finite logprob <= 0, the finish reason
 must be known, a token-in prompt echoed back must equal what was sent, and weight-version spans must cover the
-output. A failed check is a :class:`~tito_core.errors.BackendResponseError` naming the field and the value.
+output. No output id may be one the request said never to sample (vision placeholders), and for a prompt with
+images the engine's ``prompt_tokens`` must be the expanded length tito sent (an engine that expanded the
+placeholders again, or not at all, consumed other tokens than the trajectory would record). That check lives
+here, once, because it compares the answer with the request, as the prompt echo check does.
+
+A failed check is a :class:`~tito_core.errors.BackendResponseError` naming the field and the value.
 """
 
 from __future__ import annotations
@@ -92,6 +97,16 @@ def check_result(request: GenerateRequest, result: GenerateResult, *, vocab_size
         raise bad_answer(backend, "result", type(result).__name__, "generate() must return a GenerateResult")
     output_ids = result.output_ids
     _check_ids(output_ids, vocab_size, backend, "output_ids")
+    if request.never_sample and output_ids:
+        banned = set(request.never_sample).intersection(output_ids)
+        if banned:
+            token = min(banned)
+            raise bad_answer(
+                backend,
+                "output_ids",
+                token,
+                f"the engine sampled token {token}, which the request marks never_sample (a vision placeholder)",
+            )
     if result.finish_reason not in _FINISH_REASONS:
         raise bad_answer(backend, "finish_reason", result.finish_reason, "expected 'stop', 'length' or 'abort'")
     lps = result.output_logprobs
@@ -133,5 +148,13 @@ def check_result(request: GenerateRequest, result: GenerateResult, *, vocab_size
         count = getattr(result, field)
         if count is not None and (type(count) is not int or count < 0):
             raise bad_answer(backend, field, count, "a token count must be a non-negative integer")
+    if request.images and result.prompt_tokens is not None and result.prompt_tokens != len(request.input_ids):
+        raise bad_answer(
+            backend,
+            "prompt_tokens",
+            result.prompt_tokens,
+            f"the engine consumed {result.prompt_tokens} prompt tokens for a prompt of {len(request.input_ids)} "
+            f"with {len(request.images)} image(s): its image expansion differs from tito's",
+        )
     if result.weight_versions is not None:
         check_spans(result.weight_versions, len(output_ids), backend=backend)

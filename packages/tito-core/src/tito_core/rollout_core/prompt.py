@@ -5,6 +5,12 @@ template that cannot render them that way, or that moves its tools block when me
 whole conversation rendered instead (:data:`RenderMode`); where a full render differs from the tokens, the
 rollout forks (:meth:`ConversationSync.fork`). For backends that render the prompt themselves, the server's
 prompt must extend the trajectory.
+
+Images: a template renders each image part as one placeholder; every render (initial, incremental, full) is
+expanded by the model's :class:`~tito_core.render.vision.VisionProcessor`, which gives each new image its span
+(:class:`~tito_core.media.PromptImage`). A prompt with images for a model without a vision processor or a
+backend without ``supports_images``, or with more than ``max_images`` images, is an
+:class:`~tito_core.media.ImageError` before any request. Text-only prompts skip all of it.
 """
 
 from __future__ import annotations
@@ -16,15 +22,17 @@ from typing import Any, Literal
 import msgspec
 
 from ..backend import GenerateResult
-from ..conversation import Conversation, ToolSpec
+from ..conversation import ChatMessage, Conversation, ToolSpec
 from ..errors import ConfigError, PrefixMismatchError, TemplateError
 from ..grammar import ToolChoiceError, forced_tools, tool_call_grammar
+from ..media import ImageError, PromptImage
 from ..render.renderer import ChatRenderer, first_difference
+from ..render.vision import VisionProcessor, chat_images
 from ..tool_parsers.base import ToolParser
 from .checks import SHOWN, bad_answer
 from .sync import ConversationSync, Plan
 
-__all__ = ["PrefixPolicy", "PromptBuilder", "RenderMode"]
+__all__ = ["NewPrompt", "PrefixPolicy", "PromptBuilder", "RenderMode"]
 
 logger = logging.getLogger("tito")
 
@@ -39,6 +47,10 @@ that are not prefix-preserving or not incremental). ``auto`` (default): incremen
 for a call whose messages the template cannot render incrementally or whose tools block moves."""
 
 
+NewPrompt = tuple[list[int], int, tuple[PromptImage, ...]]
+"""A call's new prompt: its ids (placeholders expanded), how many leading ones are boundary, its new images."""
+
+
 class PromptBuilder:
     """Renders the new prompt of each call for one rollout, in its render mode.
 
@@ -49,6 +61,8 @@ class PromptBuilder:
         on_prefix_mismatch: What a server prompt that does not extend the trajectory does (:data:`PrefixPolicy`).
         backend_name: Named in errors.
         supports_grammar: Whether the backend can constrain decoding (a forced call needs it).
+        vision: The model's vision processor (None: a text-only model; a prompt with images is an ImageError).
+        supports_images: Whether the backend sends images to its engine.
     """
 
     def __init__(
@@ -60,6 +74,8 @@ class PromptBuilder:
         on_prefix_mismatch: PrefixPolicy = "fork",
         backend_name: str,
         supports_grammar: bool,
+        vision: VisionProcessor | None = None,
+        supports_images: bool = False,
     ) -> None:
         if render_mode not in ("auto", "incremental", "full"):
             raise ConfigError(f"render_mode must be 'auto', 'incremental' or 'full', not {render_mode!r}")
@@ -69,6 +85,8 @@ class PromptBuilder:
         self.on_prefix_mismatch: PrefixPolicy = on_prefix_mismatch
         self._backend = backend_name
         self._supports_grammar = supports_grammar
+        self.vision = vision
+        self._supports_images = supports_images
         self._grammars: dict[tuple[tuple[bytes, ...], int], str] = {}
         # whether the template moves its tools block, by the roles of the new messages, for the tools in _moves_for
         self._moves: dict[tuple[str, ...], bool] = {}
@@ -92,8 +110,8 @@ class PromptBuilder:
         return cached
 
     # ------------------------------------------------------------------------------------------- new prompt
-    async def build(self, plan: Plan, conversation: Conversation, sync: ConversationSync) -> tuple[list[int], int]:
-        """The new prompt ids of this call and how many of them (leading) are boundary tokens."""
+    async def build(self, plan: Plan, conversation: Conversation, sync: ConversationSync) -> NewPrompt:
+        """The new prompt ids of this call, how many of them (leading) are boundary tokens, and its new images."""
         if plan.initial or self.render_mode == "incremental":
             return await self._new_prompt(plan, sync)
         if self.render_mode == "full":
@@ -127,21 +145,48 @@ class PromptBuilder:
             moves = self._moves[roles] = self.renderer.tools_move(plan.chat, tools)
         return moves
 
-    async def _new_prompt(self, plan: Plan, sync: ConversationSync) -> tuple[list[int], int]:
+    def images_of(self, ids: list[int], chat: list[ChatMessage], start: int, held: int) -> NewPrompt:
+        """Expand the image placeholders of ``ids`` (rendered from ``chat``, starting at token ``start``).
+
+        ``held`` images are already in the trajectory; the prompt's total may not pass ``max_images``.
+        """
+        vision = self.vision
+        images = chat_images(chat)
+        if not images:
+            if vision is not None and vision.placeholder_id in ids:
+                raise ImageError("the rendered prompt holds an image placeholder token but no image (text spells it)")
+            return ids, 0, ()
+        if vision is None:
+            raise ImageError(
+                f"the prompt holds {len(images)} image(s) but the model has no vision processor (a text-only model "
+                "or template); give TitoModel(processor=...) or a tokenizer directory with preprocessor_config.json"
+            )
+        if not self._supports_images:
+            raise ImageError(f"the prompt holds {len(images)} image(s) but the {self._backend} backend takes no images")
+        if held + len(images) > vision.max_images:
+            raise ImageError(
+                f"the prompt would hold {held + len(images)} images, more than max_images={vision.max_images}"
+            )
+        expanded, spans = vision.expand(ids, images, start)
+        return expanded, 0, tuple(spans)
+
+    async def _new_prompt(self, plan: Plan, sync: ConversationSync) -> NewPrompt:
         renderer = self.renderer
-        if plan.initial:
-            return await renderer.initial_ids(plan.chat, sync.tools), 0
         traj = sync.trajectory
+        if plan.initial:
+            return self.images_of(await renderer.initial_ids(plan.chat, sync.tools), plan.chat, 0, 0)
         last_output = traj.last_segment
         if last_output is None or last_output.kind != "output":
-            return [], 0
+            return [], 0, ()
         ended = traj.tokens(last_output)[-1:]
         # a model that did not end its turn itself gets it closed as the template would
-        return await renderer.continuation_ids(
+        ids, n_boundary = await renderer.continuation_ids(
             plan.chat, close_turn=not (ended and ended[0] in renderer.end_of_turn_ids)
         )
+        expanded, _, images = self.images_of(ids, plan.chat, len(traj), len(traj.images))
+        return expanded, n_boundary, images
 
-    async def _full_prompt(self, conversation: Conversation, sync: ConversationSync) -> tuple[list[int], int]:
+    async def _full_prompt(self, conversation: Conversation, sync: ConversationSync) -> NewPrompt:
         """Render the whole conversation; keep the longest common prefix with the trajectory, fork where they differ.
 
         The model's own tokens may not survive a re-render (decode -> encode is not identity, templates drop
@@ -150,10 +195,19 @@ class PromptBuilder:
         its new prompt. A warning names the first differing token.
         """
         renderer = self.renderer
-        ids = await renderer.initial_ids(conversation.chat(), sync.tools)
+        chat = conversation.chat()
+        ids, _, images = self.images_of(await renderer.initial_ids(chat, sync.tools), chat, 0, 0)
         traj = sync.trajectory
         have = traj.ids_array()
         at = first_difference(ids, have)
+        held = traj.images
+        for mine, theirs in zip(images, held, strict=False):  # same ids, another image: differs at its span
+            if mine.span != theirs:
+                at = min(at, mine.span.start, theirs.start)
+                break
+        else:
+            if len(held) > len(images):
+                at = min(at, held[len(images)].start)
         if at < len(have):
             keep = max((seg.end for seg in traj.segments if seg.end <= at), default=0)
             recorded, rendered = have[at], ids[at] if at < len(ids) else None
@@ -164,9 +218,9 @@ class PromptBuilder:
             )
             logger.warning("rollout %s: %s; forking at token %d", traj.rollout_id, reason, keep)
             sync.fork(keep, reason)
-            return ids[keep:], 0
+            return ids[keep:], 0, tuple(i for i in images if i.span.start >= keep)
         new = ids[len(have) :]
-        return new, self.leading_boundary(new, sync)
+        return new, self.leading_boundary(new, sync), tuple(i for i in images if i.span.start >= len(have))
 
     def server_prompt(self, result: GenerateResult, sync: ConversationSync) -> tuple[list[int], int]:
         """For prompt-rendering backends: check the server's prompt extends the trajectory; return the new part."""

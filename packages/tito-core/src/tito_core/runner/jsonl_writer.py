@@ -27,7 +27,7 @@ from .record_schema import (
     RolloutRecord,
     with_advantage,
 )
-from .record_writer import RecordWriter, fsync_dir
+from .record_writer import RecordWriter, fsync_dir, with_image_files
 
 __all__ = ["JsonlWriter", "read_jsonl"]
 
@@ -105,8 +105,11 @@ class JsonlWriter(RecordWriter):
         self._fd = self._open()
 
     def write(self, record: RolloutRecord) -> None:
-        """Append one line, in one ``write``."""
-        self._append(ENCODER.encode(record))
+        """Append one line, in one ``write``, after its images' files.
+
+        (:func:`~tito_core.runner.record_writer.with_image_files`).
+        """
+        self._append(ENCODER.encode(with_image_files(record, self.path)))
         self._done.add(record.key)
 
     def write_advantages(self, entry: GroupAdvantages) -> None:

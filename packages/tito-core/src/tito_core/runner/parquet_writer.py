@@ -29,7 +29,7 @@ from .record_schema import (
     record_to_row,
     with_advantage,
 )
-from .record_writer import RecordWriter, fsync_dir
+from .record_writer import RecordWriter, fsync_dir, with_image_files
 
 __all__ = ["ParquetWriter", "read_parquet"]
 
@@ -99,8 +99,11 @@ class ParquetWriter(RecordWriter):
         os.replace(temporary, part)
 
     def write(self, record: RolloutRecord) -> None:
-        """Buffer one record; flush a part file when the row group is full."""
-        self._buffer.append(record)
+        """Buffer one record (its images' files are written now); flush a part file when the row group is full.
+
+        (:func:`~tito_core.runner.record_writer.with_image_files`).
+        """
+        self._buffer.append(with_image_files(record, self.path))
         self._done.add(record.key)
         if len(self._buffer) >= self.row_group_size:
             self.flush()

@@ -11,10 +11,13 @@ import abc
 import os
 from pathlib import Path
 
+import msgspec
+
+from ..trajectory_images import store_images
 from .output_lock import OutputLock
 from .record_schema import GroupAdvantages, Key, Outcome, RolloutRecord
 
-__all__ = ["RecordWriter", "fsync_dir"]
+__all__ = ["RecordWriter", "fsync_dir", "with_image_files"]
 
 
 class RecordWriter(abc.ABC):
@@ -111,3 +114,13 @@ def fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def with_image_files(record: RolloutRecord, output: Path) -> RolloutRecord:
+    """``record`` with its images stored next to ``output``, referenced by relative path.
+
+    The bytes are written once per distinct image, before the record itself is written
+    (:func:`tito_core.trajectory_images.store_images`); a text-only record is returned as it is.
+    """
+    stored = store_images(record.trajectory, output)
+    return record if stored is record.trajectory else msgspec.structs.replace(record, trajectory=stored)

@@ -36,7 +36,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
+
 from ..errors import ConfigError
+from ..trajectory import Trajectory
+from ..trajectory_images import load_images
 from .jsonl_writer import JsonlWriter, read_jsonl
 from .output_lock import OutputLock, OutputLockedError
 from .parquet_writer import ParquetWriter, read_parquet
@@ -70,6 +74,7 @@ __all__ = [
     "read_records",
     "record_from_row",
     "record_to_row",
+    "rollout_record",
 ]
 
 
@@ -113,10 +118,58 @@ def read_records(path: str | os.PathLike[str]) -> Iterator[RolloutRecord]:
     """Every record of a rollout file (JSONL, or a Parquet directory / file), in file order.
 
     Each record carries its group's advantage from the task's last :class:`GroupAdvantages` entry (a record of a
-    group whose reward function failed reads back ``failed``, with the reason).
+    group whose reward function failed reads back ``failed``, with the reason). Image files stored next to the
+    output are read back into each trajectory record's ``image_data``.
     """
     source = Path(path)
-    if source.suffix == ".parquet":
-        yield from read_parquet(source)
-    else:
-        yield from read_jsonl(source)
+    records = read_parquet(source) if source.suffix == ".parquet" else read_jsonl(source)
+    for record in records:
+        traj = load_images(record.trajectory, source)
+        yield record if traj is record.trajectory else msgspec.structs.replace(record, trajectory=traj)
+
+
+def rollout_record(
+    traj: Trajectory,
+    *,
+    task_id: str,
+    sample: int,
+    group: int,
+    reward: float | None,
+    server: str | None,
+    started: float,
+    wall_s: float,
+    agent_s: float,
+    reward_s: float = 0.0,
+    tool_calls: int,
+) -> RolloutRecord:
+    """The record of a closed trajectory: its final status, token counts and weight-version range.
+
+    What the runner's worker and the gateway both write; ``tool_calls`` is the number of tools the agent ran.
+
+    Raises:
+        RuntimeError: ``traj`` is still running (close it first).
+    """
+    if traj.status == "running":
+        raise RuntimeError("a closed trajectory is still running")
+    output = sum(seg.length for seg in traj.segments if seg.kind == "output")
+    versions = traj.weight_version_range(branches=True) or (None, None)
+    return RolloutRecord(
+        task_id=task_id,
+        sample=sample,
+        group=group,
+        status=traj.status,
+        status_reason=traj.status_reason,
+        reward=reward,
+        server=server,
+        trajectory=traj.to_record(),
+        timings=Timings(started=started, wall_s=wall_s, agent_s=agent_s, reward_s=reward_s),
+        tokens=TokenCounts(
+            total=len(traj),
+            output=output,
+            prompt=len(traj) - output,
+            model_calls=len(traj.turns),
+            tool_calls=tool_calls,
+        ),
+        weight_version_min=versions[0],
+        weight_version_max=versions[1],
+    )

@@ -33,7 +33,8 @@ class Sample:
         task: The task (prompt, reference ``answer``, metadata).
         sample: Index of the rollout in its group.
         text: The agent's final answer text ("" when it produced none).
-        messages: The whole Strands conversation.
+        messages: The whole Strands conversation (empty for an ``[rollout.agent]`` rollout: the agent keeps its
+            own history, and the trajectory has every turn).
         trajectory: The rollout's trajectory (closed).
         status: The rollout's status before the reward.
         status_reason: Why, when not completed.

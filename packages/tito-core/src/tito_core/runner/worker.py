@@ -1,4 +1,8 @@
-"""One rollout, start to record: a fresh Strands agent and TitoModel on a leased server, limits, timeout, reward.
+"""One rollout, start to record: a fresh Strands agent (or any agent) on a leased server, limits, timeout, reward.
+
+A ``[rollout.agent]`` config runs an agent of any framework through the gateway instead
+(:mod:`~tito_core.runner.agent_process`); both kinds of rollout end in the same record
+(:mod:`~tito_core.runner.finish`).
 
 :class:`RolloutWorker` is what an executor runs: built once per process from a config
 (:meth:`RolloutWorker.create` checks everything before any work), then :meth:`RolloutWorker.run` turns one
@@ -10,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,14 +27,15 @@ from strands.types.content import Messages
 from ..backend import Backend, GenerateRequest, GenerateResult
 from ..config import TitoConfig
 from ..errors import BackendConnectionError, ConfigError, LoopLimitError, TitoError
-from ..status import RewardFailed, RolloutTimedOut, status_of
+from ..status import RolloutTimedOut, status_of
 from ..tokenizers import aload_tokenizer
-from ..trajectory import Trajectory
+from .agent_process import AgentRunner
 from .dataset import Task
+from .finish import Ran, failed_record, rewarded_record
 from .forcing import ForcedToolCalls
 from .limits import LoopLimiter
-from .records import FinalStatus, RolloutRecord, Timings, TokenCounts
-from .rewards import GroupRewardFn, RewardFn, Sample, call_maybe_async
+from .records import RolloutRecord
+from .rewards import GroupRewardFn, RewardFn
 from .servers import Server, ServerPool
 
 __all__ = ["RolloutWorker", "conversation_manager", "import_object"]
@@ -67,6 +71,7 @@ class RolloutWorker:
         reward: The reward function, or None.
         group_reward: The group reward function, or None.
         base_dir: The directory import paths were resolved from (the config file's), for workers built elsewhere.
+        agents: Runs the rollouts of a ``[rollout.agent]`` config (None: Strands rollouts).
     """
 
     def __init__(
@@ -79,6 +84,7 @@ class RolloutWorker:
         reward: RewardFn | None = None,
         group_reward: GroupRewardFn | None = None,
         base_dir: Path | None = None,
+        agents: AgentRunner | None = None,
     ) -> None:
         self.config = config
         self.base_dir = base_dir
@@ -88,6 +94,9 @@ class RolloutWorker:
         self.tools = list(tools)
         self.reward = reward
         self.group_reward = group_reward
+        if (agents is None) != (config.rollout.agent is None):
+            raise ConfigError("`agents` runs the rollouts of a `[rollout.agent]` config, and only those")
+        self.agents = agents
 
     @classmethod
     async def create(
@@ -114,6 +123,10 @@ class RolloutWorker:
         if config.tokenizer is None:
             raise ConfigError("`tokenizer` is not set: give the tokenizer's directory or name in the config")
         tokenizer = await aload_tokenizer(config.tokenizer)
+        agents = None
+        if settings.agent is not None:
+            fn = import_object(settings.agent.callable, search=base_dir) if settings.agent.callable else None
+            agents = AgentRunner(config, tokenizer, fn=fn, base_dir=base_dir)
         pool = ServerPool(_backends(config, routes_only=routes_only), interval=settings.health_interval_s)
         if check_servers:
             try:
@@ -121,7 +134,16 @@ class RolloutWorker:
             except BaseException:
                 await pool.aclose()
                 raise
-        return cls(config, tokenizer, pool, tools=tools, reward=reward, group_reward=group_reward, base_dir=base_dir)
+        return cls(
+            config,
+            tokenizer,
+            pool,
+            tools=tools,
+            reward=reward,
+            group_reward=group_reward,
+            base_dir=base_dir,
+            agents=agents,
+        )
 
     def _conversation_manager(self) -> Any:
         """A fresh conversation manager for one agent (managers keep per-conversation state)."""
@@ -131,8 +153,12 @@ class RolloutWorker:
         )
 
     async def aclose(self) -> None:
-        """Stop health checks and close the backends."""
-        await self.pool.aclose()
+        """Stop health checks, close the agents' gateways and the backends."""
+        try:
+            if self.agents is not None:
+                await self.agents.aclose()
+        finally:
+            await self.pool.aclose()
 
     async def run(
         self, task: Task, sample: int, on_start: Callable[[], None] | None = None, *, server: str | None = None
@@ -149,9 +175,12 @@ class RolloutWorker:
             try:
                 return await self._run_on(leased, task, sample)
             except Exception as exc:  # a bug or a bad option met while building this rollout: it alone fails
-                return _failed(task, sample, leased.name, started, exc)
+                return failed_record(task, sample, leased.name, started, exc)
 
     async def _run_on(self, server: Server, task: Task, sample: int) -> RolloutRecord:
+        if self.agents is not None:
+            traj, ran = await self.agents.run(server, task, sample)
+            return await rewarded_record(task, sample, traj, ran, self.reward)
         settings = self.settings
         started, t0 = time.time(), time.perf_counter()
         model = self.config.create_model(server.backend, tokenizer=self.tokenizer, rollout_id=f"{task.id}:{sample}")
@@ -198,38 +227,16 @@ class RolloutWorker:
         if ended is not None and live.status in overrides:
             live.close(*status_of(ended))
         traj = model.reset()
-        reward: float | None = None
-        t1 = time.perf_counter()
-        if self.reward is not None:
-            view = Sample(task, sample, text, agent.messages, traj, _final(traj), traj.status_reason)
-            try:
-                reward = _number(await call_maybe_async(self.reward, view, in_thread=True))
-            except Exception as exc:
-                traj.amend_status(*status_of(RewardFailed(exc)))  # the trajectory and its record say the same
-        status, reason = _final(traj), traj.status_reason
-        now = time.perf_counter()
-        output = sum(seg.length for seg in traj.segments if seg.kind == "output")
-        versions = traj.weight_version_range(branches=True) or (None, None)
-        return RolloutRecord(
-            task_id=task.id,
-            sample=sample,
-            group=task.index,
-            status=status,
-            status_reason=reason,
-            reward=reward,
+        ran = Ran(
+            text=text,
+            messages=agent.messages,
             server=server.name,
-            trajectory=traj.to_record(),
-            timings=Timings(started=started, wall_s=now - t0, agent_s=agent_s, reward_s=now - t1),
-            tokens=TokenCounts(
-                total=len(traj),
-                output=output,
-                prompt=len(traj) - output,
-                model_calls=len(traj.turns),
-                tool_calls=limiter.tool_calls,
-            ),
-            weight_version_min=versions[0],
-            weight_version_max=versions[1],
+            started=started,
+            t0=t0,
+            agent_s=agent_s,
+            tool_calls=limiter.tool_calls,
         )
+        return await rewarded_record(task, sample, traj, ran, self.reward)
 
 
 def conversation_manager(name: str, options: Mapping[str, Any], *, search: Path | None = None) -> Any:
@@ -257,24 +264,6 @@ def conversation_manager(name: str, options: Mapping[str, Any], *, search: Path 
         raise ConfigError(
             f"`rollout.conversation_manager` {name!r}: bad `conversation_manager_options`: {exc}"
         ) from exc
-
-
-def _failed(task: Task, sample: int, server: str, started: float, exc: Exception) -> RolloutRecord:
-    """The record of a rollout that could not run at all."""
-    status, reason = status_of(exc)
-    traj = Trajectory(f"{task.id}:{sample}").close(status, reason)
-    return RolloutRecord(
-        task_id=task.id,
-        sample=sample,
-        group=task.index,
-        status="failed",
-        status_reason=reason,
-        reward=None,
-        server=server,
-        trajectory=traj.to_record(),
-        timings=Timings(started=started, wall_s=time.time() - started, agent_s=0.0),
-        tokens=TokenCounts(total=0, output=0, prompt=0, model_calls=0, tool_calls=0),
-    )
 
 
 def _backends(config: TitoConfig, *, routes_only: bool = False) -> list[tuple[str, Any]]:
@@ -339,19 +328,3 @@ def _find(exc: BaseException | None, kind: type[BaseException]) -> BaseException
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None
-
-
-def _final(traj: Trajectory) -> FinalStatus:
-    """The status of a closed trajectory (never ``running``)."""
-    if traj.status == "running":
-        raise RuntimeError("a closed trajectory is still running")
-    return traj.status
-
-
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"a reward must be a number, got {type(value).__name__}")
-    result = float(value)
-    if math.isnan(result):
-        raise ValueError("the reward is NaN")
-    return result

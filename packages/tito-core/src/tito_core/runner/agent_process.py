@@ -1,0 +1,273 @@
+"""Rollouts of an agent of any framework: a process or an async callable speaking OpenAI chat completions to a gateway.
+
+The ``[rollout.agent]`` table (:class:`~tito_core.config.AgentSettings`) names the agent. Each worker process
+runs one in-process gateway (``tito_core.gateway.Gateway``) per server it uses (loopback, a free port), started at
+its first agent rollout; each rollout opens a gateway rollout, runs the agent against its base URL and takes the
+closed trajectory back, which the worker turns into the same record a Strands rollout gets
+(:mod:`tito_core.runner.finish`).
+
+A ``command`` agent runs in a process group of its own, in the config file's directory, with ``OPENAI_BASE_URL``,
+``OPENAI_API_KEY`` (the rollout id) and ``TITO_TASK`` (the task as JSON) in its environment. Its standard output
+and error are read as they come (a full pipe never stalls it; only their tails are kept), and the last non-empty
+line of its standard output is its answer. When it exits, what it left behind in its group is killed; past the
+time limit the whole group is killed and the rollout ends ``aborted``; a non-zero exit is an
+:class:`AgentExited` (its exit code and its standard error's tail), which ends the rollout ``failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import shutil
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ..config import AgentSettings, TitoConfig
+from ..errors import ConfigError, TitoError
+from ..status import RolloutTimedOut, status_of
+from ..trajectory import Trajectory
+from .dataset import Task
+from .finish import Ran
+from .servers import Server
+
+__all__ = ["AgentExited", "AgentRunner", "answer_line"]
+
+STDOUT_KEPT = 1 << 20
+"""Bytes of an agent's standard output kept (its tail): the answer is its last non-empty line."""
+STDERR_KEPT = 2000
+"""Characters of an agent's standard error a failed record quotes (its tail)."""
+_LINGER_S = 10.0
+"""After the agent exits and its group is killed, how long its pipes may stay open (held by a process that left the
+group) before they are closed unread: a guard against a hang, never reached by an agent that keeps to its group."""
+
+_WEEK_S = 7 * 24 * 3600.0
+"""The gateway's idle timeout for agents without a time limit: the runner ends its agents, not the gateway."""
+
+AgentFn = Callable[[Task, str], Awaitable[str]]
+
+
+class AgentExited(TitoError):
+    """An agent process exited with a non-zero code (the rollout is ``failed``)."""
+
+    def __init__(self, code: int, stderr_tail: str) -> None:
+        self.code = code
+        self.stderr_tail = stderr_tail
+        how = f"exited with code {code}"
+        if code < 0 and -code in signal.valid_signals():
+            how = f"was killed by {signal.Signals(-code).name} (exit code {code})"
+        tail = f"; stderr tail: {stderr_tail}" if stderr_tail else "; its stderr was empty"
+        super().__init__(f"the agent {how}{tail}")
+
+
+def answer_line(stdout: str) -> str:
+    """The last non-empty line of an agent's standard output, stripped ("" when there is none)."""
+    return next((line.strip() for line in reversed(stdout.splitlines()) if line.strip()), "")
+
+
+class AgentRunner:
+    """Runs ``[rollout.agent]`` rollouts for one worker: its gateways, and one agent run per rollout.
+
+    Args:
+        config: The run's configuration (the gateway builds each rollout's model from it).
+        tokenizer: The loaded tokenizer, shared with the gateway.
+        fn: The ``callable`` agent, imported (None for a ``command`` agent).
+        base_dir: The config file's directory: where a ``command`` runs and its program is looked for.
+
+    Raises:
+        ConfigError: No ``[rollout.agent]``; a ``callable`` that is not an ``async def``; a ``command`` whose
+            program is not found.
+    """
+
+    def __init__(self, config: TitoConfig, tokenizer: Any, *, fn: Any = None, base_dir: Path | None = None) -> None:
+        settings = config.rollout.agent
+        if settings is None:
+            raise ConfigError("the config has no `[rollout.agent]` table")
+        self.config = config
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.cwd = base_dir
+        self.limit = _smaller(settings.timeout_s, config.rollout.timeout_s)
+        self.fn = _agent_fn(settings, fn)
+        if settings.command:
+            _check_command(settings.command, base_dir)
+        self._gateways: dict[str, Any] = {}
+        self._starting = asyncio.Lock()
+
+    async def run(self, server: Server, task: Task, sample: int) -> tuple[Trajectory, Ran]:
+        """Run the agent on ``task`` through ``server``'s gateway: the closed trajectory (with a status), the rest."""
+        started, t0 = time.time(), time.perf_counter()
+        gateway = await self._gateway(server)
+        handle = gateway.open(task_id=task.id, metadata={"sample": sample}, rollout_id=f"{task.id}:{sample}")
+        text = ""
+        ended_by: BaseException | RolloutTimedOut | None = None
+        limit = asyncio.timeout(self.limit)
+        try:
+            async with limit:
+                text = await self._agent(task, handle.base_url, handle.id)
+        except TimeoutError as exc:
+            ended_by = RolloutTimedOut(self.limit or 0.0) if limit.expired() else exc
+        except Exception as exc:
+            ended_by = exc
+        except BaseException:  # cancelled: not recorded; an idle gateway rollout is closed now, a busy one on close
+            with contextlib.suppress(Exception):
+                if not gateway.get(handle.id).busy:
+                    await gateway.take(handle.id)
+            raise
+        agent_s = time.perf_counter() - t0
+        traj = await _take(gateway, handle.id, ended_by)
+        calls = sum(turn.tool_calls - turn.tool_parse_errors for turn in traj.turns)
+        ran = Ran(text=text, messages=[], server=server.name, started=started, t0=t0, agent_s=agent_s, tool_calls=calls)
+        return traj, ran
+
+    async def aclose(self) -> None:
+        """Close every gateway this runner started."""
+        gateways, self._gateways = list(self._gateways.values()), {}
+        for gateway in gateways:
+            await gateway.close()
+
+    async def _gateway(self, server: Server) -> Any:
+        """``server``'s gateway, started on loopback at the first rollout that needs it."""
+        gateway = self._gateways.get(server.name)
+        if gateway is not None:
+            return gateway
+        async with self._starting:
+            if server.name not in self._gateways:
+                from ..gateway import Gateway  # here, not at the top: the gateway imports the runner's writers
+
+                idle = self.limit + 60.0 if self.limit else _WEEK_S  # the runner's limit ends an agent, not the gateway
+                gateway = Gateway(self.config, tokenizer=self.tokenizer, backend=server.backend, idle_timeout=idle)
+                await gateway.start(host="127.0.0.1", port=0)
+                self._gateways[server.name] = gateway
+            return self._gateways[server.name]
+
+    async def _agent(self, task: Task, base_url: str, rollout_id: str) -> str:
+        if self.fn is not None:
+            answer = await self.fn(task, base_url)
+            if not isinstance(answer, str):
+                raise TypeError(f"the agent {self.settings.callable!r} returned {type(answer).__name__}, not str")
+            return answer
+        assert isinstance(self.settings.command, list)
+        env = {
+            **os.environ,
+            **self.settings.env,
+            "OPENAI_BASE_URL": base_url,
+            "OPENAI_API_KEY": rollout_id,
+            "TITO_TASK": msgspec.json.encode(task).decode(),
+        }
+        return await run_command(self.settings.command, env=env, cwd=self.cwd)
+
+
+async def run_command(command: list[str], *, env: dict[str, str], cwd: Path | None) -> str:
+    """Run ``command`` in a process group of its own; its answer line, or :class:`AgentExited`.
+
+    Cancelled (by a time limit or the run), it kills the group before it returns.
+    """
+    process = await asyncio.create_subprocess_exec(
+        *command,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,  # its own process group: one kill reaches whatever it started
+    )
+    assert process.stdout is not None and process.stderr is not None
+    out, err = _Tail(STDOUT_KEPT), _Tail(STDERR_KEPT * 4)
+    readers = [asyncio.create_task(out.drain(process.stdout)), asyncio.create_task(err.drain(process.stderr))]
+    try:
+        code = await process.wait()
+        _kill_group(process.pid)  # what it left running would hold its pipes open
+        _, lingering = await asyncio.wait(readers, timeout=_LINGER_S)
+        for reader in lingering:
+            reader.cancel()
+    finally:
+        _kill_group(process.pid)
+        for reader in readers:
+            reader.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            await asyncio.shield(process.wait())
+    if code != 0:
+        raise AgentExited(code, _tail(err.text().strip(), STDERR_KEPT))
+    return answer_line(out.text())
+
+
+class _Tail:
+    """Reads a pipe to its end, keeping only its last ``keep`` bytes."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.buffer = bytearray()
+
+    async def drain(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(1 << 16):
+            self.buffer += chunk
+            if len(self.buffer) > 2 * self.keep:
+                del self.buffer[: -self.keep]
+
+    def text(self) -> str:
+        return bytes(self.buffer[-self.keep :]).decode("utf-8", errors="replace")
+
+
+def _tail(text: str, size: int) -> str:
+    """The last ``size`` characters of ``text``, from a line's start where it is cut ("..." marks the cut)."""
+    if len(text) <= size:
+        return text
+    text = text[-size:]
+    return "..." + text[text.find("\n") + 1 :]
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+async def _take(gateway: Any, rollout_id: str, ended: BaseException | RolloutTimedOut | None) -> Trajectory:
+    """Take the rollout's trajectory from the gateway, closed with the status of how its agent ended.
+
+    A call the agent left in flight (it was killed mid-call) ends first and is recorded as the engine answered it.
+    Then a time limit overrides a running, completed or aborted status (the agent gave no answer in time), and an
+    agent that failed a running or completed one; a status a model call set (truncated, failed, an engine's abort)
+    stands. An agent that ended well leaves the closing to the gateway (aborted when tool calls were left unanswered).
+    """
+    rollout = gateway.get(rollout_id)
+    await rollout.idle()
+    live: Trajectory = rollout.rollout.trajectory
+    overrides = ("running", "completed", "aborted") if isinstance(ended, RolloutTimedOut) else ("running", "completed")
+    if ended is not None and live.status in overrides:
+        live.close(*status_of(ended))
+    traj: Trajectory = await gateway.take(rollout_id)
+    return traj
+
+
+def _smaller(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _agent_fn(settings: AgentSettings, fn: Any) -> AgentFn | None:
+    if settings.callable is None:
+        return None
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigError(
+            f"`rollout.agent.callable` {settings.callable!r} must be an `async def agent(task, base_url) -> str`"
+        )
+    agent: AgentFn = fn
+    return agent
+
+
+def _check_command(command: list[str] | str, base_dir: Path | None) -> None:
+    """The program of ``command`` exists, so that a typo fails before any rollout instead of failing every one."""
+    program = command[0] if isinstance(command, list) else command
+    if os.sep in program:
+        path = Path(program) if Path(program).is_absolute() else (base_dir or Path.cwd()) / program
+        found = path.is_file() and os.access(path, os.X_OK)
+    else:
+        found = shutil.which(program) is not None
+    if not found:
+        raise ConfigError(f"`rollout.agent.command`: the program {program!r} is not found (or not executable)")

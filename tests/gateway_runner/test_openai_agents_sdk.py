@@ -1,0 +1,83 @@
+"""The second framework: the OpenAI Agents SDK example (examples/openai_agents_rollout) run by `tito rollout`.
+
+The SDK's own OpenAI client talks to the runner's gateway; the model is the scripted backend. The records hold
+the SDK's tool-call turns with the tool's real result in the next prompt, the example's rewards, a crashing agent's
+failed record (the SDK raising on a call to a tool it does not have) and a timeout (a tool that never returns).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from tito_core import Trajectory, rollout
+from tito_core.config import load_config
+from tito_core.runner import read_records
+from tito_core.tokenizers import load_tokenizer
+
+from ..runner.helpers import call, tokenizer_dir
+from .helpers import EXAMPLE, adds_then_answers, agent_config, script
+
+pytest.importorskip("agents", reason="the OpenAI Agents SDK (openai-agents) is installed by the nox session `agents`")
+
+
+def _model(request: object) -> str:
+    """``adds_then_answers``, except that a request to multiply calls a tool the agent does not have."""
+    text = load_tokenizer(tokenizer_dir()).decode(list(request.input_ids))  # type: ignore[attr-defined]
+    if "Multiply" in text:
+        return call("multiply", a=3, b=4)
+    return adds_then_answers(request)  # type: ignore[arg-type]
+
+
+def test_the_example_agent_gives_tool_turns_rewards_and_a_crash_record(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.syspath_prepend(str(EXAMPLE))  # the example's reward.py, as its tito.toml names it
+    example = load_config(EXAMPLE / "tito.toml")
+    agent = msgspec.structs.replace(example.rollout.agent, command=[sys.executable, str(EXAMPLE / "agent.py")])
+    scripted = agent_config({"command": ["unused"]}, [_model] * 100)
+    config = msgspec.structs.replace(
+        example,
+        backend="scripted",
+        tokenizer=scripted["tokenizer"],
+        backend_options=scripted["backend_options"],
+        rollout=msgspec.structs.replace(example.rollout, agent=agent, group_size=1, concurrency=4),
+    )
+    tasks = [line for line in (EXAMPLE / "tasks.jsonl").read_text().splitlines()]
+    dataset = tmp_path / "tasks.jsonl"
+    dataset.write_text("\n".join([*tasks, '{"id": "mul", "prompt": "Multiply 3 by 4.", "answer": "12"}']) + "\n")
+    out = tmp_path / "out.jsonl"
+    summary = rollout(config, dataset, out)
+    assert summary.statuses == {"completed": 3, "failed": 1}
+    records = {r.task_id: r for r in read_records(out)}
+    tokenizer = load_tokenizer(tokenizer_dir())
+    for task_id, (a, b) in {"add-0": (17, 25), "add-1": (130, 7), "add-2": (9, 91)}.items():
+        record = records[task_id]
+        assert (record.status, record.reward) == ("completed", 1.0)
+        assert (record.tokens.model_calls, record.tokens.tool_calls) == (2, 1)
+        traj = Trajectory.from_record(record.trajectory)
+        first, second = traj.turns
+        assert first.tool_calls == 1 and second.tool_calls == 0
+        prompt = tokenizer.decode(traj.token_ids[second.prompt_start : second.prompt_start + second.prompt_len])
+        assert f"<tool_response>\n{a + b}\n</tool_response>" in prompt  # the SDK ran the tool; its result came back
+        system = tokenizer.decode(traj.token_ids[: traj.prompt_length])
+        assert "Use the add tool for every sum" in system and '"name": "add"' in system
+    crashed = records["mul"]
+    assert crashed.status == "failed" and crashed.reward == 0.0 and crashed.tokens.model_calls == 1
+    assert crashed.status_reason is not None
+    assert crashed.status_reason.startswith("AgentExited: the agent exited with code 1; stderr tail: ")
+    assert "multiply" in crashed.status_reason.splitlines()[-1]  # the SDK's own error, last in its traceback
+
+
+def test_an_sdk_agent_stuck_in_a_tool_times_out(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    replies = [call("fetch", url="https://example.com")] * 10
+    rollout(agent_config({"command": script("agents_sdk_hanging_tool.py"), "timeout_s": 20}, replies), _fetch(), out)
+    (record,) = read_records(out)
+    assert (record.status, record.status_reason) == ("aborted", "timed out after 20 s")
+    assert record.tokens.model_calls == 1 and Trajectory.from_record(record.trajectory).turns[0].tool_calls == 1
+
+
+def _fetch() -> list[dict[str, str]]:
+    return [{"id": "fetch", "prompt": "Fetch example.com."}]
