@@ -281,7 +281,7 @@ def integration_vllm(session: nox.Session) -> None:
 def integration_sglang(session: nox.Session) -> None:
     """The SGLang real-server suite: sglang on CPU (torch-native attention, a pure-torch stand-in for the
     two sgl_kernel CPU functions it needs, written by the suite), a tiny random Qwen3, one server per run, and
-    a second server for the image tests (the tiny Qwen2.5-VL: ~150 s to start, ~60 s of tests)."""
+    a second server for the image tests (the tiny Qwen2.5-VL: ~150 s to start, ~100 s of tests)."""
     # sglang pins torch==2.14.1 and imports torchvision at startup; its PyPI metadata also pulls CUDA-only
     # kernels, so sglang goes in without dependencies and its CPU-usable dependencies come from a list.
     session.install("torch==2.14.1", "torchvision==0.29.1")

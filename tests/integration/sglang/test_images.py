@@ -12,7 +12,9 @@ What this proves, on the real engine:
 * the ids are recorded for the vLLM suite's comparison (tests/integration/cross_engine.py, case ``images``);
 * an image whose placeholder count the engine computes otherwise is a BackendResponseError (``prompt_tokens``);
 * a literal ``<image>`` in the text (SGLang's own image sentinel) makes SGLang refuse the prompt: a named
-  BackendRequestError, nothing generated.
+  BackendRequestError, nothing generated;
+* a Strands agent on TitoModel (an image in the user's message, a tool returning a picture twice, sessions on) runs
+  on the engine; its trajectory is the HF processor's full render of the conversation, with the processor's grids.
 """
 
 from __future__ import annotations
@@ -246,3 +248,75 @@ async def test_a_literal_image_sentinel_in_the_text_is_a_named_request_error(
     finally:
         await backend.aclose()
     assert caught.value.status == 400 and caught.value.field == "input_ids"
+
+
+CALL_RX = r"<tool_call>\n<function=look>\n</function>\n</tool_call>"
+ANSWER_RX = r"It is (red|green|blue)\."
+
+
+def strands_image(image: Image) -> dict[str, Any]:
+    return {"image": {"format": image.format, "source": {"bytes": image.data}}}
+
+
+async def test_an_image_agent_through_tito_model(sglang_vl_url: str, sglang_vl_model_dir: Path, processor: Any) -> None:
+    """A Strands agent on TitoModel: an image in the user's message, a tool that returns a picture twice, then an
+    answer (tool calls and the answer forced by regex). Every request extends the trajectory and the engine ran on
+    it whole; the trajectory's text is the HF processor's full render of the conversation; the spans are the
+    processor's grids over runs of placeholders."""
+    from strands import Agent, tool
+
+    from tito_core import TitoModel
+    from tito_core.strands_messages import to_chat_messages
+
+    pictures = [picture(90, 70, 11), picture(130, 60, 99)]
+    backend = SGLangBackend(sglang_vl_url, timeout=300.0, session="on")
+    model = await TitoModel.create(backend, str(sglang_vl_model_dir), tool_parser="qwen_xml",
+                      chat_template_kwargs={"enable_thinking": False},
+                      sampling={"max_new_tokens": 40, "temperature": 0.0, "extra": {"regex": CALL_RX}})  # fmt: skip
+    calls: list[int] = []
+
+    @tool
+    def look() -> dict[str, Any]:
+        """Take a picture of the scene."""
+        calls.append(len(calls))
+        if len(calls) == len(pictures):
+            model.update_config(sampling={"max_new_tokens": 16, "temperature": 0.0, "extra": {"regex": ANSWER_RX}})
+        return {"status": "success", "content": [strands_image(pictures[len(calls) - 1]), {"text": "the scene"}]}
+
+    agent = Agent(model=model, tools=[look], callback_handler=None)
+    try:
+        await agent.invoke_async([{"role": "user", "content": [{"text": "What is in it?"}, strands_image(USER_IMAGE)]}])
+    finally:
+        await backend.aclose()
+    trajectory = model.trajectory
+    assert len(calls) == 2 and trajectory.status == "completed"
+    assert [turn.stop_reason for turn in trajectory.turns] == ["tool_use", "tool_use", "end_turn"]
+    ids = list(trajectory.token_ids)
+    spans = trajectory.images
+    images = [USER_IMAGE, *pictures]
+    assert [s.sha256 for s in spans] == [i.sha256 for i in images]
+    grids = processor.image_processor(images=[i.to_pil() for i in images], return_tensors="pt")["image_grid_thw"]
+    assert [s.grid_thw for s in spans] == [tuple(g) for g in grids.tolist()]
+    for span in spans:
+        assert ids[span.start - 1] == 151652 and ids[span.end] == 151653
+        assert ids[span.start : span.end] == [span.placeholder_id] * span.length
+    # the full render of the conversation the last call saw (the agent's messages before its answer)
+    last = trajectory.turns[-1]
+    messages = to_chat_messages(agent.messages[:-1])
+    tools = [
+        {"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                          "parameters": t["inputSchema"]["json"]}}
+        for t in agent.tool_registry.get_all_tool_specs()
+    ]  # fmt: skip
+    text = processor.apply_chat_template(
+        hf_messages(messages), tools=tools, add_generation_prompt=True, enable_thinking=False
+    )
+    reference, _ = render(processor, text, images)
+    # as text: the engine's outputs are kept as it produced them, and under the regex it spells "<tool_call>" with
+    # plain tokens (62752 ...) where a render has the special token 151657; the prompts are tito's own render
+    decode = processor.tokenizer.decode
+    assert decode(ids[: last.prompt_start + last.prompt_len]) == decode(reference)
+    REPORT.append(
+        f"image agent through TitoModel (session on): {len(trajectory.turns)} calls, {len(ids)} tokens, "
+        f"image spans {[(s.start, s.length, s.grid_thw) for s in spans]}"
+    )
