@@ -134,6 +134,7 @@ def tests_families(session: nox.Session) -> None:
 def tests_adapter(session: nox.Session, adapter: str) -> None:
     """An adapter's offline unit tests, installed as `pip install tito-core[<adapter>]` would."""
     install_core(session, ADAPTERS[adapter])
+    session.install("-e", f"{CORE}[vision]")  # Pillow: the image tests build tito_core.media.Image
     session.run("pytest", f"tests/{adapter}", *session.posargs)
 
 
@@ -282,7 +283,8 @@ def integration_vllm(session: nox.Session) -> None:
 @nox.session(python=PYTHON, venv_backend="virtualenv")
 def integration_sglang(session: nox.Session) -> None:
     """The SGLang real-server suite: sglang on CPU (torch-native attention, a pure-torch stand-in for the
-    two sgl_kernel CPU functions it needs, written by the suite), a tiny random Qwen3, one server per run."""
+    two sgl_kernel CPU functions it needs, written by the suite), a tiny random Qwen3, one server per run, and
+    a second server for the image tests (the tiny Qwen2.5-VL: ~150 s to start, ~100 s of tests)."""
     # sglang pins torch==2.14.1 and imports torchvision at startup; its PyPI metadata also pulls CUDA-only
     # kernels, so sglang goes in without dependencies and its CPU-usable dependencies come from a list.
     session.install("torch==2.14.1", "torchvision==0.29.1")

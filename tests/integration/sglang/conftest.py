@@ -1,17 +1,20 @@
 """A real SGLang server for the integration suite: tiny random Qwen3, CPU engine, loopback only.
 
-One server per test session. SGLang 0.5.23's CPU engine imports two functions from the CPU build of
-``sgl_kernel``, which is not on PyPI; the suite writes a pure-torch stand-in for them into a temporary
-directory that only the server process sees (``PYTHONPATH``). Attention runs on ``torch_native``.
+One server per test session, and a second one for the tiny Qwen2.5-VL when an image test runs. SGLang 0.5.23's
+CPU engine imports two functions from the CPU build of ``sgl_kernel``, which is not on PyPI; the suite writes a
+pure-torch stand-in for them into a temporary directory that only the server process sees (``PYTHONPATH``).
+Attention runs on ``torch_native``.
 
 Environment:
     TITO_SGLANG_PYTHON  interpreter with sglang installed (default: the one running the tests)
     TITO_SGLANG_URL     use an already running server instead of starting one (nothing is stopped)
+    TITO_SGLANG_VL_URL  the same for the second server, the tiny Qwen2.5-VL of tests/integration/sglang/test_images.py
     TITO_SGLANG_START_TIMEOUT  seconds to wait for the server to be healthy (default 300)
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -66,6 +69,20 @@ SGL_KERNEL_STANDIN = textwrap.dedent(
                 ctypes.memmove(staging_base + i * stride, base + src * stride, stride)
             for i, tgt in enumerate(targets):
                 ctypes.memmove(base + tgt * stride, staging_base + i * stride, stride)
+
+
+    # Ops SGLang's Qwen3.5 model module looks up when it is imported on CPU; the Qwen-VL image processor imports
+    # that module, so without them no Qwen-VL model loads ("No processor registered for architecture"). Declared
+    # without a kernel: a call fails. Only Qwen3.5 calls them.
+    _OPS = torch.library.Library("sgl_kernel", "FRAGMENT")
+    for _op in (
+        "fused_sigmoid_mul_cpu",
+        "fused_qk_gemma_rmsnorm_cpu",
+        "fused_qk_gemma_rmsnorm_with_gate_cpu",
+        "fused_qkvzba_split_reshape_cat_contiguous_cpu",
+    ):
+        if not hasattr(torch.ops.sgl_kernel, _op):
+            _OPS.define(f"{_op}(...) -> ()")
 
 
     def __getattr__(name):
@@ -133,7 +150,36 @@ def sglang_url(sglang_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     if external := os.environ.get("TITO_SGLANG_URL"):
         yield external.rstrip("/")
         return
-    workdir = tmp_path_factory.mktemp("sglang")
+    with _serve(sglang_model_dir, tmp_path_factory.mktemp("sglang"), name="sglang") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def sglang_vl_model_dir(sglang_model_dir: Path) -> Path:
+    """The tiny random Qwen2.5-VL (built once, cached; torch and transformers come with the SGLang env)."""
+    tiny_vl = pytest.importorskip("tito_testing.tiny_vl", reason="tito_testing.tiny_vl is not in this tree")
+    path: Path = tiny_vl.build_tiny_qwen25_vl()
+    return path
+
+
+@pytest.fixture(scope="session")
+def sglang_vl_url(sglang_vl_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A second server, for the tiny VL model, started by the first test that needs it (TITO_SGLANG_VL_URL: use
+    one already running). Its start is reported with the suite's measurements."""
+    if external := os.environ.get("TITO_SGLANG_VL_URL"):
+        yield external.rstrip("/")
+        return
+    started = time.monotonic()
+    with _serve(sglang_vl_model_dir, tmp_path_factory.mktemp("sglang-vl"), name="sglang (tiny VL)") as url:
+        REPORT.append(
+            f"tiny VL server start (a second server, its cost to the suite): {time.monotonic() - started:.1f} s"
+        )
+        yield url
+
+
+@contextlib.contextmanager
+def _serve(model_dir: Path, workdir: Path, *, name: str) -> Iterator[str]:
+    """Start ``sglang.launch_server`` on ``model_dir`` (loopback, CPU, the stand-in kernels); stop it on exit."""
     (workdir / "shim" / "sgl_kernel").mkdir(parents=True)
     (workdir / "shim" / "sgl_kernel" / "__init__.py").write_text(SGL_KERNEL_STANDIN)
     port = free_port()
@@ -150,7 +196,7 @@ def sglang_url(sglang_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
     )
     command = [
         SERVER_PYTHON, "-m", "sglang.launch_server",
-        "--model-path", str(sglang_model_dir),
+        "--model-path", str(model_dir),
         "--host", "127.0.0.1", "--port", str(port),
         *SERVER_FLAGS,
     ]  # fmt: skip
@@ -161,8 +207,8 @@ def sglang_url(sglang_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_healthy(url, process, log, name="sglang", timeout=START_TIMEOUT, warm_up=_warm_up)
-        print(f"\nsglang ready at {url} in {time.monotonic() - started:.1f} s (log: {log})", file=sys.stderr)
+        wait_until_healthy(url, process, log, name=name, timeout=START_TIMEOUT, warm_up=_warm_up)
+        print(f"\n{name} ready at {url} in {time.monotonic() - started:.1f} s (log: {log})", file=sys.stderr)
         yield url
     finally:
         stop_process_group(process)

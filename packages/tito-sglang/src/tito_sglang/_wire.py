@@ -19,7 +19,9 @@ import msgspec
 from tito_core.backend import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import BackendResponseError
 from tito_core.http.ids_json import IdsJson
+from tito_core.media import PromptImage
 from tito_core.versions import VersionSpan, clip_spans, decode_spans
+from tito_sglang import _images
 from tito_sglang._sessions import Session
 
 BACKEND_NAME: Final = "sglang"
@@ -79,21 +81,35 @@ def encode_generate(request: GenerateRequest, session: Session | None = None, id
     In a ``session`` only the ids it does not hold yet are sent (``input_ids[session.length:]``), with
     ``session_params`` naming the session and the request to continue from. Without one, the whole prompt:
     from ``ids_json``'s per-sequence text when given (O(new ids) per call).
+
+    A prompt with images is sent with one placeholder per image and the images as ``image_data``
+    (:mod:`tito_sglang._images`); in a session, only the images among the ids sent. ``never_sample`` ids get a
+    ``logit_bias`` that bans them.
     """
     ids: Any
-    if session is not None:
+    images: list[PromptImage] = []
+    if request.images:
+        ids, images = _images.collapse_placeholders(
+            request.input_ids, request.images, session.length if session is not None else 0
+        )
+    elif session is not None:
         ids = _as_list(request.input_ids[session.length :])
     elif ids_json is not None:
         ids = msgspec.Raw(ids_json.encode(request))
     else:
         ids = _as_list(request.input_ids)
+    sampling = sampling_params(request.sampling, request.grammar)
+    if request.never_sample:
+        sampling["logit_bias"] = _images.logit_bias(request, sampling.get("logit_bias"))
     body: dict[str, Any] = {
         "rid": request.rid,
         "input_ids": ids,
-        "sampling_params": sampling_params(request.sampling, request.grammar),
+        "sampling_params": sampling,
         "return_logprob": request.return_logprobs or request.return_prompt_logprobs,
         "stream": False,
     }
+    if images:
+        body["image_data"] = _images.image_data(images)
     if request.return_prompt_logprobs:
         body["logprob_start_len"] = prompt_logprob_start(request)
     elif body["return_logprob"]:
@@ -368,8 +384,9 @@ def _prompt_logprobs(meta: MetaInfoView, request: GenerateRequest) -> list[float
             "meta_info.input_token_logprobs",
             len(entries),
         )
+    in_image = _image_positions(request, start)
     for offset, entry in enumerate(entries):
-        if entry.id != input_ids[start + offset]:
+        if entry.id != input_ids[start + offset] and offset not in in_image:
             raise _response_error(
                 f"input_token_logprobs id {entry.id} at position {start + offset} does not match the "
                 f"prompt id {input_ids[start + offset]}",
@@ -378,6 +395,13 @@ def _prompt_logprobs(meta: MetaInfoView, request: GenerateRequest) -> list[float
             )
     skip = request.prefix_len - start
     return [entry.logprob for entry in entries[skip:]]
+
+
+def _image_positions(request: GenerateRequest, start: int) -> frozenset[int]:
+    """Offsets from ``start`` of the image placeholders (SGLang reports its own pad ids there, not the prompt's)."""
+    return frozenset(
+        position - start for image in request.images for position in range(max(start, image.span.start), image.span.end)
+    )
 
 
 def decode_routed_experts(

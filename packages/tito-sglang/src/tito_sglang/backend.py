@@ -15,7 +15,7 @@ from tito_core.backend import GenerateRequest, GenerateResult, PauseMode, Sampli
 from tito_core.errors import BackendError, BackendResponseError
 from tito_core.http import HttpBackend, HttpOptions
 from tito_core.http.ids_json import IdsJson
-from tito_sglang import _wire
+from tito_sglang import _images, _wire
 from tito_sglang._sessions import Session, SessionMode, SessionPool, session_refused
 
 __all__ = ["SGLangBackend"]
@@ -36,6 +36,12 @@ class SGLangBackend(HttpBackend):
     :meth:`generate`, a timeout or a connection lost mid-request aborts the request on the server
     (``POST /abort_request``). One instance can be shared by many models and used from any event loop.
 
+    Images (``supports_images``): a prompt's images go as ``image_data`` with ONE placeholder per image in
+    ``input_ids``; SGLang expands each into the count its image processor gives the image and keeps every other id
+    as sent, and its ``prompt_tokens`` must equal the trajectory's expanded length (see docs/multimodal.md,
+    "SGLang"). Sessions keep working: a call sends only the new ids and the images among them. Vision placeholder
+    ids (``never_sample``) get a ``logit_bias`` that bans them.
+
     Args:
         base_url: The server (or router) root URL.
         model_path: Local directory of the served model; its ``config.json`` gives the routed-experts
@@ -55,6 +61,7 @@ class SGLangBackend(HttpBackend):
     supports_grammar: ClassVar[bool] = True
     supports_pause: ClassVar[bool] = True
     supports_score: ClassVar[bool] = True
+    supports_images: ClassVar[bool] = True
     default_base_url: ClassVar[str] = "http://127.0.0.1:30000"
 
     def __init__(
@@ -105,16 +112,23 @@ class SGLangBackend(HttpBackend):
 
         In a session, an answer proving the server no longer knows the session (HTTP 400 before anything was
         generated: restarted, or a router that sent it to another worker) is followed by the same request
-        without a session, once (see :meth:`SessionPool.lost`).
+        without a session, once (see :meth:`SessionPool.lost`). SGLang refusing a prompt's image count (its text
+        holds the literal ``<image>``) is a :class:`~tito_core.errors.BackendRequestError` naming that.
         """
         session = await self._sessions.begin(request)
         try:
-            return await self._generate(request, session)
+            try:
+                return await self._generate(request, session)
+            except BackendError as exc:
+                if session is None or not session_refused(exc):
+                    raise
+                self._sessions.lost(request.sequence, session, exc)
+                return await self._generate(request, None)
         except BackendError as exc:
-            if session is None or not session_refused(exc):
+            refusal = _images.placeholder_refusal(exc, len(request.images)) if request.images else None
+            if refusal is None:
                 raise
-            self._sessions.lost(request.sequence, session, exc)
-            return await self._generate(request, None)
+            raise refusal from exc
 
     async def _generate(self, request: GenerateRequest, session: Session | None) -> GenerateResult:
         body = _wire.encode_generate(request, session, self._ids_json)
