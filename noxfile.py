@@ -65,6 +65,9 @@ def _python312() -> str:
     return str(found[-1]) if found else "3.12"
 
 
+OPENAI_SDK = "openai>=2.0"  # the client the gateway's tests use (tests only: tito-core does not depend on it)
+
+
 def install_core(session: nox.Session, *extra_paths: str) -> None:
     """Install tito-core, tito-testing (offline tokenizers with their chat templates, the scripted backend, the
     conformance kit) and the given local packages, editable. tito-testing comes from the tree, never from the
@@ -89,9 +92,11 @@ def tests_core(session: nox.Session) -> None:
     servers), plugin discovery with the example third-party adapter."""
     install_core(session, EXAMPLE, ADAPTERS["sglang"])
     session.install("-e", f"{CORE}[parquet]")
+    session.install(OPENAI_SDK)  # the gateway's tests drive it with the real OpenAI SDK (and Strands' OpenAIModel)
     session.run(
         "pytest",
         "tests/core",
+        "tests/gateway",
         "tests/runner",
         "tests/plugins",
         EXAMPLE,
@@ -126,7 +131,7 @@ def faults(session: nox.Session) -> None:
     """The fault suite (docs/reliability.md): a misbehaving local server against both adapters, hypothesis over
     the decoders and parsers, and 1,000 concurrent rollouts with and without random faults."""
     install_core(session, *ADAPTERS.values())
-    session.install("aiohttp")
+    session.install("aiohttp", OPENAI_SDK)
     session.run("pytest", "tests/faults", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 

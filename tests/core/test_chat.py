@@ -69,7 +69,9 @@ def test_message_conversion():
     [
         ({"image": {"format": "png", "source": {"bytes": b"x"}}}, "image"),
         ({"document": {"name": "d", "format": "pdf", "source": {"bytes": b"x"}}}, "document"),
-        ({"toolResult": {"toolUseId": "t", "content": [{"image": {}}]}}, "only text and json"),
+        ({"toolResult": {"toolUseId": "t", "content": [{"image": {}}]}}, "source.bytes"),
+        ({"toolResult": {"toolUseId": "t", "content": [{"document": {}}]}}, "only text, json and image"),
+        ({"video": {"format": "mp4", "source": {"bytes": b"x"}}}, "video"),
         ({"mystery": {}}, "mystery"),
     ],
 )

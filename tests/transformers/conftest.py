@@ -1,4 +1,4 @@
-"""Fixtures of the embedded backend's suite: the tiny random Qwen3 (built offline, cached) and backends on it.
+"""Fixtures of the embedded backend's suite: the tiny random Qwen3 and Qwen2.5-VL (built offline, cached) and backends.
 
 Model loading is the slow part, so backends are shared per module; each test module that needs a different
 configuration (float32 for exact comparisons, processed logprobs, a small batch bound) builds its own.
@@ -23,6 +23,13 @@ def tiny_model_dir() -> Path:
     from tito_testing.tiny_model import build_tiny_qwen3
 
     return build_tiny_qwen3()
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_dir() -> Path:
+    from tito_testing.tiny_vl import build_tiny_qwen25_vl
+
+    return build_tiny_qwen25_vl()
 
 
 @pytest.fixture(scope="session")

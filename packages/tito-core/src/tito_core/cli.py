@@ -6,6 +6,7 @@
     tito export --to slime|verl|trl|agl rollouts.jsonl -o out.jsonl [--branch-reward shared|last]
         [--max-staleness N --current-version V]
     tito inspect rollouts.jsonl [--id TASK_ID [--tokenizer DIR | --config tito.toml]]
+    tito serve --config tito.toml [--host 127.0.0.1] [--port 8100] [--output rollouts.jsonl] [--api-key KEY]
     tito demo
 
 Errors found before any work (a bad config, dataset row, tokenizer or server) print one line and exit 2.
@@ -43,6 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _rollout(args)
         if args.command == "export":
             return _export(args)
+        if args.command == "serve":
+            return _serve(args)
         return _inspect(args)
     except TitoError as exc:
         print(f"tito {args.command}: error: {exc}", file=sys.stderr)
@@ -130,8 +133,36 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("--tokenizer", help="decode the tokens as text with this tokenizer (else token ids)")
     decode.add_argument("--config", help="decode the tokens as text with this TOML config's tokenizer")
 
+    serve = commands.add_parser("serve", help="an OpenAI-compatible gateway recording every rollout (docs/gateway.md)")
+    serve.add_argument("--config", required=True, help="TOML config (backend, tokenizer, tool parser, sampling)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (not loopback: --api-key is required)")
+    serve.add_argument("--port", type=int, default=8100, help="port (0: a free one; the address is printed)")
+    serve.add_argument("-o", "--output", help="rollout file finished rollouts are written to (.jsonl or .parquet)")
+    serve.add_argument("--api-key", help="the key every request must carry (Authorization: Bearer KEY)")
+    serve.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle rollout ends")
+
     commands.add_parser("demo", help="run the demo rollout (python -m tito_core.demo)", add_help=False)
     return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .config import load_config
+    from .gateway.server import serve
+
+    logging.basicConfig(level=logging.WARNING, format="tito: %(message)s")
+    config = load_config(args.config)
+    return asyncio.run(
+        serve(
+            config,
+            host=args.host,
+            port=args.port,
+            output=args.output,
+            api_key=args.api_key,
+            idle_timeout=args.idle_timeout,
+        )
+    )
 
 
 def _rollout(args: argparse.Namespace) -> int:

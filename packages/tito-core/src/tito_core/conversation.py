@@ -5,6 +5,10 @@ messages into a :class:`Conversation`: chat-template messages (``role``, ``conte
 ``tool_call_id``, ``reasoning_content``) in the order the model sees them, tool results already in the order of
 the calls they answer, the system prompt, and the offered tools. The core renders, syncs and records this form
 and nothing else; it never sees a framework's types.
+
+A user or tool message may hold images: its ``content`` is then a list of parts, ``{"type": "text", "text": ...}``
+and ``{"type": "image", "image": Image}`` (:func:`~tito_core.media.image_part`), the form Hugging Face chat
+templates take. Text-only messages keep a string ``content``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
 import msgspec
+
+from .media import Image
 
 __all__ = ["ChatMessage", "Conversation", "ToolSpec", "canonical", "reply_message", "tool_specs_to_chat"]
 
@@ -87,15 +93,22 @@ def reply_message(content: str, reasoning: str | None, calls: Sequence[tuple[str
     return message
 
 
-_CANONICAL = msgspec.json.Encoder(order="sorted")
+def _encode_image(obj: Any) -> Any:
+    if isinstance(obj, Image):
+        return {"image_sha256": obj.sha256}
+    raise TypeError(f"cannot encode {type(obj).__name__}")
+
+
+_CANONICAL = msgspec.json.Encoder(order="sorted", enc_hook=_encode_image)
 
 
 def canonical(message: Mapping[str, Any]) -> bytes | Mapping[str, Any]:
     """What determines a message's tokens, kept to tell later whether it was rewritten.
 
     Canonical JSON (sorted keys) where msgspec can encode the message: bytes are never walked by the garbage
-    collector, which matters with hundreds of rollouts in one process. A message it cannot encode is kept as
-    itself (compared by equality).
+    collector, which matters with hundreds of rollouts in one process. An :class:`~tito_core.media.Image` is
+    encoded as its content hash, never its bytes (a changed or dropped image is a rewritten message). A message
+    it cannot encode is kept as itself (compared by equality).
     """
     try:
         return _CANONICAL.encode(message)

@@ -2,7 +2,10 @@
 
 Only this module (and :mod:`tito_core.model`) knows Strands' message types. A user message becomes tool messages
 (in the order of the calls they answer) and/or user messages; an assistant message becomes one chat message with
-its text, reasoning and tool calls. Content tito cannot render is an :class:`UnsupportedContentError`.
+its text, reasoning and tool calls. Image blocks (in user messages and in tool results, e.g. a screenshot
+tool's ``{"image": ...}`` item) become image content parts (:func:`~tito_core.media.image_part`); a message's
+``content`` becomes a list of parts only when it holds an image, so text-only conversions are unchanged. Content
+tito cannot render (video, documents, redacted reasoning) is an :class:`UnsupportedContentError`.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from strands.types.tools import ToolResultContent, ToolSpec
 
 from .conversation import ChatMessage, Conversation
 from .errors import UnsupportedContentError
+from .media import Image, ImageError, image_part
 
-__all__ = ["TEXT_JOINER", "system_text", "to_chat_messages", "to_conversation"]
+__all__ = ["TEXT_JOINER", "strands_image", "system_text", "to_chat_messages", "to_conversation"]
 
 TEXT_JOINER = "\n"
 """Several text blocks of one message (or items of one tool result) are joined with this."""
@@ -38,28 +42,69 @@ def system_text(system_prompt: str | None, system_prompt_content: Sequence[Mappi
     return system_prompt
 
 
-def _tool_result_text(content: Sequence[ToolResultContent], tool_use_id: str) -> str:
+def strands_image(block: Mapping[str, Any]) -> Image:
+    """A Strands image block's value (``{"format": "png", "source": {"bytes": b"..."}}``) as an :class:`Image`.
+
+    Raises:
+        ImageError: the source is not inline bytes, the format is not supported, or the bytes do not decode.
+    """
+    source = block.get("source") if isinstance(block, Mapping) else None
+    data = source.get("bytes") if isinstance(source, Mapping) else None
+    if data is None:
+        kinds = ", ".join(sorted(source)) if isinstance(source, Mapping) else type(source).__name__
+        raise ImageError(f"an image block needs its bytes in source.bytes (got source {kinds})")
+    fmt = block.get("format")
+    return Image(data, fmt if isinstance(fmt, str) else None)
+
+
+def _content(parts: list[str | Image]) -> str | list[dict[str, Any]]:
+    """Text pieces and images as a message's content: a string when there is no image, else a list of parts.
+
+    Adjacent text pieces are joined with :data:`TEXT_JOINER`, as they are in a text-only message.
+    """
+    if not any(isinstance(p, Image) for p in parts):
+        return TEXT_JOINER.join(p for p in parts if isinstance(p, str))
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for part in parts:
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        if texts:
+            out.append({"type": "text", "text": TEXT_JOINER.join(texts)})
+            texts = []
+        out.append(image_part(part))
+    if texts:
+        out.append({"type": "text", "text": TEXT_JOINER.join(texts)})
+    return out
+
+
+def _tool_result_content(content: Sequence[ToolResultContent], tool_use_id: str) -> str | list[dict[str, Any]]:
     if len(content) == 1 and "text" in content[0]:
         return content[0]["text"]
-    parts: list[str] = []
+    parts: list[str | Image] = []
     for item in content:
         if "text" in item:
             parts.append(item["text"])
         elif "json" in item:
             parts.append(json.dumps(item["json"], ensure_ascii=False))
+        elif "image" in item:
+            parts.append(strands_image(item["image"]))
         else:
             kinds = ", ".join(sorted(item))
             raise UnsupportedContentError(
-                f"tool result {tool_use_id!r} holds a {kinds} item; only text and json tool results are supported"
+                f"tool result {tool_use_id!r} holds a {kinds} item; only text, json and image tool results "
+                "are supported"
             )
-    return TEXT_JOINER.join(parts)
+    return _content(parts)
 
 
 def _unsupported(block: ContentBlock, role: str) -> UnsupportedContentError:
     kinds = ", ".join(sorted(block)) or "empty"
     if {"image", "video", "document"} & set(block):
+        where = "user messages and tool results" if "image" in block else "no message"
         return UnsupportedContentError(
-            f"{kinds} content in a {role} message is not supported yet: tito renders text-only chat templates"
+            f"{kinds} content in a {role} message is not supported: tito takes images in {where}"
         )
     return UnsupportedContentError(f"unsupported content block {kinds!r} in a {role} message")
 
@@ -109,16 +154,16 @@ def _user_to_chat(message: Message, call_order: Sequence[str]) -> list[ChatMessa
                 {
                     "role": "tool",
                     "tool_call_id": call_id,
-                    "content": _tool_result_text(result.get("content", []), call_id),
+                    "content": _tool_result_content(result.get("content", []), call_id),
                 }
             ]
     out: list[ChatMessage] = []
-    texts: list[str] = []
+    texts: list[str | Image] = []
     results: list[tuple[str, ChatMessage]] = []
 
     def flush_text() -> None:
         if texts:
-            out.append({"role": "user", "content": TEXT_JOINER.join(texts)})
+            out.append({"role": "user", "content": _content(texts)})
             texts.clear()
 
     def flush_results() -> None:
@@ -134,11 +179,14 @@ def _user_to_chat(message: Message, call_order: Sequence[str]) -> list[ChatMessa
             flush_text()
             result = block["toolResult"]
             call_id = result["toolUseId"]
-            text = _tool_result_text(result.get("content", []), call_id)
+            text = _tool_result_content(result.get("content", []), call_id)
             results.append((call_id, {"role": "tool", "tool_call_id": call_id, "content": text}))
         elif "text" in block:
             flush_results()
             texts.append(block["text"])
+        elif "image" in block:
+            flush_results()
+            texts.append(strands_image(block["image"]))
         elif not set(block) <= _IGNORED_BLOCKS:
             raise _unsupported(block, "user")
     flush_results()
@@ -158,7 +206,9 @@ def to_chat_messages(
             results of parallel calls when that assistant message is not part of ``messages``).
 
     Raises:
-        UnsupportedContentError: for content tito cannot render (images, documents, redacted reasoning).
+        UnsupportedContentError: for content tito cannot render (video, documents, images outside user messages
+            and tool results, redacted reasoning); an :class:`~tito_core.media.ImageError` for an image it
+            cannot use.
     """
     chat: list[ChatMessage] = []
     if system_prompt is not None:

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..trajectory import Trajectory
 from .jsonl_writer import JsonlWriter, read_jsonl
 from .output_lock import OutputLock, OutputLockedError
 from .parquet_writer import ParquetWriter, read_parquet
@@ -70,6 +71,7 @@ __all__ = [
     "read_records",
     "record_from_row",
     "record_to_row",
+    "rollout_record",
 ]
 
 
@@ -120,3 +122,50 @@ def read_records(path: str | os.PathLike[str]) -> Iterator[RolloutRecord]:
         yield from read_parquet(source)
     else:
         yield from read_jsonl(source)
+
+
+def rollout_record(
+    traj: Trajectory,
+    *,
+    task_id: str,
+    sample: int,
+    group: int,
+    reward: float | None,
+    server: str | None,
+    started: float,
+    wall_s: float,
+    agent_s: float,
+    reward_s: float = 0.0,
+    tool_calls: int,
+) -> RolloutRecord:
+    """The record of a closed trajectory: its final status, token counts and weight-version range.
+
+    What the runner's worker and the gateway both write; ``tool_calls`` is the number of tools the agent ran.
+
+    Raises:
+        RuntimeError: ``traj`` is still running (close it first).
+    """
+    if traj.status == "running":
+        raise RuntimeError("a closed trajectory is still running")
+    output = sum(seg.length for seg in traj.segments if seg.kind == "output")
+    versions = traj.weight_version_range(branches=True) or (None, None)
+    return RolloutRecord(
+        task_id=task_id,
+        sample=sample,
+        group=group,
+        status=traj.status,
+        status_reason=traj.status_reason,
+        reward=reward,
+        server=server,
+        trajectory=traj.to_record(),
+        timings=Timings(started=started, wall_s=wall_s, agent_s=agent_s, reward_s=reward_s),
+        tokens=TokenCounts(
+            total=len(traj),
+            output=output,
+            prompt=len(traj) - output,
+            model_calls=len(traj.turns),
+            tool_calls=tool_calls,
+        ),
+        weight_version_min=versions[0],
+        weight_version_max=versions[1],
+    )

@@ -30,7 +30,7 @@ from ..trajectory import Trajectory
 from .dataset import Task
 from .forcing import ForcedToolCalls
 from .limits import LoopLimiter
-from .records import FinalStatus, RolloutRecord, Timings, TokenCounts
+from .records import FinalStatus, RolloutRecord, Timings, TokenCounts, rollout_record
 from .rewards import GroupRewardFn, RewardFn, Sample, call_maybe_async
 from .servers import Server, ServerPool
 
@@ -206,29 +206,19 @@ class RolloutWorker:
                 reward = _number(await call_maybe_async(self.reward, view, in_thread=True))
             except Exception as exc:
                 traj.amend_status(*status_of(RewardFailed(exc)))  # the trajectory and its record say the same
-        status, reason = _final(traj), traj.status_reason
         now = time.perf_counter()
-        output = sum(seg.length for seg in traj.segments if seg.kind == "output")
-        versions = traj.weight_version_range(branches=True) or (None, None)
-        return RolloutRecord(
+        return rollout_record(
+            traj,
             task_id=task.id,
             sample=sample,
             group=task.index,
-            status=status,
-            status_reason=reason,
             reward=reward,
             server=server.name,
-            trajectory=traj.to_record(),
-            timings=Timings(started=started, wall_s=now - t0, agent_s=agent_s, reward_s=now - t1),
-            tokens=TokenCounts(
-                total=len(traj),
-                output=output,
-                prompt=len(traj) - output,
-                model_calls=len(traj.turns),
-                tool_calls=limiter.tool_calls,
-            ),
-            weight_version_min=versions[0],
-            weight_version_max=versions[1],
+            started=started,
+            wall_s=now - t0,
+            agent_s=agent_s,
+            reward_s=now - t1,
+            tool_calls=limiter.tool_calls,
         )
 
 

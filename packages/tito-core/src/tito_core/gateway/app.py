@@ -1,0 +1,215 @@
+"""The gateway's HTTP routes on aiohttp's web server.
+
+=============================================  ================================================================
+``POST /rollouts``                             open one: ``{"task_id"?, "metadata"?}`` → 201 ``{"id", "base_url"}``
+``POST /rollouts/<id>/v1/chat/completions``    a chat call on the rollout (JSON, or SSE with ``stream``)
+``POST /v1/chat/completions``                  the same, the rollout id in ``Authorization: Bearer <id>``
+``GET /rollouts/<id>/v1/models``, ``/v1/models``  the served model
+``GET /rollouts/<id>``                         the trajectory JSON (with its status)
+``POST /rollouts/<id>/finish``                 ``{"reward"?, "metadata"?}`` → the record, written to the output
+=============================================  ================================================================
+
+Every error is OpenAI's error JSON (:mod:`~tito_core.gateway.errors`), bodies are bounded (413), and with an api
+key every request carries it (``Authorization: Bearer KEY``; on ``/v1/chat/completions``, ``Bearer KEY:ROLLOUT``).
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from ..runner.records import RolloutRecord
+from .completion import sse_chunks
+from .errors import GatewayError, bad_request, error_body
+from .openai_chat import ChatRequest
+from .registry import GatewayRollout
+
+__all__ = ["Served", "build_app", "is_loopback"]
+
+
+class Served(Protocol):
+    """What the routes need of a :class:`~tito_core.gateway.Gateway` (the service imports this module)."""
+
+    api_key: str | None
+    model_name: str
+    max_body_bytes: int
+
+    def open(
+        self, task_id: str | None = None, metadata: dict[str, Any] | None = None, rollout_id: str | None = None
+    ) -> GatewayRollout:
+        """Open a rollout."""
+
+    def get(self, rollout_id: str) -> GatewayRollout:
+        """An open rollout (404 unknown, 409 finished)."""
+
+    def trajectory_json(self, rollout_id: str) -> bytes:
+        """A rollout's trajectory JSON."""
+
+    async def chat(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], ChatRequest]:
+        """Answer a chat call."""
+
+    async def finish(
+        self, rollout_id: str, reward: float | None = None, metadata: dict[str, Any] | None = None
+    ) -> RolloutRecord:
+        """End a rollout and write its record."""
+
+
+_GATEWAY: web.AppKey[Served] = web.AppKey("gateway")
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(data, ensure_ascii=False), status=status, content_type="application/json")
+
+
+def _error(error: GatewayError) -> web.Response:
+    return _json(error_body(error), error.status)
+
+
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    try:
+        gateway = request.app[_GATEWAY]
+        key = gateway.api_key
+        if key is not None:
+            token = _bearer(request) or ""
+            given = token.split(":", 1)[0] if request.path == "/v1/chat/completions" else token
+            if not hmac.compare_digest(given.encode(), key.encode()):
+                message = "a valid api key is required (Authorization: Bearer KEY)"
+                raise GatewayError(401, message, code="invalid_api_key")
+        return await handler(request)
+    except GatewayError as exc:
+        return _error(exc)
+    except web.HTTPRequestEntityTooLarge as exc:
+        message = f"the request body is larger than the gateway's limit ({exc.text or 'max_body_bytes'})"
+        return _error(GatewayError(413, message, code="body_too_large"))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(GatewayError(exc.status, exc.reason, code="http_error"))
+
+
+async def _body(request: web.Request, *, optional: bool = False) -> Any:
+    raw = await request.read()
+    if not raw and optional:
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise bad_request("body", f"not valid JSON: {exc}") from None
+
+
+def _fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad_request("body", "must be a JSON object")
+    for key in body:
+        if key not in allowed:
+            raise bad_request(key, f"unknown field; expected some of {sorted(allowed)}")
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise bad_request("metadata", "must be an object")
+    return body
+
+
+async def _open(request: web.Request) -> web.Response:
+    gateway = request.app[_GATEWAY]
+    body = _fields(await _body(request, optional=True), frozenset({"task_id", "metadata", "id"}))
+    for key in ("task_id", "id"):
+        if body.get(key) is not None and (not isinstance(body[key], str) or not body[key]):
+            raise bad_request(key, "must be a non-empty string")
+    rollout = gateway.open(task_id=body.get("task_id"), metadata=body.get("metadata"), rollout_id=body.get("id"))
+    return _json({"id": rollout.id, "base_url": rollout.base_url}, 201)
+
+
+async def _chat(request: web.Request, rollout_id: str) -> web.StreamResponse:
+    gateway = request.app[_GATEWAY]
+    gateway.get(rollout_id)  # 404 / 409 before reading a large body
+    body, chat = await gateway.chat(rollout_id, await _body(request))
+    if not chat.stream:
+        return _json(body)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for chunk in sse_chunks(body, include_usage=chat.include_usage):
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+async def _chat_on_path(request: web.Request) -> web.StreamResponse:
+    return await _chat(request, request.match_info["rollout"])
+
+
+async def _chat_by_bearer(request: web.Request) -> web.StreamResponse:
+    token = _bearer(request)
+    if token is None:
+        raise GatewayError(401, "give the rollout id as the api key (Authorization: Bearer <rollout id>)")
+    if request.app[_GATEWAY].api_key is not None:
+        _, sep, token = token.partition(":")
+        if not sep or not token:
+            raise GatewayError(401, "with a gateway api key, authorize with 'Bearer KEY:ROLLOUT_ID' on this route")
+    return await _chat(request, token)
+
+
+async def _models(request: web.Request) -> web.Response:
+    gateway = request.app[_GATEWAY]
+    if "rollout" in request.match_info:
+        gateway.get(request.match_info["rollout"])
+    model = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "tito"}
+    return _json({"object": "list", "data": [model]})
+
+
+async def _trajectory(request: web.Request) -> web.Response:
+    data = request.app[_GATEWAY].trajectory_json(request.match_info["rollout"])
+    return web.Response(body=data, content_type="application/json")
+
+
+async def _finish(request: web.Request) -> web.Response:
+    from ..runner.record_schema import ENCODER
+
+    gateway = request.app[_GATEWAY]
+    body = _fields(await _body(request, optional=True), frozenset({"reward", "metadata"}))
+    reward = body.get("reward")
+    if reward is not None and (
+        isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)
+    ):
+        raise bad_request("reward", f"must be a finite number, got {reward!r}")
+    record = await gateway.finish(
+        request.match_info["rollout"], None if reward is None else float(reward), body.get("metadata")
+    )
+    return web.Response(body=ENCODER.encode(record), content_type="application/json")
+
+
+def build_app(gateway: Served) -> web.Application:
+    """The aiohttp application serving ``gateway``."""
+    app = web.Application(client_max_size=gateway.max_body_bytes, middlewares=[_errors])
+    app[_GATEWAY] = gateway
+    app.router.add_post("/rollouts", _open)
+    app.router.add_post("/rollouts/{rollout}/v1/chat/completions", _chat_on_path)
+    app.router.add_post("/v1/chat/completions", _chat_by_bearer)
+    app.router.add_get("/rollouts/{rollout}/v1/models", _models)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/rollouts/{rollout}", _trajectory)
+    app.router.add_post("/rollouts/{rollout}/finish", _finish)
+    return app

@@ -1,0 +1,362 @@
+"""An OpenAI chat-completions request to tito's :class:`~tito_core.conversation.Conversation` and call options.
+
+:func:`parse_request` checks every field of the request body and converts it: the messages (system / developer
+first, user, assistant with ``tool_calls`` and ``reasoning_content``, tool; text content parts) into the chat
+messages the core takes, the ``tools`` into tool specs, ``tool_choice`` into tito's form (``{"any": {}}``,
+``{"tool": {"name": ...}}``) and the sampling fields over the configured sampling. Replayed assistant messages
+are replaced by the rollout's exact replies (:class:`~tito_core.gateway.matching.ReplyBook`). Anything tito
+cannot honour exactly is a :class:`~tito_core.gateway.errors.GatewayError` 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from ..backend import SamplingParams
+from ..conversation import ChatMessage, Conversation, ToolSpec
+from ..errors import ConfigError
+from .errors import bad_request
+from .matching import ReplyBook
+
+__all__ = ["ChatRequest", "parse_request"]
+
+TEXT_JOINER = "\n"
+"""Several text parts of one message are joined with this (as the Strands front joins text blocks)."""
+
+# Fields accepted and without effect on tokens or sampling.
+_IGNORED = frozenset({"model", "user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"})
+_HANDLED = frozenset(
+    {
+        "messages",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "n",
+        "stream",
+        "stream_options",
+        "logprobs",
+        "top_logprobs",
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
+        "response_format",
+    }
+)
+_MESSAGE_KEYS = {
+    "system": frozenset({"role", "content", "name"}),
+    "developer": frozenset({"role", "content", "name"}),
+    "user": frozenset({"role", "content", "name"}),
+    "assistant": frozenset({"role", "content", "name", "tool_calls", "reasoning_content", "refusal", "annotations"}),
+    "tool": frozenset({"role", "content", "tool_call_id", "name"}),
+}
+
+
+class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One checked chat-completions request.
+
+    Attributes:
+        conversation: The messages in tito's form (replayed replies already exact).
+        sampling: The configured sampling with the request's fields over it.
+        tool_choice: tito's ``tool_choice`` (``{"auto": {}}`` the model decides; None: the configured one).
+        logprobs: Return the logprob of every output token.
+        stream: Answer as server-sent events.
+        include_usage: With ``stream``, send a last chunk with the usage (``stream_options.include_usage``).
+        model: The ``model`` the client named (echoed back).
+    """
+
+    conversation: Conversation
+    sampling: SamplingParams
+    tool_choice: dict[str, Any] | None = None
+    logprobs: bool = False
+    stream: bool = False
+    include_usage: bool = False
+    model: str = ""
+
+
+def parse_request(body: Any, book: ReplyBook, sampling: SamplingParams) -> ChatRequest:
+    """Check and convert a chat-completions request body.
+
+    Args:
+        body: The decoded JSON body.
+        book: The rollout's returned replies (replayed assistant messages are matched against them).
+        sampling: The configured sampling the request's fields override.
+
+    Raises:
+        GatewayError: 400 naming the first field tito cannot honour exactly.
+    """
+    if not isinstance(body, Mapping):
+        raise bad_request("body", "the request body must be a JSON object")
+    for key in body:
+        if key not in _HANDLED and key not in _IGNORED:
+            raise bad_request(str(key), "this field is not supported by the tito gateway")
+    _check_unsupported(body)
+    tools = _tool_specs(body.get("tools"))
+    system, messages = _messages(body.get("messages"), book)
+    choice = _tool_choice(body.get("tool_choice"), tools)
+    _check_parallel(body.get("parallel_tool_calls"), choice, tools)
+    stream = _bool(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise bad_request("stream_options", "must be an object")
+    include_usage = bool(options and options.get("include_usage"))
+    model = body.get("model")
+    return ChatRequest(
+        conversation=Conversation(messages=messages, system=system, tool_specs=tools),
+        sampling=_sampling(body, sampling),
+        tool_choice=choice,
+        logprobs=_bool(body, "logprobs"),
+        stream=stream,
+        include_usage=include_usage,
+        model=model if isinstance(model, str) else "",
+    )
+
+
+def _bool(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(key, f"must be true or false, got {value!r}")
+    return value
+
+
+def _check_unsupported(body: Mapping[str, Any]) -> None:
+    n = body.get("n")
+    if n not in (None, 1):
+        raise bad_request("n", "only one choice per request is supported (a rollout is one sequence)")
+    top = body.get("top_logprobs")
+    if top not in (None, 0):
+        raise bad_request("top_logprobs", "alternatives are not recorded; only the sampled tokens' logprobs are")
+    for key in ("frequency_penalty", "presence_penalty"):
+        if body.get(key) not in (None, 0, 0.0):
+            raise bad_request(key, "penalties are not supported (set them in the config's `sampling.extra`)")
+    if body.get("logit_bias"):
+        raise bad_request("logit_bias", "logit biases are not supported")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, Mapping) or fmt.get("type") != "text"):
+        raise bad_request("response_format", "only {'type': 'text'} is supported; use a forced tool call instead")
+
+
+def _sampling(body: Mapping[str, Any], base: SamplingParams) -> SamplingParams:
+    changes: dict[str, Any] = {}
+    max_tokens, max_completion = body.get("max_tokens"), body.get("max_completion_tokens")
+    if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
+        raise bad_request("max_completion_tokens", "differs from max_tokens; give one of them")
+    limit = max_completion if max_completion is not None else max_tokens
+    if limit is not None:
+        field = "max_completion_tokens" if max_completion is not None else "max_tokens"
+        if type(limit) is not int or limit < 1:
+            raise bad_request(field, f"must be a positive integer, got {limit!r}")
+        changes["max_new_tokens"] = limit
+    for key in ("temperature", "top_p", "seed"):
+        if body.get(key) is not None:
+            changes[key] = body[key]
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise bad_request("stop", "must be a non-empty string or a list of them")
+        changes["stop"] = tuple(stops)
+    if not changes:
+        return base
+    try:
+        return msgspec.structs.replace(base, **changes)
+    except (ConfigError, msgspec.ValidationError, TypeError) as exc:
+        field = next((k for k in ("temperature", "top_p", "seed", "stop") if k in changes and k in str(exc)), "body")
+        raise bad_request(field, str(exc)) from None
+
+
+# ----------------------------------------------------------------------------------------------------- tools
+def _tool_specs(tools: Any) -> list[ToolSpec] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise bad_request("tools", "must be a list of function tools")
+    specs: list[ToolSpec] = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, Mapping) or tool.get("type") != "function":
+            raise bad_request(f"{where}.type", "only 'function' tools are supported")
+        function = tool.get("function")
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise bad_request(f"{where}.function.name", "every function tool needs a name")
+        parameters = function.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        if not isinstance(parameters, Mapping):
+            raise bad_request(f"{where}.function.parameters", "must be a JSON schema object")
+        description = function.get("description")
+        specs.append(
+            {
+                "name": function["name"],
+                "description": description if isinstance(description, str) else "",
+                "inputSchema": {"json": dict(parameters)},
+            }
+        )
+    return specs or None
+
+
+def _tool_choice(value: Any, tools: Sequence[ToolSpec] | None) -> dict[str, Any] | None:
+    if value is None:
+        return None  # the configured tool_choice applies
+    if value == "auto":
+        return {"auto": {}}
+    if value == "none":
+        if tools:
+            raise bad_request(
+                "tool_choice",
+                "'none' with tools offered is not supported: the tools stay in the prompt, so leave "
+                "them out of the request instead",
+            )
+        return {"auto": {}}
+    if value == "required":
+        if not tools:
+            raise bad_request("tool_choice", "'required' needs at least one tool in `tools`")
+        return {"any": {}}
+    if isinstance(value, Mapping) and value.get("type") == "function":
+        function = value.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise bad_request("tool_choice.function.name", "a named tool_choice needs the function's name")
+        if not any(spec["name"] == name for spec in tools or ()):
+            raise bad_request("tool_choice.function.name", f"{name!r} is not one of the offered tools")
+        return {"tool": {"name": name}}
+    raise bad_request("tool_choice", f"must be 'auto', 'none', 'required' or a named function, got {value!r}")
+
+
+def _check_parallel(value: Any, choice: dict[str, Any] | None, tools: Sequence[ToolSpec] | None) -> None:
+    if value is None or value is True:
+        return
+    if value is not False:
+        raise bad_request("parallel_tool_calls", f"must be true or false, got {value!r}")
+    if tools and (choice is None or "auto" in choice):
+        raise bad_request(
+            "parallel_tool_calls",
+            "false is only honoured with tool_choice 'required' or a named function (the constraint allows one "
+            "call); an unconstrained output is never cut or rewritten",
+        )
+
+
+# -------------------------------------------------------------------------------------------------- messages
+def _content(content: Any, where: str, *, allow_none: bool = False) -> str:
+    if content is None:
+        if allow_none:
+            return ""
+        raise bad_request(f"{where}.content", "is missing")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{where}.content", "must be a string or a list of content parts")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            if kind == "image_url":
+                raise bad_request(
+                    f"{where}.content[{j}].type", "image_url parts are not supported by the gateway yet (issue 29)"
+                )
+            raise bad_request(f"{where}.content[{j}].type", f"content part {kind!r} is not supported (text only)")
+        texts.append(part["text"])
+    return TEXT_JOINER.join(texts)
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise bad_request(f"{where}.tool_calls", "must be a list")
+    out = []
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            raise bad_request(f"{at}.function", "a tool call needs a function with a name")
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError as exc:
+                raise bad_request(f"{at}.function.arguments", f"is not JSON: {exc}") from None
+        if not isinstance(arguments, Mapping):
+            raise bad_request(f"{at}.function.arguments", "must be a JSON object")
+        call_id = call.get("id")
+        out.append(
+            {
+                "id": call_id if isinstance(call_id, str) else f"call_{j}",
+                "type": "function",
+                "function": {"name": function["name"], "arguments": dict(arguments)},
+            }
+        )
+    return out
+
+
+def _assistant(message: Mapping[str, Any], where: str, book: ReplyBook) -> tuple[ChatMessage, dict[str, str]]:
+    """The assistant message for the core, and how the client's tool-call ids map to the reply's."""
+    if message.get("refusal"):
+        raise bad_request(f"{where}.refusal", "refusals are not generated by tito and cannot be rendered")
+    reply = book.resolve(message)
+    if reply is not None:
+        theirs = [c.get("id") for c in message.get("tool_calls") or () if isinstance(c, Mapping)]
+        ours = [c["id"] for c in reply.get("tool_calls", ())]
+        return reply, {t: o for t, o in zip(theirs, ours, strict=False) if isinstance(t, str)}
+    chat: ChatMessage = {"role": "assistant", "content": _content(message.get("content"), where, allow_none=True)}
+    reasoning = message.get("reasoning_content")
+    if reasoning is not None:
+        if not isinstance(reasoning, str):
+            raise bad_request(f"{where}.reasoning_content", "must be a string")
+        chat["reasoning_content"] = reasoning
+    if message.get("tool_calls"):
+        chat["tool_calls"] = _tool_calls(message["tool_calls"], where)
+    return chat, {}
+
+
+def _messages(raw: Any, book: ReplyBook) -> tuple[str | None, list[ChatMessage]]:
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("messages", "must be a non-empty list of messages")
+    system: str | None = None
+    out: list[ChatMessage] = []
+    renamed: dict[str, str] = {}
+    order: list[str] = []
+    results: list[ChatMessage] = []
+
+    def flush() -> None:  # tool results go to the core in the order of the calls they answer
+        rank = {call_id: i for i, call_id in enumerate(order)}
+        out.extend(sorted(results, key=lambda m: rank.get(m["tool_call_id"], len(rank))))
+        results.clear()
+
+    for i, message in enumerate(raw):
+        where = f"messages[{i}]"
+        role = message.get("role") if isinstance(message, Mapping) else None
+        if role not in _MESSAGE_KEYS:
+            raise bad_request(f"{where}.role", f"unsupported role {role!r}")
+        extra = sorted(k for k in message if k not in _MESSAGE_KEYS[role] and message[k] is not None)
+        if extra:
+            raise bad_request(f"{where}.{extra[0]}", f"this field is not supported in a {role} message")
+        if role != "tool":
+            flush()
+        if role in ("system", "developer"):
+            if i != 0:
+                raise bad_request(f"{where}.role", "a system message is only supported as the first message")
+            system = _content(message.get("content"), where)
+        elif role == "user":
+            out.append({"role": "user", "content": _content(message.get("content"), where)})
+        elif role == "assistant":
+            chat, renamed = _assistant(message, where, book)
+            order = [c["id"] for c in chat.get("tool_calls", ())]
+            out.append(chat)
+        else:
+            call_id = message.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise bad_request(f"{where}.tool_call_id", "a tool message needs the id of the call it answers")
+            content = _content(message.get("content"), where)
+            results.append({"role": "tool", "tool_call_id": renamed.get(call_id, call_id), "content": content})
+    flush()
+    return system, out

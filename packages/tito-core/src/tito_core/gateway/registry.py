@@ -1,0 +1,172 @@
+"""The gateway's open rollouts: one :class:`~tito_core.rollout_core.call.Rollout` each, its lock and idle clock.
+
+A :class:`GatewayRollout` is a sequence: :meth:`GatewayRollout.claim` refuses a second call while one runs (409),
+and a finished one refuses every call (409). The :class:`Registry` finds rollouts by id (404 when unknown),
+removes them when they are taken, and ends the ones idle past the timeout through a callback (the gateway closes
+them with a status and writes them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from ..rollout_core import Rollout
+from .errors import GatewayError
+from .matching import ReplyBook
+
+__all__ = ["GatewayRollout", "Registry"]
+
+
+class GatewayRollout:
+    """One rollout served by the gateway.
+
+    Attributes:
+        id: The rollout id (the trajectory's ``rollout_id``).
+        base_url: The OpenAI base URL a client uses for this rollout: ``http://HOST:PORT/rollouts/<id>/v1``.
+        task_id: The task this rollout runs (the rollout id when none was given).
+        metadata: What the client gave when opening it (kept in the trajectory's metadata too).
+        rollout: The core's rollout.
+        replies: The assistant messages returned so far, for matching replays.
+        started: Unix time it was opened.
+        last_used: ``time.monotonic()`` of the last call's end (or the opening).
+        tool_calls: Tool calls the rollout's outputs asked for (the record's ``tokens.tool_calls``).
+        sample: The rollout's sample number within its task (the record's key is ``(task_id, sample)``).
+    """
+
+    def __init__(self, rollout_id: str, base_url: str, rollout: Rollout, task_id: str, metadata: dict[str, Any]):
+        self.id = rollout_id
+        self.base_url = base_url
+        self.rollout = rollout
+        self.task_id = task_id
+        self.metadata = metadata
+        self.replies = ReplyBook()
+        self.started = time.time()
+        self.last_used = time.monotonic()
+        self.tool_calls = 0
+        self.sample = 0
+        self.finished = False
+        self._busy = False
+
+    @property
+    def busy(self) -> bool:
+        """True while a call runs."""
+        return self._busy
+
+    @contextlib.contextmanager
+    def claim(self) -> Iterator[None]:
+        """Hold the rollout for one call.
+
+        Raises:
+            GatewayError: 409 when another call runs on it or it was finished.
+        """
+        if self.finished:
+            raise GatewayError(409, f"rollout {self.id!r} is finished and takes no more calls", code="rollout_finished")
+        if self._busy:
+            raise GatewayError(
+                409, f"rollout {self.id!r} is already answering a call: a rollout is a sequence", code="rollout_busy"
+            )
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
+            self.last_used = time.monotonic()
+
+
+class Registry:
+    """The open rollouts by id, and the idle sweep.
+
+    Args:
+        idle_timeout: Seconds without a call after which a rollout is ended (``on_idle``).
+        on_idle: Called with each idle rollout (already removed from the registry).
+    """
+
+    def __init__(self, idle_timeout: float, on_idle: Callable[[GatewayRollout], Awaitable[None]]) -> None:
+        if idle_timeout <= 0:
+            raise ValueError(f"idle_timeout must be positive, got {idle_timeout!r}")
+        self.idle_timeout = idle_timeout
+        self._on_idle = on_idle
+        self._open: dict[str, GatewayRollout] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def new_id(self) -> str:
+        """A fresh rollout id."""
+        return f"ro-{uuid.uuid4().hex[:20]}"
+
+    def add(self, rollout: GatewayRollout) -> None:
+        """Register an opened rollout.
+
+        Raises:
+            GatewayError: 409 when the id is taken.
+        """
+        if rollout.id in self._open:
+            raise GatewayError(409, f"rollout {rollout.id!r} is already open", code="rollout_exists")
+        self._open[rollout.id] = rollout
+
+    def get(self, rollout_id: str) -> GatewayRollout:
+        """The open rollout ``rollout_id``.
+
+        Raises:
+            GatewayError: 404 when no open rollout has that id.
+        """
+        found = self._open.get(rollout_id)
+        if found is None:
+            raise GatewayError(404, f"no open rollout {rollout_id!r}", param="rollout_id", code="rollout_not_found")
+        return found
+
+    def remove(self, rollout_id: str) -> GatewayRollout:
+        """Take ``rollout_id`` out of the registry (it refuses later calls).
+
+        Raises:
+            GatewayError: 404 when unknown; 409 while a call runs on it.
+        """
+        found = self.get(rollout_id)
+        if found.busy:
+            raise GatewayError(409, f"rollout {rollout_id!r} is answering a call", code="rollout_busy")
+        found.finished = True
+        del self._open[rollout_id]
+        return found
+
+    def drain(self) -> list[GatewayRollout]:
+        """Every open rollout, removed (shutdown)."""
+        out = list(self._open.values())
+        for rollout in out:
+            rollout.finished = True
+        self._open.clear()
+        return out
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    # ------------------------------------------------------------------------------------------------ idle
+    def start(self) -> None:
+        """Start the idle sweep (on the running loop)."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep(), name="tito-gateway-idle")
+
+    async def stop(self) -> None:
+        """Stop the idle sweep."""
+        sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+
+    def idle(self, now: float | None = None) -> list[GatewayRollout]:
+        """The rollouts without a call for ``idle_timeout`` seconds (none busy)."""
+        now = time.monotonic() if now is None else now
+        return [r for r in self._open.values() if not r.busy and now - r.last_used >= self.idle_timeout]
+
+    async def _sweep(self) -> None:
+        interval = min(max(self.idle_timeout / 4, 0.05), 30.0)
+        while True:
+            await asyncio.sleep(interval)
+            for rollout in self.idle():
+                if rollout.id in self._open and not rollout.busy:
+                    self.remove(rollout.id)
+                    await self._on_idle(rollout)

@@ -1,0 +1,313 @@
+"""The gateway's Python API: :class:`Gateway` opens rollouts, answers chat calls on them, and ends and writes them.
+
+One :class:`~tito_core.rollout_core.call.Rollout` per gateway rollout, built from a :class:`~tito_core.config.
+TitoConfig` as :meth:`TitoConfig.create_model` builds a :class:`~tito_core.model.TitoModel` (the same renderer,
+tool parser, sampling and options): the gateway is a second front on the core, with nothing Strands-specific. A
+chat call converts the request (:mod:`~tito_core.gateway.openai_chat`), calls the rollout, and answers with the
+recorded output (:mod:`~tito_core.gateway.completion`); the rollout remembers what it returned so the replayed
+message reaches the core as the exact reply. Ending a rollout (``finish``, ``take``, the idle timeout, ``close``)
+closes its trajectory with a status and, with an output, writes it with the runner's writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ..backend import Backend
+from ..config import TitoConfig
+from ..errors import ConfigError
+from ..grammar import tool_choice_option
+from ..render import shared_renderer
+from ..rollout_core import CallOptions, Rollout
+from ..runner.records import RecordWriter, RolloutRecord, open_writer, rollout_record
+from ..status import Closed, status_of
+from ..tokenizers import aload_tokenizer
+from ..trajectory import Trajectory
+from .completion import completion, message_of
+from .errors import GatewayError, error_of
+from .openai_chat import ChatRequest, parse_request
+from .registry import GatewayRollout, Registry
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+__all__ = ["Gateway", "GatewayRollout"]
+
+logger = logging.getLogger("tito")
+_KEEP_FINISHED = 1024  # finished rollouts whose trajectory GET /rollouts/<id> still answers
+
+
+class Gateway:
+    """An OpenAI-compatible gateway recording one trajectory per rollout.
+
+    Args:
+        config: The model configuration (backend, tokenizer, tool parser, sampling, template, options).
+        tokenizer: A loaded tokenizer; None loads ``config.tokenizer`` (on a thread, in :meth:`start`).
+        backend: The backend to share between rollouts; None builds the configured one.
+        output: A rollout file (JSONL, or ``.parquet``) every ended rollout is written to, with the runner's
+            writer (its lock, resumable); None writes nothing (use :meth:`take`).
+        api_key: The key every request must carry (``Authorization: Bearer KEY``); required to bind to anything
+            but loopback.
+        idle_timeout: Seconds without a call after which a rollout is ended (``aborted`` unless it ended
+            otherwise) and written.
+        max_body_bytes: The largest request body accepted (413 above it).
+    """
+
+    def __init__(
+        self,
+        config: TitoConfig,
+        *,
+        tokenizer: Any = None,
+        backend: Backend | None = None,
+        output: str | Path | None = None,
+        api_key: str | None = None,
+        idle_timeout: float = 600.0,
+        max_body_bytes: int = 32 << 20,
+    ) -> None:
+        if api_key is not None and not api_key:
+            raise ConfigError("api_key must be a non-empty string or None")
+        if max_body_bytes <= 0:
+            raise ConfigError(f"max_body_bytes must be positive, got {max_body_bytes!r}")
+        if idle_timeout <= 0:
+            raise ConfigError(f"idle_timeout must be positive, got {idle_timeout!r}")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.backend = backend if backend is not None else config.create_backend()
+        self.output = output
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.model_name = str(config.tokenizer or config.backend)
+        self.base_url = ""
+        self.registry = Registry(idle_timeout, self._end_idle)
+        self._options = CallOptions(
+            sampling=config.sampling_params(),
+            context_window_limit=config.context_window_limit,
+            return_logprobs=True,
+            return_prompt_logprobs=config.return_prompt_logprobs,
+            return_routed_experts=config.return_routed_experts,
+            tool_choice=tool_choice_option(config.tool_choice),
+        )
+        self._parts: tuple[Any, Any] | None = None  # renderer, tool parser: built once the tokenizer is loaded
+        self._writer: RecordWriter | None = None
+        self._finished: OrderedDict[str, bytes] = OrderedDict()
+        self._samples: dict[str, int] = {}
+        self._runner: web.AppRunner | None = None
+
+    # ------------------------------------------------------------------------------------------- lifecycle
+    async def prepare(self) -> None:
+        """Load the tokenizer, build the renderer and the tool parser, open the output (once)."""
+        if self._parts is not None:
+            return
+        from ..plugins import get_tool_parser
+
+        config = self.config
+        if self.tokenizer is None:
+            if config.tokenizer is None:
+                raise ConfigError("`tokenizer` is not set: give its path or name in the config, or pass one")
+            self.tokenizer = await aload_tokenizer(config.tokenizer)
+        parser_name: Any = config.tool_parser
+        if parser_name == "auto":
+            from ..tool_parsers.infer import infer_tool_parser
+
+            parser_name = infer_tool_parser(self.tokenizer, config.chat_template)
+        renderer = shared_renderer(
+            self.tokenizer,
+            chat_template=config.chat_template,
+            template_kwargs=dict(config.chat_template_kwargs),
+            escape_special_text=config.escape_special_text,
+        )
+        self._parts = (renderer, get_tool_parser(parser_name, **config.tool_parser_options))
+        if self.output is not None and self._writer is None:
+            self._writer = open_writer(self.output)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve on ``host:port`` (0: a free port) and return the base URL, ``http://HOST:PORT``.
+
+        Raises:
+            ConfigError: ``host`` is not loopback and no ``api_key`` was given.
+        """
+        from aiohttp import web
+
+        from .app import build_app, is_loopback
+
+        if not is_loopback(host) and self.api_key is None:
+            raise ConfigError(f"binding the gateway to {host!r} (not loopback) requires an api key (--api-key)")
+        if self._runner is not None:
+            raise ConfigError("the gateway is already started")
+        await self.prepare()
+        runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        self._runner = runner
+        bound = runner.addresses[0]
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        self.base_url = f"http://{shown}:{bound[1]}"
+        self.registry.start()
+        logger.info("tito gateway serving on %s", self.base_url)
+        return self.base_url
+
+    async def close(self) -> None:
+        """Stop serving; every open rollout ends ``aborted`` (unless it ended otherwise) and is written."""
+        await self.registry.stop()
+        runner, self._runner = self._runner, None
+        for rollout in self.registry.drain():
+            traj = self._end(rollout, "shutdown", "the gateway shut down before the rollout was finished")
+            self._write(rollout, traj, None)
+        if runner is not None:
+            await runner.cleanup()
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+        await self.backend.aclose()
+
+    # -------------------------------------------------------------------------------------------- rollouts
+    def open(
+        self, task_id: str | None = None, metadata: dict[str, Any] | None = None, rollout_id: str | None = None
+    ) -> GatewayRollout:
+        """Open a rollout; its :attr:`GatewayRollout.base_url` is what an OpenAI client sets.
+
+        Raises:
+            GatewayError: 409 when ``rollout_id`` is open already.
+            ConfigError: The gateway was not prepared (:meth:`start` or :meth:`prepare`).
+        """
+        if self._parts is None:
+            raise ConfigError("the gateway is not prepared: await start() (or prepare()) first")
+        renderer, parser = self._parts
+        rid = rollout_id or self.registry.new_id()
+        if rid in self._finished:
+            raise GatewayError(409, f"rollout {rid!r} was finished already", code="rollout_exists")
+        config = self.config
+        core = Rollout(self.backend, renderer, parser, rollout_id=rid, render_mode=config.render_mode)
+        task = task_id if task_id is not None else rid
+        rollout = GatewayRollout(rid, f"{self.base_url}/rollouts/{rid}/v1", core, task, dict(metadata or {}))
+        self.registry.add(rollout)
+        core.trajectory.metadata.update({**rollout.metadata, "task_id": task})
+        rollout.sample = self._next_sample(task)
+        return rollout
+
+    def _next_sample(self, task: str) -> int:
+        if task not in self._samples:
+            done = self._writer.finished() if self._writer is not None else set()
+            self._samples[task] = 1 + max((s for t, s in done if t == task), default=-1)
+        sample = self._samples[task]
+        self._samples[task] = sample + 1
+        return sample
+
+    def get(self, rollout_id: str) -> GatewayRollout:
+        """The open rollout ``rollout_id`` (404, or 409 when it was finished)."""
+        if rollout_id in self._finished:
+            message = f"rollout {rollout_id!r} is finished and takes no more calls"
+            raise GatewayError(409, message, code="rollout_finished")
+        return self.registry.get(rollout_id)
+
+    def trajectory_json(self, rollout_id: str) -> bytes:
+        """The trajectory JSON of an open rollout or a recently finished one (404 otherwise)."""
+        done = self._finished.get(rollout_id)
+        if done is not None:
+            return done
+        return self.registry.get(rollout_id).rollout.trajectory.to_json()
+
+    async def take(self, rollout_id: str) -> Trajectory:
+        """Close rollout ``rollout_id`` (a status set), remove it, and return its trajectory; later calls get 409."""
+        rollout = self.registry.remove(rollout_id)
+        return self._end(rollout, "finish", None)
+
+    async def finish(
+        self, rollout_id: str, reward: float | None = None, metadata: dict[str, Any] | None = None
+    ) -> RolloutRecord:
+        """:meth:`take`, then build the rollout's record and write it to the output (when there is one)."""
+        rollout = self.registry.remove(rollout_id)
+        rollout.metadata.update(metadata or {})
+        return self._write(rollout, self._end(rollout, "finish", None), reward)
+
+    def _end(self, rollout: GatewayRollout, why: str, forced: str | None) -> Trajectory:
+        """Close the rollout's trajectory; ``forced`` (a reason) ends a running or completed one ``aborted``."""
+        core = rollout.rollout
+        traj = core.trajectory
+        traj.metadata.update({**rollout.metadata, "task_id": rollout.task_id, "gateway_end": why})
+        if not traj.closed:
+            if forced is not None and traj.status in ("running", "completed"):
+                traj.close("aborted", forced)
+            elif traj.status == "running":
+                reason = "the client finished the rollout with the last output's tool calls unanswered"
+                traj.close(*status_of(Closed("running", reason)))
+            else:
+                traj.close()
+        core.reset()  # ends the backend sequence; the new empty trajectory is never used
+        self._finished[rollout.id] = traj.to_json()
+        while len(self._finished) > _KEEP_FINISHED:
+            self._finished.popitem(last=False)
+        return traj
+
+    def _write(self, rollout: GatewayRollout, traj: Trajectory, reward: float | None) -> RolloutRecord:
+        wall = time.time() - rollout.started
+        record = rollout_record(
+            traj,
+            task_id=rollout.task_id,
+            sample=rollout.sample,
+            group=0,
+            reward=reward,
+            server=self.base_url or None,
+            started=rollout.started,
+            wall_s=wall,
+            agent_s=wall,
+            tool_calls=rollout.tool_calls,
+        )
+        if self._writer is not None:
+            self._writer.write(record)
+        return record
+
+    async def _end_idle(self, rollout: GatewayRollout) -> None:
+        timeout = self.registry.idle_timeout
+        traj = self._end(rollout, "idle_timeout", f"no call for {timeout:g} s: the gateway's idle timeout")
+        self._write(rollout, traj, None)
+        logger.info("rollout %s ended after %g s idle", rollout.id, timeout)
+
+    # ---------------------------------------------------------------------------------------------- calls
+    async def chat(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], ChatRequest]:
+        """Answer one chat-completions request on rollout ``rollout_id``.
+
+        Returns the ChatCompletion body and the checked request (the caller streams it when asked).
+
+        Raises:
+            GatewayError: 400 (a field tito cannot honour, named), 404, 409 (busy, finished), or the error a
+                failed model call maps to (:func:`~tito_core.gateway.errors.error_of`); the rollout has its status.
+        """
+        rollout = self.get(rollout_id)
+        with rollout.claim():
+            core = rollout.rollout
+            try:
+                request = parse_request(body, rollout.replies, self._options.sampling)
+            except GatewayError as exc:
+                core.fail(exc)
+                raise
+            options = msgspec.structs.replace(self._options, sampling=request.sampling)
+            try:
+                result = await core.call(request.conversation, options, tool_choice=request.tool_choice)
+            except Exception as exc:  # the rollout has its status; the client gets OpenAI's error JSON
+                raise error_of(exc) from exc
+            traj = core.trajectory
+            segment = traj.last_segment
+            assert segment is not None and segment.kind == "output"  # a recorded call ends with its output
+            message = message_of(result)
+            rollout.replies.remember(message, result.reply())
+            rollout.tool_calls += len(message.get("tool_calls") or ())
+            renderer = core.renderer
+            body_out = completion(
+                result,
+                message,
+                completion_id=f"chatcmpl-{traj.turns[-1].rid}",
+                model=request.model or self.model_name,
+                output_ids=traj.tokens(segment),
+                logprobs=traj.logprobs[segment.start : segment.end] if request.logprobs else None,
+                token_text=lambda token: renderer.decode([token]),
+                tito={"rollout_id": rollout.id, "branch": traj.branch, "turn": len(traj.turns) - 1},
+            )
+        return body_out, request
