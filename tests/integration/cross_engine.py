@@ -41,8 +41,10 @@ async def greedy_ids(backend: Backend, tokenizer: Any) -> tuple[list[int], list[
     return prompt, list(result.output_ids)
 
 
-def record_and_compare(engine: str, model_dir: Path, prompt: list[int], output: list[int]) -> str | None:
-    """Record this engine's ids; compare with the other engine's record.
+def record_and_compare(
+    engine: str, model_dir: Path, prompt: list[int], output: list[int], *, case: str = ""
+) -> str | None:
+    """Record this engine's ids; compare with the other engine's record of the same ``case`` (e.g. ``"images"``).
 
     Returns None when compared (an AssertionError is raised on a difference), else why no comparison was
     possible.
@@ -50,9 +52,10 @@ def record_and_compare(engine: str, model_dir: Path, prompt: list[int], output: 
     folder = cache_root() / "cross-engine"
     folder.mkdir(parents=True, exist_ok=True)
     record = {"model": _model_digest(model_dir), "prompt": prompt, "output": output}
-    (folder / f"{engine}.json").write_text(json.dumps(record))
+    suffix = f"-{case}" if case else ""
+    (folder / f"{engine}{suffix}.json").write_text(json.dumps(record))
     other = next(e for e in ENGINES if e != engine)
-    path = folder / f"{other}.json"
+    path = folder / f"{other}{suffix}.json"
     if not path.is_file():
         return f"no {other} record yet (its suite has not run on this machine)"
     theirs = json.loads(path.read_text())
