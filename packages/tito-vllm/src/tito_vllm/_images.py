@@ -18,6 +18,7 @@ any generation.
 from __future__ import annotations
 
 import base64
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -77,6 +78,7 @@ class ImageFeatures:
         self._post = post
         self._cache: OrderedDict[str, Rendered] = OrderedDict()
         self._cached_bytes = 0
+        self._lock = threading.Lock()  # a backend may serve several event loops (threads)
 
     async def features(self, request: GenerateRequest, model: str | None) -> dict[str, Any]:
         """The ``features`` field for ``request`` (which has images), in vLLM 0.32's shape."""
@@ -107,10 +109,11 @@ class ImageFeatures:
 
     async def _rendered(self, image: PromptImage, model: str | None) -> Rendered:
         key = image.image.sha256
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit
         rendered = await self.render(image, model)
         self._remember(key, rendered)
         return rendered
@@ -150,11 +153,14 @@ class ImageFeatures:
         size = len(rendered.kwargs_data)
         if size > self.cache_bytes:
             return
-        self._cache[key] = rendered
-        self._cached_bytes += size
-        while self._cached_bytes > self.cache_bytes:
-            _, dropped = self._cache.popitem(last=False)
-            self._cached_bytes -= len(dropped.kwargs_data)
+        with self._lock:
+            if key in self._cache:  # rendered meanwhile by another call: the same answer
+                return
+            self._cache[key] = rendered
+            self._cached_bytes += size
+            while self._cached_bytes > self.cache_bytes:
+                _, dropped = self._cache.popitem(last=False)
+                self._cached_bytes -= len(dropped.kwargs_data)
 
     def _bad(self, detail: str, body: str | None = None) -> BackendResponseError:
         return BackendResponseError(
