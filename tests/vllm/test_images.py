@@ -107,6 +107,14 @@ async def test_a_prompt_token_count_other_than_the_trajectorys_is_an_error() -> 
     assert caught.value.field == "prompt_tokens"
 
 
+async def test_echoed_image_ranges_other_than_the_spans_are_an_error() -> None:
+    answer = copy.deepcopy(RECORDED["response"])
+    answer["mm_placeholders"] = {"image": [{"offset": 5, "length": 4}]}
+    with pytest.raises(BackendResponseError, match=r"placed the images at \[\(5, 4\)\]") as caught:
+        await make(fake(answer), return_prompt_ids=True).generate(image_request())
+    assert caught.value.field == "mm_placeholders"
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [

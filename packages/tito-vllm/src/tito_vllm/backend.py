@@ -169,6 +169,15 @@ class VLLMBackend(_VLLMServer):
             logprobs = [entry.logprob for entry in entries]
         result = self._answers.result(request, choice, output_ids, logprobs, response.usage,
                                       response.prompt_token_ids, response.prompt_logprobs, _GENERATE_PATH)  # fmt: skip
+        if request.images and response.mm_placeholders is not None:
+            used = [(r.offset, r.length) for r in response.mm_placeholders.get("image", [])]
+            if used != [(i.span.start, i.span.length) for i in request.images]:
+                raise BackendResponseError(
+                    f"{self.name}: {_GENERATE_PATH}: the engine placed the images at {used}, not at the spans sent",
+                    field="mm_placeholders",
+                    value=used,
+                    backend=self.name,
+                )
         if request.images and result.prompt_tokens != len(request.input_ids):
             # The engine consumed another prompt than the trajectory's (an image expanded again?): record nothing.
             raise BackendResponseError(
