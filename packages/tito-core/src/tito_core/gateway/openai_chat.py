@@ -1,9 +1,10 @@
 """An OpenAI chat-completions request to tito's :class:`~tito_core.conversation.Conversation` and call options.
 
 :func:`parse_request` checks every field of the request body and converts it: the messages (system / developer
-first, user, assistant with ``tool_calls`` and ``reasoning_content``, tool; text content parts) into the chat
-messages the core takes, the ``tools`` into tool specs, ``tool_choice`` into tito's form (``{"any": {}}``,
-``{"tool": {"name": ...}}``) and the sampling fields over the configured sampling. Replayed assistant messages
+first, user, assistant with ``tool_calls`` and ``reasoning_content``, tool; text content parts, and ``image_url``
+parts of user and tool messages through :mod:`~tito_core.gateway.images`) into the chat messages the core takes,
+the ``tools`` into tool specs, ``tool_choice`` into tito's form (``{"any": {}}``, ``{"tool": {"name": ...}}``)
+and the sampling fields over the configured sampling. Replayed assistant messages
 are replaced by the rollout's exact replies (:class:`~tito_core.gateway.matching.ReplyBook`). Anything tito
 cannot honour exactly is a :class:`~tito_core.gateway.errors.GatewayError` 400 naming the field.
 """
@@ -19,13 +20,12 @@ import msgspec
 from ..backend import SamplingParams
 from ..conversation import ChatMessage, Conversation, ToolSpec
 from ..errors import ConfigError
+from ..media import Image
 from .errors import bad_request
+from .images import ImageReader, message_content
 from .matching import ReplyBook
 
 __all__ = ["ChatRequest", "parse_request"]
-
-TEXT_JOINER = "\n"
-"""Several text parts of one message are joined with this (as the Strands front joins text blocks)."""
 
 # Fields accepted and without effect on tokens or sampling.
 _IGNORED = frozenset({"model", "user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"})
@@ -52,6 +52,7 @@ _HANDLED = frozenset(
         "response_format",
     }
 )
+_NO_IMAGES = "image parts are not taken here (no image reader: a text-only model)"
 _MESSAGE_KEYS = {
     "system": frozenset({"role", "content", "name"}),
     "developer": frozenset({"role", "content", "name"}),
@@ -83,13 +84,16 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
     model: str = ""
 
 
-def parse_request(body: Any, book: ReplyBook, sampling: SamplingParams) -> ChatRequest:
+def parse_request(
+    body: Any, book: ReplyBook, sampling: SamplingParams, images: ImageReader | None = None
+) -> ChatRequest:
     """Check and convert a chat-completions request body.
 
     Args:
         body: The decoded JSON body.
         book: The rollout's returned replies (replayed assistant messages are matched against them).
         sampling: The configured sampling the request's fields override.
+        images: The rollout's reader of ``image_url`` parts (None: every image part is a 400).
 
     Raises:
         GatewayError: 400 naming the first field tito cannot honour exactly.
@@ -101,7 +105,9 @@ def parse_request(body: Any, book: ReplyBook, sampling: SamplingParams) -> ChatR
             raise bad_request(str(key), "this field is not supported by the tito gateway")
     _check_unsupported(body)
     tools = _tool_specs(body.get("tools"))
-    system, messages = _messages(body.get("messages"), book)
+    if images is not None:
+        images.begin()
+    system, messages = _messages(body.get("messages"), book, images or ImageReader(_NO_IMAGES))
     choice = _tool_choice(body.get("tool_choice"), tools)
     _check_parallel(body.get("parallel_tool_calls"), choice, tools)
     stream = _bool(body, "stream")
@@ -249,6 +255,14 @@ def _check_parallel(value: Any, choice: dict[str, Any] | None, tools: Sequence[T
 
 # -------------------------------------------------------------------------------------------------- messages
 def _content(content: Any, where: str, *, allow_none: bool = False) -> str:
+    """A text-only message's content (system, developer, assistant): an image part is a 400."""
+    text = _parts(content, where, None, allow_none=allow_none)
+    assert isinstance(text, str)  # no reader: every image part raised
+    return text
+
+
+def _parts(content: Any, where: str, images: ImageReader | None, *, allow_none: bool = False) -> str | list[Any]:
+    """A message's content for the core: a string, or a list of parts when ``images`` read an image in it."""
     if content is None:
         if allow_none:
             return ""
@@ -257,17 +271,19 @@ def _content(content: Any, where: str, *, allow_none: bool = False) -> str:
         return content
     if not isinstance(content, list):
         raise bad_request(f"{where}.content", "must be a string or a list of content parts")
-    texts = []
+    pieces: list[str | Image] = []
     for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
         kind = part.get("type") if isinstance(part, Mapping) else None
-        if kind != "text" or not isinstance(part.get("text"), str):
-            if kind == "image_url":
-                raise bad_request(
-                    f"{where}.content[{j}].type", "image_url parts are not supported by the gateway yet (issue 29)"
-                )
-            raise bad_request(f"{where}.content[{j}].type", f"content part {kind!r} is not supported (text only)")
-        texts.append(part["text"])
-    return TEXT_JOINER.join(texts)
+        if kind == "text" and isinstance(part.get("text"), str):
+            pieces.append(part["text"])
+        elif kind == "image_url":
+            if images is None:
+                raise bad_request(f"{at}.type", "images are taken in user and tool messages only")
+            pieces.append(images.read(part, at))
+        else:
+            raise bad_request(f"{at}.type", f"content part {kind!r} is not supported (text, and image_url)")
+    return message_content(pieces)
 
 
 def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
@@ -318,7 +334,7 @@ def _assistant(message: Mapping[str, Any], where: str, book: ReplyBook) -> tuple
     return chat, {}
 
 
-def _messages(raw: Any, book: ReplyBook) -> tuple[str | None, list[ChatMessage]]:
+def _messages(raw: Any, book: ReplyBook, images: ImageReader) -> tuple[str | None, list[ChatMessage]]:
     if not isinstance(raw, list) or not raw:
         raise bad_request("messages", "must be a non-empty list of messages")
     system: str | None = None
@@ -347,7 +363,7 @@ def _messages(raw: Any, book: ReplyBook) -> tuple[str | None, list[ChatMessage]]
                 raise bad_request(f"{where}.role", "a system message is only supported as the first message")
             system = _content(message.get("content"), where)
         elif role == "user":
-            out.append({"role": "user", "content": _content(message.get("content"), where)})
+            out.append({"role": "user", "content": _parts(message.get("content"), where, images)})
         elif role == "assistant":
             chat, renamed = _assistant(message, where, book)
             order = [c["id"] for c in chat.get("tool_calls", ())]
@@ -356,7 +372,7 @@ def _messages(raw: Any, book: ReplyBook) -> tuple[str | None, list[ChatMessage]]
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str):
                 raise bad_request(f"{where}.tool_call_id", "a tool message needs the id of the call it answers")
-            content = _content(message.get("content"), where)
+            content = _parts(message.get("content"), where, images)
             results.append({"role": "tool", "tool_call_id": renamed.get(call_id, call_id), "content": content})
     flush()
     return system, out

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..rollout_core import Rollout
 from .errors import GatewayError
+from .images import ImageReader
 from .matching import ReplyBook
 
 __all__ = ["GatewayRollout", "Registry"]
@@ -32,6 +33,7 @@ class GatewayRollout:
         metadata: What the client gave when opening it (kept in the trajectory's metadata too).
         rollout: The core's rollout.
         replies: The assistant messages returned so far, for matching replays.
+        images: The reader of its requests' ``image_url`` parts (the last request's images kept by URL).
         started: Unix time it was opened.
         last_used: ``time.monotonic()`` of the last call's end (or the opening).
         tool_calls: Tool calls the rollout's outputs asked for (the record's ``tokens.tool_calls``).
@@ -45,6 +47,7 @@ class GatewayRollout:
         self.task_id = task_id
         self.metadata = metadata
         self.replies = ReplyBook()
+        self.images = ImageReader()
         self.started = time.time()
         self.last_used = time.monotonic()
         self.tool_calls = 0

@@ -11,6 +11,7 @@ closes its trajectory with a status and, with an output, writes it with the runn
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -24,6 +25,7 @@ from ..config import TitoConfig
 from ..errors import ConfigError
 from ..grammar import tool_choice_option
 from ..render import shared_renderer
+from ..render.vision import ProcessorSpec, VisionProcessor, vision_processor
 from ..rollout_core import CallOptions, Rollout
 from ..runner.records import RecordWriter, RolloutRecord, open_writer, rollout_record
 from ..status import Closed, status_of
@@ -57,6 +59,10 @@ class Gateway:
         idle_timeout: Seconds without a call after which a rollout is ended (``aborted`` unless it ended
             otherwise) and written.
         max_body_bytes: The largest request body accepted (413 above it).
+        processor: The image processor of a vision model, as ``TitoModel(processor=...)`` takes it (a directory,
+            a Hugging Face image processor, a :class:`~tito_core.render.vision.VisionProcessor`); None takes the
+            config's ``processor`` (by default the tokenizer's directory when it holds a
+            ``preprocessor_config.json``); False: a text-only model, every image part a 400.
     """
 
     def __init__(
@@ -69,6 +75,7 @@ class Gateway:
         api_key: str | None = None,
         idle_timeout: float = 600.0,
         max_body_bytes: int = 32 << 20,
+        processor: ProcessorSpec = None,
     ) -> None:
         if api_key is not None and not api_key:
             raise ConfigError("api_key must be a non-empty string or None")
@@ -94,6 +101,9 @@ class Gateway:
             tool_choice=tool_choice_option(config.tool_choice),
         )
         self._parts: tuple[Any, Any] | None = None  # renderer, tool parser: built once the tokenizer is loaded
+        self._processor = processor if processor is not None else config.processor
+        self.vision: VisionProcessor | None = None
+        self._image_refusal: str | None = None
         self._writer: RecordWriter | None = None
         self._finished: OrderedDict[str, bytes] = OrderedDict()
         self._samples: dict[str, int] = {}
@@ -123,6 +133,10 @@ class Gateway:
             escape_special_text=config.escape_special_text,
         )
         self._parts = (renderer, get_tool_parser(parser_name, **config.tool_parser_options))
+        self.vision = await asyncio.to_thread(
+            vision_processor, self._processor, self.tokenizer, max_images=config.max_images
+        )
+        self._image_refusal = image_refusal(self.vision, self.backend)
         if self.output is not None and self._writer is None:
             self._writer = open_writer(self.output)
 
@@ -184,9 +198,12 @@ class Gateway:
         if rid in self._finished:
             raise GatewayError(409, f"rollout {rid!r} was finished already", code="rollout_exists")
         config = self.config
-        core = Rollout(self.backend, renderer, parser, rollout_id=rid, render_mode=config.render_mode)
+        core = Rollout(
+            self.backend, renderer, parser, rollout_id=rid, render_mode=config.render_mode, vision=self.vision
+        )
         task = task_id if task_id is not None else rid
         rollout = GatewayRollout(rid, f"{self.base_url}/rollouts/{rid}/v1", core, task, dict(metadata or {}))
+        rollout.images.refusal = self._image_refusal
         self.registry.add(rollout)
         core.trajectory.metadata.update({**rollout.metadata, "task_id": task})
         rollout.sample = self._next_sample(task)
@@ -284,7 +301,7 @@ class Gateway:
         with rollout.claim():
             core = rollout.rollout
             try:
-                request = parse_request(body, rollout.replies, self._options.sampling)
+                request = parse_request(body, rollout.replies, self._options.sampling, rollout.images)
             except GatewayError as exc:
                 core.fail(exc)
                 raise
@@ -311,3 +328,18 @@ class Gateway:
                 tito={"rollout_id": rollout.id, "branch": traj.branch, "turn": len(traj.turns) - 1},
             )
         return body_out, request
+
+
+def image_refusal(vision: VisionProcessor | None, backend: Backend) -> str | None:
+    """Why a gateway on ``vision`` and ``backend`` takes no images (its image parts are a 400), or None."""
+    caps = backend.capabilities()
+    if vision is None:
+        return (
+            "this model takes no images: it is text-only (no image processor: set `processor` in the config, or "
+            "use a tokenizer directory with a preprocessor_config.json)"
+        )
+    if caps.renders_prompt:
+        return f"the {caps.name} backend renders prompts itself; tito sends it no images"
+    if not caps.supports_images:
+        return f"the {caps.name} backend takes no images"
+    return None
