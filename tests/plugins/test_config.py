@@ -279,6 +279,8 @@ def test_create_model_passes_every_setting(fake_model_module: list[Any], tiny_to
             "render_mode": "full",
             "escape_special_text": True,
             "tool_choice": "any",
+            "processor": "/models/vl",
+            "max_images": 3,
         }
     )
     with temporary_plugin(_ParserPlugin(), name="cfgtest"):
@@ -298,6 +300,8 @@ def test_create_model_passes_every_setting(fake_model_module: list[Any], tiny_to
         "escape_special_text": True,
         "tool_choice": "any",
         "rollout_id": None,
+        "processor": "/models/vl",
+        "max_images": 3,
     }
 
 
