@@ -426,6 +426,8 @@ def bench_smoke(session: nox.Session) -> None:
                 "2", *SMOKE_SIZE)  # fmt: skip
     session.run("python", "benchmarks/weight_update.py", "--rollouts", "4", "--updates", "2", *SMOKE_SIZE)
     session.run("python", "benchmarks/real_engines.py", "--fake-server", "--rollouts", "1", "--calls", "3")
+    session.install("-e", f"{CORE}[vision]")  # Pillow, for images.py (~10 s: an agent with pictures vs without)
+    session.run("python", "benchmarks/images.py", "--calls", "3", "--repeats", "1", "--size", "112", "--no-profile")
 
 
 def _bench_smoke_embedded(session: nox.Session) -> None:
@@ -471,6 +473,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/long_agent.py", *peer_args, real)
     session.run("python", "benchmarks/rollouts.py")  # the rollout runner at 64 and 512 concurrent rollouts
     session.run("python", "benchmarks/weight_update.py")  # pause -> relabel -> resume with 256 rollouts in flight
+    session.install("-e", f"{CORE}[vision]")
+    session.run("python", "benchmarks/images.py")  # an 8-call agent with a 448x448 picture per tool result vs without
     session.install("-e", f"{CORE}[ray]")
     session.run("python", "benchmarks/ray_rollouts.py")  # local vs Ray with 1 and 2 workers (docs/scaling.md)
     if os.environ.get("TITO_BENCH_REAL", "1") != "0":
