@@ -435,6 +435,8 @@ def bench_smoke(session: nox.Session) -> None:
     session.run("python", "benchmarks/gateway.py", "--no-peer", "--sizes", "300", "--repeats", "1", "--concurrency",
                 "2", "--concurrency-sizes", "300", "--throughput-repeats", "1", "--min-rollouts", "2",
                 "--fault-rollouts", "20", "--fault-rate", "0.3", "--fault-size", "300", "--calls", "2")  # fmt: skip
+    session.install("-e", f"{CORE}[vision]")  # Pillow, for images.py (~10 s: an agent with pictures vs without)
+    session.run("python", "benchmarks/images.py", "--calls", "3", "--repeats", "1", "--size", "112", "--no-profile")
 
 
 def _bench_smoke_embedded(session: nox.Session) -> None:
@@ -482,6 +484,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/gateway.py", *peer_args)
     session.run("python", "benchmarks/rollouts.py")  # the rollout runner at 64 and 512 concurrent rollouts
     session.run("python", "benchmarks/weight_update.py")  # pause -> relabel -> resume with 256 rollouts in flight
+    session.install("-e", f"{CORE}[vision]")
+    session.run("python", "benchmarks/images.py")  # an 8-call agent with a 448x448 picture per tool result vs without
     session.install("-e", f"{CORE}[ray]")
     session.run("python", "benchmarks/ray_rollouts.py")  # local vs Ray with 1 and 2 workers (docs/scaling.md)
     if os.environ.get("TITO_BENCH_REAL", "1") != "0":

@@ -9,6 +9,10 @@ cores it shares with the clients.
 ``finish_reason``, token counts and ``[logprob, id, null]`` triples for output tokens and, from
 ``logprob_start_len``, input tokens). The answer for a prompt is chosen by the number of
 ``<tool_response>`` tokens in it (the turn index), for the workload last set with ``POST /configure``.
+``/configure`` may also give ``answers`` (the answer text of each turn, instead of the workload's) and
+``image_tokens`` (how many tokens SGLang's processor would expand each image into). Images come as SGLang 0.5
+takes them: one placeholder (``<|image_pad|>``) per image in ``input_ids`` and the image itself as a base64
+``data:`` URL in ``image_data``; the server decodes each and counts the expanded prompt in ``prompt_tokens``.
 For every ``/generate`` the server records its handler time (from the whole request being read to the
 response bytes being ready: request decode, answer build, response encode); ``GET /stats`` returns and
 clears those times, so clients can subtract them from their wall time.
@@ -26,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
 import contextlib
 import hashlib
 import os
@@ -46,6 +52,8 @@ from workload import IM_END, TOOL_RESPONSE, Workload, answer_text
 
 CONTEXT_LENGTH = 262144
 VOCAB_SIZE = 151669  # len() of the offline Qwen3 tokenizer: the first out-of-vocabulary id
+IMAGE_PAD = 151655
+"""``<|image_pad|>``: SGLang expands each one into its image's tokens."""
 _MAX_HEADER = 64 * 1024
 FAULTS = ("500", "503", "logprob_positive", "id_vocab", "reset")
 _RESET = -1  # a handler status: close the connection without answering
@@ -62,6 +70,14 @@ class _GenerateBody(msgspec.Struct):
     return_logprob: bool = False
     logprob_start_len: int | None = None
     session_params: _SessionParams | None = None
+    image_data: list[str] | None = None
+
+
+class _Extras(msgspec.Struct):
+    """The optional part of ``/configure``: answer texts per turn, tokens per image."""
+
+    answers: list[str] | None = None
+    image_tokens: int = 0
 
 
 class _Session(msgspec.Struct):
@@ -86,6 +102,7 @@ class FakeSGLang:
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.workload: Workload | None = None
+        self.image_tokens = 0
         self.canned: dict[int, _Canned] = {}
         self.handler_times: list[float] = []
         self.requests = 0
@@ -128,9 +145,11 @@ class FakeSGLang:
     def configure(self, body: bytes) -> tuple[int, bytes]:
         """Set the workload and pre-build every answer of it."""
         self.workload = msgspec.json.decode(body, type=Workload)
+        extras = msgspec.json.decode(body, type=_Extras)
+        self.image_tokens = extras.image_tokens
         self.canned = {}
         for turn in range(self.workload.calls):
-            text = answer_text(self.tokenizer, self.workload, turn)
+            text = extras.answers[turn] if extras.answers else answer_text(self.tokenizer, self.workload, turn)
             ids = [*self.tokenizer.encode(text, add_special_tokens=False), IM_END]
             logprobs = [[-0.25, token, None] for token in ids]
             head = self._encoder.encode(
@@ -197,6 +216,26 @@ class FakeSGLang:
         prompt.extend(ids)
         return prompt, session.tool_responses + ids.count(TOOL_RESPONSE), session
 
+    def _image_tokens(self, request: _GenerateBody) -> int | str:
+        """The tokens the request's images add to its prompt once expanded, or why SGLang would refuse them."""
+        images = request.image_data or []
+        if not images:
+            return 0
+        if request.session_params is not None:
+            return "the fake server keeps no images in sessions"
+        placeholders = request.input_ids.count(IMAGE_PAD)
+        if placeholders != len(images):
+            return f"Prompt has {placeholders} image placeholders but {len(images)} image inputs were provided"
+        for url in images:
+            head, _, data = url.partition(";base64,")
+            if not head.startswith("data:image/") or not data:
+                return f"image_data entry {url[:40]!r} is not a base64 data: URL"
+            try:
+                base64.b64decode(data, validate=True)
+            except binascii.Error as exc:
+                return f"image_data entry is not base64: {exc}"
+        return len(images) * (self.image_tokens - 1)
+
     def generate(self, body: bytes) -> tuple[int, bytes]:
         """One non-streaming ``/generate`` (in a session: the session's sequence followed by the sent ids)."""
         started = time.perf_counter()
@@ -206,6 +245,9 @@ class FakeSGLang:
         ids, count, session = self._prompt(request)
         if ids is None:
             return 400, self._encoder.encode({"error": count})
+        extra = self._image_tokens(request)
+        if isinstance(extra, str):
+            return 400, self._encoder.encode({"error": extra})
         turn = min(int(count), self.workload.calls - 1)
         canned = self.canned[turn]
         self.requests += 1
@@ -221,7 +263,7 @@ class FakeSGLang:
         meta: dict[str, Any] = {
             "id": request.rid or f"fake-{self.requests}",
             "finish_reason": {"type": "stop", "matched": IM_END},
-            "prompt_tokens": len(ids),
+            "prompt_tokens": len(ids) + extra,
             "completion_tokens": len(canned.output_ids),
             "cached_tokens": 0,
             "e2e_latency": 0.0,

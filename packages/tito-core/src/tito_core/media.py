@@ -12,8 +12,10 @@ Pillow reads the bytes (``pip install "tito-core[vision]"``): an image that does
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
+import threading
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -39,7 +41,9 @@ class Image:
     """One image's encoded bytes, checked to decode, with its format, size and content hash.
 
     Immutable; compared and hashed by content (``sha256`` of the bytes). :func:`~tito_core.conversation.canonical`
-    encodes it as its hash, so comparing conversations never walks the bytes.
+    encodes it as its hash, so comparing conversations never walks the bytes. Bytes already decoded once in this
+    process (same hash) are not decoded again: a front that converts its whole conversation every call (Strands)
+    builds each image of it again each call, and decoding is ~20x the cost of hashing.
 
     Args:
         data: The encoded image (PNG, JPEG, GIF or WebP).
@@ -50,20 +54,22 @@ class Image:
         ImageError: the format is not supported, or the bytes do not decode.
     """
 
-    __slots__ = ("_data", "_format", "_sha256", "_size")
+    __slots__ = ("_base64", "_data", "_format", "_sha256", "_size")
 
     def __init__(self, data: bytes, format: str | None = None) -> None:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise ImageError(f"image data must be bytes, got {type(data).__name__}")
         data = bytes(data)
         declared = _format_name(format) if format is not None else None
-        decoded, size = _probe(data)
+        sha256 = hashlib.sha256(data).hexdigest()
+        decoded, size = _probe_once(data, sha256)
         if declared is not None and declared != decoded:
             raise ImageError(f"the image is declared {declared!r} but its bytes are {decoded!r}")
         self._data = data
         self._format: ImageFormat = decoded  # type: ignore[assignment]
         self._size = size
-        self._sha256 = hashlib.sha256(data).hexdigest()
+        self._sha256 = sha256
+        self._base64: str | None = None
 
     @property
     def data(self) -> bytes:
@@ -84,6 +90,18 @@ class Image:
     def size(self) -> tuple[int, int]:
         """``(width, height)`` in pixels."""
         return self._size
+
+    @property
+    def base64(self) -> str:
+        """:attr:`data` in base64 (ASCII), encoded on first use and kept.
+
+        Adapters that send every image of a prompt each call (SGLang's ``image_data``, ``data:`` URLs) then encode
+        each image once per rollout, not once per call.
+        """
+        encoded = self._base64
+        if encoded is None:
+            encoded = self._base64 = base64.b64encode(self._data).decode("ascii")
+        return encoded
 
     def to_pil(self) -> Any:
         """The decoded image as an RGB ``PIL.Image.Image`` (what image processors take)."""
@@ -161,6 +179,24 @@ def _pil() -> Any:
     except ImportError as exc:  # pragma: no cover - pillow is in the vision extra
         raise ImageError('images need Pillow: pip install "tito-core[vision]"') from exc
     return PILImage
+
+
+_PROBED = 4096  # decoded (format, size) remembered by hash; a few hundred bytes each
+_probed: dict[str, tuple[str, tuple[int, int]]] = {}
+_probed_lock = threading.Lock()
+
+
+def _probe_once(data: bytes, sha256: str) -> tuple[str, tuple[int, int]]:
+    """:func:`_probe` of ``data``, whose hash is ``sha256``; bytes of a hash probed before are not decoded again."""
+    known = _probed.get(sha256)
+    if known is not None:
+        return known
+    probed = _probe(data)  # raises for bytes that do not decode: those are not remembered
+    with _probed_lock:
+        if len(_probed) >= _PROBED:
+            _probed.clear()
+        _probed[sha256] = probed
+    return probed
 
 
 def _probe(data: bytes) -> tuple[str, tuple[int, int]]:
