@@ -71,6 +71,7 @@ async def run_agent(
     tokenizer: Any,
     run: Callable[[TitoModel], Awaitable[Any]],
     status_enum: Any = None,
+    processor: Any = None,
     **model_options: Any,
 ) -> Any:
     """Run ``run(model)`` (which drives a Strands agent) and write the trajectory onto ``sample``.
@@ -85,6 +86,8 @@ async def run_agent(
         tokenizer: The policy's tokenizer.
         run: An async function that builds the agent around ``model`` and runs it on the sample.
         status_enum: slime's ``Sample.Status``; when given, ``sample.status`` is set to its member.
+        processor: The model's image processor (or its directory): with images, ``multimodal_train_inputs``
+            (``pixel_values``, ``image_grid_thw``) is filled besides ``multimodal_inputs`` (see ``to_slime``).
         **model_options: More :class:`~tito_core.TitoModel` options (``tool_parser``, ...).
     """
     model = TitoModel(backend, tokenizer, sampling=sampling_from_slime(sampling_params), **model_options)
@@ -92,7 +95,7 @@ async def run_agent(
         await run(model)
     except Exception as exc:  # the trajectory records why; slime reads the status
         model.trajectory.metadata["error"] = f"{type(exc).__name__}: {exc}"
-    fields = to_slime(model.reset(), tokenizer=tokenizer)
+    fields = to_slime(model.reset(), tokenizer=tokenizer, processor=processor)
     status = fields.pop("status")
     for name, value in fields.items():
         setattr(sample, name, value)
