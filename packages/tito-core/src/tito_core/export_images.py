@@ -2,13 +2,13 @@
 
 The exporters (:mod:`tito_core.export`, :mod:`tito_core.trainers.agentlightning`) put a trajectory's images in
 each trainer's own field (docs/multimodal.md, "Trainer fields"); this module makes those values from
-:meth:`~tito_core.trajectory.Trajectory.prompt_images`, always every image of the sample's ids, in token order
+``Trajectory.prompt_images()``, always every image of the sample's ids, in token order
 (the order of their placeholder runs, which is the order a processor pairs images with placeholders).
 
 :func:`pixel_inputs` runs the model's image processor (given by the caller: a directory or a Hugging Face
 image processor) and checks that it gives each image the grid the rollout recorded: a different processor
-would give the trainer pixel rows that do not fit the recorded placeholder runs, so it is an
-:class:`~tito_core.media.ImageError` rather than a silently wrong sample.
+would give the trainer pixel rows that do not fit the recorded placeholder runs, so it is an ``ImageError``
+(``tito_core.media``) rather than a silently wrong sample.
 """
 
 from __future__ import annotations
