@@ -202,6 +202,32 @@ def test_slime_sample_multimodal_inputs_and_train_inputs(rollout):
     assert "multimodal_train_inputs" not in to_slime(traj)  # no processor: slime's processor computes them
 
 
+def test_slimes_generate_hook_fills_both_with_the_models_processor(vl):
+    """``run_agent`` renders with the processor it is given and exports pixel inputs with the same one."""
+    slime_hook = pytest.importorskip("tito_sglang.slime", reason="tito-sglang is not installed")
+    from strands import Agent
+
+    tok, _ = vl
+    picture = Image(png(90, 120, 7))
+
+    async def run(model):
+        blocks = [{"image": {"format": "png", "source": {"bytes": picture.data}}}, {"text": "What is it?"}]
+        await Agent(model=model, callback_handler=None).invoke_async(blocks)
+
+    sample = Sample(prompt="What is it?")
+    asyncio.run(
+        slime_hook.run_agent(
+            sample, {"max_new_tokens": 16}, backend=ScriptedBackend(tok, ["Noise."]), tokenizer=tok, run=run,
+            status_enum=Sample.Status, processor=tiny_image_processor(), tool_parser="qwen_xml",
+            chat_template=vl_chat_template(), chat_template_kwargs={"enable_thinking": False},
+        )
+    )  # fmt: skip
+    assert sample.status is Sample.Status.COMPLETED
+    check_same_pictures(sample.multimodal_inputs["images"], [picture])
+    grid = sample.multimodal_train_inputs["image_grid_thw"]
+    assert grid.tolist() == [[1, 8, 6]] and sample.tokens.count(PAD) == 8 * 6 // MERGE**2
+
+
 def test_a_processor_other_than_the_rollouts_is_an_image_error(rollout):
     traj, _ = rollout
     other = tiny_image_processor()
