@@ -233,6 +233,7 @@ def trainers(session: nox.Session) -> None:
     bridge read a tito rollout; slime (not on the index) against a stand-in Sample."""
     session.install(TORCH)  # pip, not uv: the local CPU wheel (see tests_transformers)
     install_core(session, ADAPTERS["sglang"])
+    session.install("-e", f"{CORE}[vision]")  # Pillow: the exports' images (tests/trainers/test_images.py)
     session.install("-r", "tests/trainers/requirements.txt")
     session.install("--no-deps", "verl==0.9.1")
     # agentlightning 1.0.2 declares Python >= 3.12; its code runs on 3.11, where the CPU torch wheel is.

@@ -24,6 +24,9 @@ class Sample:
 
     prompt: str = ""
     tokens: list[int] = dataclasses.field(default_factory=list)
+    multimodal_inputs: dict[str, Any] | None = None  # raw: {"images": [...]} (slime/utils/types.py, 624b824a)
+    multimodal_train_inputs: dict[str, Any] | None = None  # processed: pixel_values, image_grid_thw (tensors)
+    multimodal_train_input_id: str | None = None
     response: str = ""
     response_length: int = 0
     reward: float | None = None

@@ -13,6 +13,10 @@ prefix it shares with its parent included, so what the parent generated is train
 
 Weight versions (:mod:`tito_core.versions`) go in the trainer's own field where it has one, else in a documented
 extra field (docs/exports.md); a sample whose tokens have no versions (the backend reported none) exports none.
+
+Images (docs/multimodal.md, "Trainer fields") go in each trainer's own field, every image of the sample's ids in
+token order, as PIL images (``images="pil"``) or their sha256 (``"sha256"``, for rows written to a file); a
+text-only sample's fields are unchanged. Pixel inputs need the model's image processor, which the caller gives.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Literal, overload
 
 import msgspec
 
+from .export_images import ImageForm, image_values, pixel_inputs
 from .trajectory import Trajectory
 from .versions import VersionSpan, int_version, version_range
 
@@ -33,6 +38,7 @@ __all__ = [
     "to_trl",
     "to_verl",
     "training_branches",
+    "verl_multi_modal_inputs",
 ]
 
 BranchReward = Literal["shared", "last"]
@@ -134,7 +140,9 @@ def _verl_global_steps(spans: list[VersionSpan]) -> dict[str, int]:
     return {} if low is None or high is None else {"min_global_steps": low, "max_global_steps": high}
 
 
-def to_slime(item: Trajectory | TrainingBranch, *, tokenizer: Any = None) -> dict[str, Any]:
+def to_slime(
+    item: Trajectory | TrainingBranch, *, tokenizer: Any = None, processor: Any = None, images: ImageForm = "pil"
+) -> dict[str, Any]:
     """Fields of slime's ``Sample``: assign them onto the sample (``status`` names a ``Sample.Status`` member).
 
     ``item`` is a trajectory or one :class:`TrainingBranch` of it. ``rollout_routed_experts`` is a
@@ -142,6 +150,10 @@ def to_slime(item: Trajectory | TrainingBranch, *, tokenizer: Any = None) -> dic
     ``response`` (text) is filled when a tokenizer is given. ``weight_versions`` is set when the versions of
     the tokens the sample trains are known: one per model call, as slime's own rollout records them (a call
     generated across a weight update adds one per version, oldest first).
+
+    With images: ``multimodal_inputs`` is ``{"images": [...]}`` (slime's raw form, what its processor takes),
+    and, when ``processor`` (the model's directory or image processor) is given, ``multimodal_train_inputs`` is
+    ``{"pixel_values", "image_grid_thw"}`` as torch tensors (what slime's training forward concatenates).
     """
     traj, start, ids, mask, logprobs = _response(item)
     fields: dict[str, Any] = {
@@ -163,6 +175,10 @@ def to_slime(item: Trajectory | TrainingBranch, *, tokenizer: Any = None) -> dic
 
         data, (layers, top_k) = routed
         fields["rollout_routed_experts"] = np.frombuffer(data, dtype="<i4").reshape(-1, layers, top_k)
+    if traj.images:  # slime's own fields: the raw images, and the processed ones when a processor is given
+        fields["multimodal_inputs"] = {"images": image_values(traj, images)}
+        if processor is not None:
+            fields["multimodal_train_inputs"] = pixel_inputs(traj, processor)
     return fields
 
 
@@ -170,13 +186,17 @@ def to_slime(item: Trajectory | TrainingBranch, *, tokenizer: Any = None) -> dic
 VERL_METRICS: dict[str, float] = {"generate_sequences": 0.0, "tool_calls": 0.0, "num_preempted": -1}
 
 
-def to_verl(item: Trajectory | TrainingBranch, *, metrics: Mapping[str, float] | None = None) -> dict[str, Any]:
+def to_verl(
+    item: Trajectory | TrainingBranch, *, metrics: Mapping[str, float] | None = None, images: ImageForm = "pil"
+) -> dict[str, Any]:
     """Fields of verl's ``AgentLoopOutput`` (before its padding), of a trajectory or one :class:`TrainingBranch`.
 
     ``metrics`` are verl's ``AgentLoopMetrics`` (:data:`VERL_METRICS` names them; those not given keep
     their defaults). A trajectory records no timings, so the caller measures them. ``extra_fields`` holds
     verl's ``min_global_steps`` / ``max_global_steps`` when the versions of the tokens the sample trains are
-    integers.
+    integers. With images, ``multi_modal_data`` is ``{"images": [...]}``, verl's own field: verl's
+    postprocessing runs its processor over them for ``multi_modal_inputs`` and the MRoPE positions
+    (:func:`verl_multi_modal_inputs` gives the same inputs outside verl).
     """
     unknown = sorted(set(metrics or {}) - set(VERL_METRICS))
     if unknown:
@@ -194,30 +214,62 @@ def to_verl(item: Trajectory | TrainingBranch, *, metrics: Mapping[str, float] |
     steps = _verl_global_steps(spans) if spans is not None else {}
     if steps:  # verl's own fields for the weight versions a trajectory was generated across
         fields["extra_fields"] = steps
+    if traj.images:  # verl's own field; its agent loops fill it from the conversation's images
+        fields["multi_modal_data"] = {"images": image_values(traj, images)}
     return fields
 
 
+def verl_multi_modal_inputs(item: Trajectory | TrainingBranch, processor: Any) -> dict[str, Any]:
+    """The ``multi_modal_inputs`` verl's agent-loop postprocessing builds for a sample (verl 0.9.1).
+
+    ``pixel_values`` and ``image_grid_thw`` (torch tensors) from the model's image processor (a directory or
+    an image processor), and ``images_seqlens`` (each image's ``h * w`` patches, repeated ``t`` times); ``{}``
+    for a text-only sample. verl computes these itself from ``multi_modal_data``; this is for a trainer fed
+    exported rows, or to check them. The MRoPE positions come from the model's ``get_rope_index`` over the
+    ids and ``image_grid_thw`` (verl binds it onto its processor).
+
+    Raises:
+        ImageError: the processor gives an image another grid than the rollout recorded.
+    """
+    traj = item.trajectory if isinstance(item, TrainingBranch) else item
+    inputs = pixel_inputs(traj, processor, return_tensors="pt")
+    if inputs:
+        import torch
+
+        grid = inputs["image_grid_thw"]
+        inputs["images_seqlens"] = torch.repeat_interleave(grid[:, 1] * grid[:, 2], grid[:, 0])
+    return inputs
+
+
 @overload
-def to_trl(traj: Trajectory | TrainingBranch) -> dict[str, Any]: ...
+def to_trl(traj: Trajectory | TrainingBranch, *, images: ImageForm = ...) -> dict[str, Any]: ...
 @overload
-def to_trl(traj: Sequence[Trajectory | TrainingBranch]) -> dict[str, list[Any]]: ...
-def to_trl(traj: Trajectory | TrainingBranch | Sequence[Trajectory | TrainingBranch]) -> dict[str, Any]:
+def to_trl(traj: Sequence[Trajectory | TrainingBranch], *, images: ImageForm = ...) -> dict[str, list[Any]]: ...
+def to_trl(
+    traj: Trajectory | TrainingBranch | Sequence[Trajectory | TrainingBranch], *, images: ImageForm = "pil"
+) -> dict[str, Any]:
     """The shape TRL's ``GRPOTrainer(rollout_func=...)`` returns.
 
     One trajectory (or :class:`TrainingBranch`) gives one rollout's fields; a sequence (the batch, one per
     prompt TRL passed, in order) gives the dict of per-rollout lists that ``rollout_func`` returns.
     ``weight_versions`` (per completion token, None on loss-0 tokens) is added when a rollout has versions
-    (None for one without).
+    (None for one without). ``images`` (TRL's vision-language column: the rollout's images in token order) is
+    added when a rollout has images (``[]`` for one without, in a batch).
     """
     if not isinstance(traj, (Trajectory, TrainingBranch)):
-        rows = [to_trl(t) for t in traj]
+        rows = [to_trl(t, images=images) for t in traj]
         keys = ["prompt_ids", "completion_ids", "logprobs", "env_mask"]
         if any("weight_versions" in row for row in rows):
             keys.append("weight_versions")
-        return {key: [row.get(key) for row in rows] for key in keys}
+        columns = {key: [row.get(key) for row in rows] for key in keys}
+        if any("images" in row for row in rows):
+            columns["images"] = [row.get("images", []) for row in rows]
+        return columns
     source, start, ids, mask, logprobs = _response(traj)
     row = {"prompt_ids": ids[:start], "completion_ids": ids[start:], "logprobs": logprobs, "env_mask": mask}
     spans = source.weight_versions(since=start)
     if spans is not None:  # an extra column: TRL passes it to the reward functions
         row["weight_versions"] = _token_versions(source, start, spans)
+    if source.images:  # TRL's vision-language column (its dataset form; see docs/multimodal.md for what it uses)
+        row["images"] = image_values(source, images)
     return row

@@ -15,6 +15,7 @@ from typing import Any
 from tito_core.backend import Backend, SamplingParams
 from tito_core.export import to_slime
 from tito_core.model import TitoModel
+from tito_core.render.vision import DEFAULT_MAX_IMAGES, vision_processor
 
 from .backend import SGLangBackend
 
@@ -71,6 +72,7 @@ async def run_agent(
     tokenizer: Any,
     run: Callable[[TitoModel], Awaitable[Any]],
     status_enum: Any = None,
+    processor: Any = None,
     **model_options: Any,
 ) -> Any:
     """Run ``run(model)`` (which drives a Strands agent) and write the trajectory onto ``sample``.
@@ -85,14 +87,26 @@ async def run_agent(
         tokenizer: The policy's tokenizer.
         run: An async function that builds the agent around ``model`` and runs it on the sample.
         status_enum: slime's ``Sample.Status``; when given, ``sample.status`` is set to its member.
+        processor: The model's image processor, as :class:`~tito_core.TitoModel` takes it (None: the tokenizer's
+            directory when it holds a ``preprocessor_config.json``; False: no vision). The same processor renders
+            the images and fills ``multimodal_train_inputs`` (``pixel_values``, ``image_grid_thw``) besides
+            ``multimodal_inputs`` (see ``to_slime``): slime computes neither after a custom generate.
         **model_options: More :class:`~tito_core.TitoModel` options (``tool_parser``, ...).
     """
-    model = TitoModel(backend, tokenizer, sampling=sampling_from_slime(sampling_params), **model_options)
+    limit = model_options.get("max_images", DEFAULT_MAX_IMAGES)
+    vision = vision_processor(processor, tokenizer, max_images=limit)  # the model's: shared per processor, tokenizer
+    model = TitoModel(
+        backend,
+        tokenizer,
+        sampling=sampling_from_slime(sampling_params),
+        processor=vision if vision is not None else False,
+        **model_options,
+    )
     try:
         await run(model)
     except Exception as exc:  # the trajectory records why; slime reads the status
         model.trajectory.metadata["error"] = f"{type(exc).__name__}: {exc}"
-    fields = to_slime(model.reset(), tokenizer=tokenizer)
+    fields = to_slime(model.reset(), tokenizer=tokenizer, processor=vision)
     status = fields.pop("status")
     for name, value in fields.items():
         setattr(sample, name, value)

@@ -4,7 +4,8 @@ What ``tito export`` writes and ``RolloutBatches(samples=...)`` returns. Each ro
 (:mod:`tito_core.export`) of one :class:`~tito_core.export.TrainingBranch`, its lineage (``rollout_id``,
 ``branch``, ``parent_branch``, ``shared_prefix``, ``final``) and the rollout's ``task_id``, ``sample``,
 ``group``, ``reward`` and ``advantage``: every branch of an episode carries the episode's reward and advantage,
-which the group reward function computed over episodes (records), not branches.
+which the group reward function computed over episodes (records), not branches. Images are given by their sha256
+(plain data; the bytes are the records' ``<output>.images/<sha256>.<format>`` files), in each trainer's field.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ Converter = Callable[[TrainingBranch, RolloutRecord], dict[str, Any]]
 
 
 def _slime(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
-    fields = export.to_slime(branch)
+    fields = export.to_slime(branch, images="sha256")
     experts = fields.get("rollout_routed_experts")
     if experts is not None:
         fields["rollout_routed_experts"] = experts.tolist()  # a numpy array: rows are plain data
@@ -39,19 +40,19 @@ def _slime(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
 
 
 def _verl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
-    return export.to_verl(branch, metrics=verl_metrics(record) if branch.final else None)
+    return export.to_verl(branch, metrics=verl_metrics(record) if branch.final else None, images="sha256")
 
 
 def _agl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
     from ..trainers.agentlightning import model_request_events
 
-    return {"model_request_events": model_request_events(branch)}
+    return {"model_request_events": model_request_events(branch, images="sha256")}
 
 
 _CONVERTERS: dict[str, Converter] = {
     "slime": _slime,
     "verl": _verl,
-    "trl": lambda branch, _: export.to_trl(branch),
+    "trl": lambda branch, _: export.to_trl(branch, images="sha256"),
     "agl": _agl,
 }
 

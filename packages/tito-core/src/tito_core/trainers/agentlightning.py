@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from ..errors import ConfigError
 from ..export import TrainingBranch
+from ..export_images import data_url
 from ..trajectory import Trajectory
 from ..versions import int_version
 
@@ -27,7 +28,9 @@ AgentFn = Callable[[Any], Awaitable[tuple[Trajectory, float | None]]]
 """``async def solve(task) -> (trajectory, reward)``: run one agent on one task."""
 
 
-def model_request_events(item: Trajectory | TrainingBranch, *, model: str = "tito") -> list[dict[str, Any]]:
+def model_request_events(
+    item: Trajectory | TrainingBranch, *, model: str = "tito", images: Literal["url", "sha256"] = "url"
+) -> list[dict[str, Any]]:
     """One ``model_request`` event payload per model call of a trajectory, shaped as the gateway records them.
 
     Each carries the call's whole prompt (the trajectory up to the call's output) and its output ids;
@@ -36,10 +39,16 @@ def model_request_events(item: Trajectory | TrainingBranch, *, model: str = "tit
     call's weight versions are known, the choice carries them as vLLM's ``/inference/v1/generate`` does
     (``weight_versions``: spans over the output tokens), and ``model_version`` (Agent Lightning's own field, an
     int) is set when the whole output came from one integer version.
+
+    A call whose prompt holds images carries them where Agent Lightning's rollout manager reads them (its
+    ``Triplet.image_urls``): ``request.messages``, one user message of ``image_url`` parts, the prompt's images in
+    token order, each a ``data:`` URL (``images="url"``) or ``sha256:<hex>`` (``"sha256"``, rows written to a
+    file, whose bytes are in ``<output>.images/``). The text stays in the token ids.
     """
     traj = item.trajectory if isinstance(item, TrainingBranch) else item
     since = item.prompt_length
     ids, lps = traj.token_ids, traj.logprobs
+    pictures = traj.prompt_images()
     events = []
     for turn in traj.turns:
         if turn.output_start < since:
@@ -63,11 +72,17 @@ def model_request_events(item: Trajectory | TrainingBranch, *, model: str = "tit
             "prompt_token_ids": ids[:start],
         }
         response |= {"choices": [choice], "usage": usage}
+        request: dict[str, Any] = {"rid": turn.rid, "stop_reason": turn.stop_reason}
+        seen = [p for p in pictures if p.span.end <= start]
+        if seen:  # Agent Lightning reads a call's images from its request's image_url parts, in order
+            urls = [data_url(p) if images == "url" else f"sha256:{p.image.sha256}" for p in seen]
+            parts = [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+            request["messages"] = [{"role": "user", "content": parts}]
         events.append(
             {
                 "model": model,
                 "model_version": int_version(single),
-                "request": {"rid": turn.rid, "stop_reason": turn.stop_reason},
+                "request": request,
                 "response": response,
                 "server": {"model": model, "endpoint": "tito", "version": None},
                 "http_status": 200,
