@@ -22,7 +22,7 @@ import msgspec
 
 from ..backend import Backend
 from ..config import TitoConfig
-from ..errors import ConfigError
+from ..errors import BackendConnectionError, ConfigError
 from ..grammar import tool_choice_option
 from ..render import shared_renderer
 from ..rollout_core import CallOptions, Rollout
@@ -313,6 +313,7 @@ class Gateway:
             try:
                 result = await core.call(request.conversation, options, tool_choice=request.tool_choice)
             except Exception as exc:  # the rollout has its status; the client gets OpenAI's error JSON
+                rollout.lost_engine |= isinstance(exc, BackendConnectionError)
                 raise error_of(exc) from exc
             traj = core.trajectory
             segment = traj.last_segment
