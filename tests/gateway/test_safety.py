@@ -33,7 +33,8 @@ async def test_unknown_rollout_is_404_and_finished_one_409(gateway: Gateway, bac
     status, opened = await post(f"{gateway.base_url}/rollouts", {"task_id": "t"})
     assert status == 201 and opened["base_url"] == f"{gateway.base_url}/rollouts/{opened['id']}/v1"
     status, record = await post(f"{gateway.base_url}/rollouts/{opened['id']}/finish", {"reward": 0.5})
-    assert status == 200 and record["reward"] == 0.5 and record["status"] == "aborted"  # never called: no output
+    assert status == 200 and record["reward"] == 0.5 and record["status"] == "failed"  # never called: no output
+    assert record["status_reason"] == "the rollout ended without any model call: it holds no output"
     status, body = await post(f"{opened['base_url']}/chat/completions", USER)
     assert status == 409 and body["error"]["code"] == "rollout_finished"
     assert backend.requests == []

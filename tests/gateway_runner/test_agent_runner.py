@@ -119,7 +119,8 @@ def test_a_command_runs_in_the_config_files_directory_with_its_env(tmp_path: Pat
     rollout(tmp_path / "tito.toml", add_tasks(1, cwd=str(tmp_path)), tmp_path / "out.jsonl")
     (record,) = read_records(tmp_path / "out.jsonl")
     assert record.reward == 1.0  # echo_text checked "hi t0 <tmp_path>"
-    assert record.status == "aborted" and record.tokens.model_calls == 0  # it never called the model
+    assert record.status == "failed" and record.tokens.model_calls == 0  # it never called the model
+    assert record.status_reason == "the rollout ended without any model call: it holds no output"
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,7 @@ def recorded_calls(backend: Backend) -> list[tuple[GenerateRequest, GenerateResu
 
 
 async def sdk_through_gateway(backend: Backend, tokenizer: Any, *, name: str) -> None:
-    """Run the rollout above through a gateway on ``backend`` (closed at the end) and check its record."""
+    """Run the rollout above through a gateway on ``backend`` (the caller's: left open) and check its record."""
     calls = recorded_calls(backend)
     config = TitoConfig(
         backend=name,

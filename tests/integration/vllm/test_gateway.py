@@ -15,4 +15,7 @@ pytestmark = pytest.mark.integration
 
 async def test_openai_sdk_through_the_gateway_records_the_engines_ids(vllm_url: str, qwen3_tokenizer: Any) -> None:
     backend = VLLMBackend(vllm_url, return_prompt_ids=True)  # the engine echoes what it consumed: checked too
-    await sdk_through_gateway(backend, qwen3_tokenizer, name="vllm")
+    try:
+        await sdk_through_gateway(backend, qwen3_tokenizer, name="vllm")
+    finally:
+        await backend.aclose()  # the gateway leaves a backend it was given open

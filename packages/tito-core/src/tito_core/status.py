@@ -19,6 +19,7 @@ __all__ = [
     "CallEnd",
     "Closed",
     "FinalStatus",
+    "NoModelCall",
     "RewardFailed",
     "RolloutTimedOut",
     "Status",
@@ -45,6 +46,10 @@ class Closed(msgspec.Struct, frozen=True, gc=False):
     reason: str | None = None
 
 
+class NoModelCall(msgspec.Struct, frozen=True, gc=False):
+    """A rollout ended without a single model call (an agent that answered without the model): no output."""
+
+
 class RolloutTimedOut(msgspec.Struct, frozen=True, gc=False):
     """The runner stopped a rollout at its time limit."""
 
@@ -57,7 +62,7 @@ class RewardFailed(msgspec.Struct, frozen=True, gc=False):
     error: BaseException
 
 
-Outcome = BaseException | CallEnd | Closed | RolloutTimedOut | RewardFailed
+Outcome = BaseException | CallEnd | Closed | NoModelCall | RolloutTimedOut | RewardFailed
 
 _TRUNCATING: tuple[type[BaseException], ...] = (ContextWindowFullError, ContextLengthError, LoopLimitError)
 _extra: dict[type[BaseException], Status] = {}
@@ -76,7 +81,8 @@ def status_of(outcome: Outcome) -> tuple[Status, str | None]:
     - an exception out of a call or an agent: ``truncated`` when the context window or a loop limit is reached,
       ``aborted`` when cancelled, interrupted or aborted by the engine, else ``failed``;
     - :class:`Closed`: a still-running trajectory is ``aborted``; any other keeps its status;
-    - :class:`RolloutTimedOut`: ``aborted``; :class:`RewardFailed`: ``failed``.
+    - :class:`RolloutTimedOut`: ``aborted``; :class:`RewardFailed`: ``failed``;
+    - :class:`NoModelCall`: ``failed`` (nothing the engine produced: the rollout is no sample to learn from).
     """
     if isinstance(outcome, CallEnd):
         if outcome.finish_reason == "length":
@@ -88,6 +94,8 @@ def status_of(outcome: Outcome) -> tuple[Status, str | None]:
         return outcome.status, outcome.reason
     if isinstance(outcome, RolloutTimedOut):
         return "aborted", f"timed out after {outcome.seconds:g} s"
+    if isinstance(outcome, NoModelCall):
+        return "failed", "the rollout ended without any model call: it holds no output"
     if isinstance(outcome, RewardFailed):
         return "failed", f"reward function raised {type(outcome.error).__name__}: {outcome.error}"
     return _exception_status(outcome)

@@ -1,7 +1,7 @@
 """The gateway's HTTP routes on aiohttp's web server.
 
 =============================================  ================================================================
-``POST /rollouts``                             open one: ``{"task_id"?, "metadata"?}`` → 201 ``{"id", "base_url"}``
+``POST /rollouts``                             open one: ``{task_id?, metadata?, id?, group?}`` → 201 ``{id, base_url}``
 ``POST /rollouts/<id>/v1/chat/completions``    a chat call on the rollout (JSON, or SSE with ``stream``)
 ``POST /v1/chat/completions``                  the same, the rollout id in ``Authorization: Bearer <id>``
 ``GET /rollouts/<id>/v1/models``, ``/v1/models``  the served model
@@ -11,6 +11,8 @@
 
 Every error is OpenAI's error JSON (:mod:`~tito_core.gateway.errors`), bodies are bounded (413), and with an api
 key every request carries it (``Authorization: Bearer KEY``; on ``/v1/chat/completions``, ``Bearer KEY:ROLLOUT``).
+A 404 or 409 says ``x-should-retry: false``: the OpenAI SDKs would otherwise retry a 409 that cannot succeed.
+A rollout id is one path segment, percent-quoted in URLs (``base_url`` quotes it); the routes match it unquoted.
 """
 
 from __future__ import annotations
@@ -41,7 +43,11 @@ class Served(Protocol):
     max_body_bytes: int
 
     def open(
-        self, task_id: str | None = None, metadata: dict[str, Any] | None = None, rollout_id: str | None = None
+        self,
+        task_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        rollout_id: str | None = None,
+        group: int = 0,
     ) -> GatewayRollout:
         """Open a rollout."""
 
@@ -84,7 +90,10 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 
 def _error(error: GatewayError) -> web.Response:
-    return _json(error_body(error), error.status)
+    response = _json(error_body(error), error.status)
+    if error.status in (404, 409):  # an unknown, finished or busy rollout: retrying the same request cannot help
+        response.headers["x-should-retry"] = "false"
+    return response
 
 
 def _bearer(request: web.Request) -> str | None:
@@ -140,11 +149,16 @@ def _fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
 
 async def _open(request: web.Request) -> web.Response:
     gateway = request.app[_GATEWAY]
-    body = _fields(await _body(request, optional=True), frozenset({"task_id", "metadata", "id"}))
+    body = _fields(await _body(request, optional=True), frozenset({"task_id", "metadata", "id", "group"}))
     for key in ("task_id", "id"):
         if body.get(key) is not None and (not isinstance(body[key], str) or not body[key]):
             raise bad_request(key, "must be a non-empty string")
-    rollout = gateway.open(task_id=body.get("task_id"), metadata=body.get("metadata"), rollout_id=body.get("id"))
+    group = body.get("group", 0)
+    if isinstance(group, bool) or not isinstance(group, int) or group < 0:
+        raise bad_request("group", f"must be a non-negative integer, got {group!r}")
+    rollout = gateway.open(
+        task_id=body.get("task_id"), metadata=body.get("metadata"), rollout_id=body.get("id"), group=group
+    )
     return _json({"id": rollout.id, "base_url": rollout.base_url}, 201)
 
 

@@ -38,6 +38,9 @@ class GatewayRollout:
         last_used: ``time.monotonic()`` of the last call's end (or the opening).
         tool_calls: Tool calls the rollout's outputs asked for (the record's ``tokens.tool_calls``).
         sample: The rollout's sample number within its task (the record's key is ``(task_id, sample)``).
+        group: The record's group id (0 unless the opener gives one).
+        lost_engine: True once a call on it failed with a :class:`~tito_core.errors.BackendConnectionError`
+            (the runner then has its server checked, as for a Strands rollout).
     """
 
     def __init__(self, rollout_id: str, base_url: str, rollout: Rollout, task_id: str, metadata: dict[str, Any]):
@@ -52,6 +55,8 @@ class GatewayRollout:
         self.last_used = time.monotonic()
         self.tool_calls = 0
         self.sample = 0
+        self.group = 0
+        self.lost_engine = False
         self.finished = False
         self._busy = False
         self._idle = asyncio.Event()  # set while no call runs: what idle() waits on

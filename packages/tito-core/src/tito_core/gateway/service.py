@@ -17,18 +17,19 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import msgspec
 
 from ..backend import Backend
 from ..config import TitoConfig
-from ..errors import ConfigError
+from ..errors import BackendConnectionError, ConfigError
 from ..grammar import tool_choice_option
 from ..render import shared_renderer
 from ..render.vision import ProcessorSpec, VisionProcessor, vision_processor
 from ..rollout_core import CallOptions, Rollout
 from ..runner.records import RecordWriter, RolloutRecord, open_writer, rollout_record
-from ..status import Closed, status_of
+from ..status import Closed, NoModelCall, status_of
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory
 from .completion import completion, message_of
@@ -51,7 +52,8 @@ class Gateway:
     Args:
         config: The model configuration (backend, tokenizer, tool parser, sampling, template, options).
         tokenizer: A loaded tokenizer; None loads ``config.tokenizer`` (on a thread, in :meth:`start`).
-        backend: The backend to share between rollouts; None builds the configured one.
+        backend: The backend to share between rollouts, the caller's: :meth:`close` leaves it open. None builds
+            the configured one, which is the gateway's own: :meth:`close` closes it.
         output: A rollout file (JSONL, or ``.parquet``) every ended rollout is written to, with the runner's
             writer (its lock, resumable); None writes nothing (use :meth:`take`).
         api_key: The key every request must carry (``Authorization: Bearer KEY``); required to bind to anything
@@ -86,6 +88,7 @@ class Gateway:
         self.config = config
         self.tokenizer = tokenizer
         self.backend = backend if backend is not None else config.create_backend()
+        self._owns_backend = backend is None  # who creates a backend closes it
         self.output = output
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
@@ -168,7 +171,10 @@ class Gateway:
         return self.base_url
 
     async def close(self) -> None:
-        """Stop serving; every open rollout ends ``aborted`` (unless it ended otherwise) and is written."""
+        """Stop serving; every open rollout ends ``aborted`` (unless it ended otherwise) and is written.
+
+        The backend is closed when the gateway built it (no ``backend`` was given); a given one is left open.
+        """
         await self.registry.stop()
         runner, self._runner = self._runner, None
         for rollout in self.registry.drain():
@@ -179,22 +185,33 @@ class Gateway:
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()
-        await self.backend.aclose()
+        if self._owns_backend:
+            await self.backend.aclose()
 
     # -------------------------------------------------------------------------------------------- rollouts
     def open(
-        self, task_id: str | None = None, metadata: dict[str, Any] | None = None, rollout_id: str | None = None
+        self,
+        task_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        rollout_id: str | None = None,
+        group: int = 0,
     ) -> GatewayRollout:
         """Open a rollout; its :attr:`GatewayRollout.base_url` is what an OpenAI client sets.
 
+        ``group`` is the record's group id (the runner gives the task's row index, so that group advantages mean
+        the same for every kind of rollout). Any id is taken: its URL path segment is percent-quoted.
+
         Raises:
-            GatewayError: 409 when ``rollout_id`` is open already.
+            GatewayError: 409 when ``rollout_id`` is open already; 400 for the ids ``.`` and ``..`` (a URL
+                would drop them as dot segments).
             ConfigError: The gateway was not prepared (:meth:`start` or :meth:`prepare`).
         """
         if self._parts is None:
             raise ConfigError("the gateway is not prepared: await start() (or prepare()) first")
         renderer, parser = self._parts
         rid = rollout_id or self.registry.new_id()
+        if rid in (".", ".."):
+            raise GatewayError(400, f"id: {rid!r} cannot be a rollout id (a URL path segment)", param="id")
         if rid in self._finished:
             raise GatewayError(409, f"rollout {rid!r} was finished already", code="rollout_exists")
         config = self.config
@@ -202,7 +219,9 @@ class Gateway:
             self.backend, renderer, parser, rollout_id=rid, render_mode=config.render_mode, vision=self.vision
         )
         task = task_id if task_id is not None else rid
-        rollout = GatewayRollout(rid, f"{self.base_url}/rollouts/{rid}/v1", core, task, dict(metadata or {}))
+        url = f"{self.base_url}/rollouts/{quote(rid, safe=':@')}/v1"  # the routes match the id back unquoted
+        rollout = GatewayRollout(rid, url, core, task, dict(metadata or {}))
+        rollout.group = group
         rollout.images.refusal = self._image_refusal
         self.registry.add(rollout)
         core.trajectory.metadata.update({**rollout.metadata, "task_id": task})
@@ -252,6 +271,8 @@ class Gateway:
         if not traj.closed:
             if forced is not None and traj.status in ("running", "completed"):
                 traj.close("aborted", forced)
+            elif traj.status == "running" and not traj.turns and not traj.branches:
+                traj.close(*status_of(NoModelCall()))
             elif traj.status == "running":
                 reason = "the client finished the rollout with the last output's tool calls unanswered"
                 traj.close(*status_of(Closed("running", reason)))
@@ -269,7 +290,7 @@ class Gateway:
             traj,
             task_id=rollout.task_id,
             sample=rollout.sample,
-            group=0,
+            group=rollout.group,
             reward=reward,
             server=self.base_url or None,
             started=rollout.started,
@@ -309,6 +330,7 @@ class Gateway:
             try:
                 result = await core.call(request.conversation, options, tool_choice=request.tool_choice)
             except Exception as exc:  # the rollout has its status; the client gets OpenAI's error JSON
+                rollout.lost_engine |= isinstance(exc, BackendConnectionError)
                 raise error_of(exc) from exc
             traj = core.trajectory
             segment = traj.last_segment

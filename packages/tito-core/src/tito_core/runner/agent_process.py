@@ -104,7 +104,8 @@ class AgentRunner:
         """Run the agent on ``task`` through ``server``'s gateway: the closed trajectory (with a status), the rest."""
         started, t0 = time.time(), time.perf_counter()
         gateway = await self._gateway(server)
-        handle = gateway.open(task_id=task.id, metadata={"sample": sample}, rollout_id=f"{task.id}:{sample}")
+        rid = f"{task.id}:{sample}"
+        handle = gateway.open(task_id=task.id, metadata={"sample": sample}, rollout_id=rid, group=task.index)
         text = ""
         ended_by: BaseException | RolloutTimedOut | None = None
         limit = asyncio.timeout(self.limit)
@@ -123,7 +124,16 @@ class AgentRunner:
         agent_s = time.perf_counter() - t0
         traj = await _take(gateway, handle.id, ended_by)
         calls = sum(turn.tool_calls - turn.tool_parse_errors for turn in traj.turns)
-        ran = Ran(text=text, messages=[], server=server.name, started=started, t0=t0, agent_s=agent_s, tool_calls=calls)
+        ran = Ran(
+            text=text,
+            messages=[],
+            server=server.name,
+            started=started,
+            t0=t0,
+            agent_s=agent_s,
+            tool_calls=calls,
+            lost_engine=handle.lost_engine,
+        )
         return traj, ran
 
     async def aclose(self) -> None:

@@ -32,6 +32,7 @@ class Ran(msgspec.Struct, frozen=True, kw_only=True):
         t0: ``time.perf_counter()`` at the start.
         agent_s: Seconds the agent ran.
         tool_calls: Tool calls the agent ran.
+        lost_engine: A model call lost its connection to the engine (the worker has the server checked).
     """
 
     text: str
@@ -41,6 +42,7 @@ class Ran(msgspec.Struct, frozen=True, kw_only=True):
     t0: float
     agent_s: float
     tool_calls: int
+    lost_engine: bool = False
 
 
 async def rewarded_record(

@@ -180,6 +180,8 @@ class RolloutWorker:
     async def _run_on(self, server: Server, task: Task, sample: int) -> RolloutRecord:
         if self.agents is not None:
             traj, ran = await self.agents.run(server, task, sample)
+            if ran.lost_engine:  # as below: the agent got a 503 from the gateway instead of the exception
+                await self.pool.suspect(server)
             return await rewarded_record(task, sample, traj, ran, self.reward)
         settings = self.settings
         started, t0 = time.time(), time.perf_counter()
