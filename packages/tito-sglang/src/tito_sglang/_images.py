@@ -16,7 +16,6 @@ decoding the ids and re-tokenizing the text (drift), or expands them again (stra
 
 from __future__ import annotations
 
-import base64
 import re
 from collections.abc import Sequence
 from typing import Any, Final
@@ -78,10 +77,7 @@ def collapse_placeholders(
 
 def image_data(images: Sequence[PromptImage]) -> list[str]:
     """The request's images as ``data:`` URLs, in token order (SGLang decodes them with its own image loader)."""
-    return [
-        f"data:image/{image.image.format};base64,{base64.b64encode(image.image.data).decode('ascii')}"
-        for image in images
-    ]
+    return [f"data:image/{image.image.format};base64,{image.image.base64}" for image in images]
 
 
 def logit_bias(request: GenerateRequest, user_bias: Any) -> dict[str, float]:

@@ -17,7 +17,6 @@ any generation.
 
 from __future__ import annotations
 
-import base64
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -121,7 +120,7 @@ class ImageFeatures:
     async def render(self, image: PromptImage, model: str | None) -> Rendered:
         """Ask the server to render a message holding only ``image``; read the image's features from it."""
         data = image.image
-        url = f"data:{_MIME[data.format]};base64,{base64.b64encode(data.data).decode('ascii')}"
+        url = f"data:{_MIME[data.format]};base64,{data.base64}"
         body = {
             "model": model,
             "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
