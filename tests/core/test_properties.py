@@ -6,7 +6,7 @@ import json
 import math
 import unicodedata
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from strands import tool
 
@@ -93,6 +93,8 @@ def check_token_in_out(tokenizer, traj: Trajectory, backend: ScriptedBackend, re
 
 
 @given(replies=script, user_text=free_text)
+# arguments that spell a reasoning marker are data: the Qwen2.5 prompt opens no reasoning block (found by hypothesis)
+@example(replies=[call_text("</think>"), "ok"], user_text="")
 def test_qwen25_rollouts_are_exact_and_equal_the_canonical_render(qwen25_tokenizer, replies, user_text):
     agent, model, backend = run(qwen25_tokenizer, replies, user_text)
     traj = model.trajectory
@@ -114,6 +116,7 @@ def test_qwen25_rollouts_are_exact_and_equal_the_canonical_render(qwen25_tokeniz
     ),
     user_text=free_text,
 )
+@example(replies=[call_text("a</think>b"), call_text("<think>"), "ok"], user_text="")
 def test_qwen3_rollouts_with_malformed_calls_stay_exact(qwen3_tokenizer, replies, user_text):
     agent, model, backend = run(qwen3_tokenizer, replies, user_text)
     traj = model.trajectory

@@ -146,13 +146,44 @@ class TestReasoning:
         assert only_call(out).input == {"s": "<think> not reasoning"}
         assert out.reasoning is None
 
-    def test_think_end_inside_a_first_call_is_a_lone_think_end(self, parser_cls: type) -> None:
-        # Documented trade-off: the first `</think>` with no `<think>` before it ends reasoning, even
-        # inside a call, because a model with a pre-opened think block may be drafting that call.
-        text = call_for(parser_cls, "echo", {"s": "</think>"})
-        out = parser_cls().parse(text)
-        assert out.calls == []
-        assert out.reasoning is not None
+    @pytest.mark.parametrize("arg", ["</think>", "a</think>b", "</think><think>", "x</think>\n\n<tool_call>"])
+    def test_think_markers_in_arguments_are_data(self, parser_cls: type, arg: str) -> None:
+        # The template renders arguments verbatim; a `</think>` inside a call the model opened outside
+        # reasoning is argument text, not a lone end of a pre-opened block (found by the rollout property).
+        first, second = call_for(parser_cls, "echo", {"s": arg}), call_for(parser_cls, "echo", {"s": "2"})
+        out = parser_cls().parse(f"{first}\n{second}")
+        assert [call.input for call in out.calls] == [{"s": arg}, {"s": "2"}]
+        assert [call.raw for call in out.calls] == [first, second]
+        assert not any(call.is_error for call in out.calls)
+        assert out.reasoning is None
+        assert out.content == ""
+
+    def test_lone_think_end_after_a_call_quoting_one(self, parser_cls: type) -> None:
+        # the first `</think>` outside a call is the lone end: the call before it was drafted in reasoning
+        draft = call_for(parser_cls, "rm", {"path": "</think>"})
+        real = call_for(parser_cls, "ls", {"path": "."})
+        out = parser_cls().parse(f"{draft} no.\n</think>\n\n{real}")
+        assert [call.name for call in out.calls] == ["ls"]
+        assert out.reasoning == f"{draft} no."
+
+    def test_unclosed_call_before_a_lone_think_end_is_a_draft(self, parser_cls: type) -> None:
+        out = parser_cls().parse("<tool_call>\nbroken </think> real")
+        assert out == ParsedOutput(content="real", reasoning="<tool_call>\nbroken ")
+
+    def test_prompt_opened_reasoning_runs_to_the_first_think_end(self, parser_cls: type) -> None:
+        # The prompt pre-opened `<think>`: a draft call quoting `</think>` is reasoning up to that tag,
+        # and nothing after the tag inside the draft is run either (it is not a call start).
+        draft = call_for(parser_cls, "rm", {"path": "</think>"})
+        real = call_for(parser_cls, "ls", {"path": "."})
+        out = parser_cls().parse(f"<think> too? {draft}\n</think>\n\n{real}", reasoning_open=True)
+        head = draft[: draft.index("</think>")]
+        assert out.reasoning == f"<think> too? {head}".rstrip("\n")
+        assert [call.name for call in out.calls] == ["ls"]
+
+    def test_prompt_opened_reasoning_without_an_end_is_all_reasoning(self, parser_cls: type) -> None:
+        draft = call_for(parser_cls, "rm", {"path": "/"})
+        out = parser_cls().parse(f"\nthinking {draft}\n", reasoning_open=True)
+        assert out == ParsedOutput(content="", reasoning=f"thinking {draft}")
 
     def test_unclosed_call_swallows_later_think(self, parser_cls: type) -> None:
         text = "<tool_call>\n<think>x</think> rest"

@@ -259,6 +259,27 @@ class ChatRenderer:
         return moves
 
     @cached_property
+    def _generation_prompt(self) -> tuple[str, list[int]]:
+        """The text ``add_generation_prompt`` adds after a user message, and its ids."""
+        try:
+            text = self.continuation_text([])
+        except TemplateError:
+            return "", []  # a template that is not incremental here: the prompt's state stays unknown
+        return text, self.encode(text) if text else []
+
+    def opens_reasoning(self, prompt_ids: Sequence[int], think_start: str, think_end: str) -> bool:
+        """Whether a prompt ending in this template's generation prompt leaves a reasoning block open.
+
+        True when the generation prompt pre-opens ``think_start`` (Qwen3.5, Qwen3-Thinking-2507); False when it
+        opens none (or opens and closes one, e.g. ``enable_thinking=False``), or when ``prompt_ids`` do not end
+        with its tokens (not known to be open).
+        """
+        text, ids = self._generation_prompt
+        if not ids or len(prompt_ids) < len(ids) or list(prompt_ids[len(prompt_ids) - len(ids) :]) != ids:
+            return False
+        return text.rfind(think_start) > text.rfind(think_end)
+
+    @cached_property
     def _tools_move(self) -> dict[tuple[str, tuple[str, ...]], bool]:
         return {}
 

@@ -29,7 +29,7 @@ from ..tool_parsers.base import ParsedOutput, ToolParser
 from ..trajectory import Trajectory
 from ..weights import aborted_by_update, aborting_updates
 from .checks import check_result
-from .output import CallResult, parse_output, record_call
+from .output import CallResult, parse_output, parse_text, record_call
 from .prompt import NewPrompt, PrefixPolicy, PromptBuilder, RenderMode
 from .sequence import SequenceTracker
 from .sync import ConversationSync, Plan
@@ -166,7 +166,8 @@ class Rollout:
             except BaseException:
                 # The continuation failed or was cancelled: keep every token generated so far, as an aborted turn.
                 cut = progress.result
-                parsed = self.tool_parser.parse(self.renderer.decode(cut.output_ids), conversation.tool_specs)
+                text = self.renderer.decode(cut.output_ids)
+                parsed = parse_text(self.renderer, self.tool_parser, text, conversation.tool_specs, request.input_ids)
                 with contextlib.suppress(GenerationAbortedError):
                     self._record(conversation, plan, request, cut, new, parsed, started, progress.rids)
                 raise
@@ -174,7 +175,9 @@ class Rollout:
         if renders:
             new_ids, n_boundary = prompts.server_prompt(result, sync)
             new = (new_ids, n_boundary, ())
-        parsed = await parse_output(self.renderer, self.tool_parser, result, conversation.tool_specs, request.sampling)
+        parsed = await parse_output(
+            self.renderer, self.tool_parser, result, conversation.tool_specs, request.sampling, request.input_ids
+        )
         return self._record(conversation, plan, request, result, new, parsed, started, progress.rids)
 
     async def _request(

@@ -15,11 +15,12 @@ from ..backend import GenerateRequest, GenerateResult, SamplingParams
 from ..conversation import ChatMessage, ToolSpec, reply_message
 from ..media import PromptImage
 from ..render.renderer import ChatRenderer
+from ..tool_parsers._reasoning import ThinkAwareParser
 from ..tool_parsers.base import ParsedOutput, ToolCall, ToolParser
 from ..trajectory import Trajectory, Turn, Usage
 from ..versions import check_spans
 
-__all__ = ["CallResult", "parse_output", "record_call", "stop_reason"]
+__all__ = ["CallResult", "parse_output", "parse_text", "record_call", "stop_reason"]
 
 
 class CallResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,12 +42,31 @@ class CallResult(msgspec.Struct, frozen=True, kw_only=True):
         return reply_message(parsed.content, parsed.reasoning, [(c.id, c.name, c.input) for c in parsed.calls])
 
 
+def parse_text(
+    renderer: ChatRenderer,
+    parser: ToolParser,
+    text: str,
+    tool_specs: Sequence[ToolSpec] | None,
+    prompt_ids: Sequence[int],
+) -> ParsedOutput:
+    """Parse a decoded output, telling a think-aware parser whether its prompt left reasoning open.
+
+    The prompt's tokens say so, not the output's text: an output of a prompt that opened no reasoning block
+    starts outside reasoning, so a ``</think>`` quoted in a call's arguments stays argument text.
+    """
+    if isinstance(parser, ThinkAwareParser):
+        opened = renderer.opens_reasoning(prompt_ids, parser.think_start, parser.think_end)
+        return parser.parse(text, tool_specs, reasoning_open=opened)
+    return parser.parse(text, tool_specs)
+
+
 async def parse_output(
     renderer: ChatRenderer,
     parser: ToolParser,
     result: GenerateResult,
     tool_specs: Sequence[ToolSpec] | None,
     sampling: SamplingParams,
+    prompt_ids: Sequence[int] = (),
 ) -> ParsedOutput:
     """Split the output (without the token it stopped on) into reasoning, content and tool calls."""
     ids = result.output_ids
@@ -58,7 +78,7 @@ async def parse_output(
             or (isinstance(result.matched_stop, int) and result.matched_stop == last)
         ):
             ids = ids[:-1]
-    return parser.parse(await renderer.adecode(ids), tool_specs)
+    return parse_text(renderer, parser, await renderer.adecode(ids), tool_specs, prompt_ids)
 
 
 def stop_reason(result: GenerateResult, parsed: ParsedOutput) -> str:

@@ -2,9 +2,18 @@
 
 Rules, applied left to right on the decoded output:
 
-- Reasoning is the text inside ``<think>...</think>``. When the first ``</think>`` comes before any
-  ``<think>`` (models that pre-open ``<think>`` in the generation prompt, e.g. Qwen3-Thinking-2507),
-  everything before it is reasoning. An unclosed ``<think>`` makes everything after it reasoning.
+- Reasoning is the text inside ``<think>...</think>``. An unclosed ``<think>`` makes everything after
+  it reasoning.
+- ``reasoning_open`` (the caller knows the generation prompt pre-opened ``<think>``, e.g. Qwen3.5,
+  Qwen3-Thinking-2507; the rollout reads it off its prompt tokens): the output starts inside
+  reasoning, which runs to the first ``</think>`` (to the end when there is none). Inside reasoning
+  there are no calls, so no arguments: that ``</think>`` is the model's own end of reasoning.
+- Otherwise a lone ``</think>`` still ends reasoning that started with the output (models that skip
+  ``<think>``, prompts the caller does not know): the first ``</think>`` outside any closed tool-call
+  region with no ``<think>`` outside a region before it makes everything before it reasoning (a call
+  never closed was a draft). One inside a closed region is argument text: a call's arguments are
+  data, and the model's own tokens opened the call outside reasoning (the templates render
+  arguments verbatim, ``"</think>"`` included).
 - Reasoning is opaque: tool-call markup inside it is never reported, so a draft call is never run.
 - Outside reasoning, a tool-call region runs from the start delimiter to its end delimiter (found by
   the parser's end finder, which can skip delimiters quoted inside arguments). A region is opaque
@@ -15,8 +24,12 @@ Rules, applied left to right on the decoded output:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from tito_core.conversation import ToolSpec
+    from tito_core.tool_parsers.base import ParsedOutput
 
 CallEndFinder = Callable[[str, int], "int | None"]
 """``(text, body_start) -> end``: index just past the call's end delimiter, or None when unclosed."""
@@ -93,6 +106,7 @@ def split_reasoning(
     tool_start: str | None = None,
     tool_end: str | None = None,
     find_call_end: CallEndFinder | None = None,
+    reasoning_open: bool = False,
 ) -> ReasoningSplit:
     """Split ``text`` into reasoning, content and raw tool-call regions (see the module docstring).
 
@@ -105,6 +119,7 @@ def split_reasoning(
         tool_end: Closing tool-call delimiter; required with ``tool_start``.
         find_call_end: Locates the end of a call whose body starts at the given index (the index
             returned is just past ``tool_end``); default: the first ``tool_end``.
+        reasoning_open: The generation prompt left a reasoning block open (see the module docstring).
 
     """
     if tool_start is not None:
@@ -117,11 +132,16 @@ def split_reasoning(
     calls: list[RawCall] = []
     pos, n = 0, len(text)
 
-    first_end = text.find(think_end)
-    if first_end != -1 and text.find(think_start, 0, first_end) == -1:
-        # A lone closing tag: the generation prompt opened the reasoning block.
-        reasoning.append(text[:first_end])
-        pos = first_end + len(think_end)
+    lone_end = (
+        text.find(think_end)
+        if reasoning_open
+        else _first_lone_end(text, think_start, think_end, tool_start, find_call_end)
+    )
+    if reasoning_open or lone_end != -1:
+        # The reasoning block started with the output (opened by the generation prompt).
+        close = n if lone_end == -1 else lone_end
+        reasoning.append(text[:close])
+        pos = n if lone_end == -1 else lone_end + len(think_end)
 
     # Next occurrence of each opening delimiter, searched again only once passed (keeps the scan linear).
     think_at = text.find(think_start, pos)
@@ -165,6 +185,28 @@ def split_reasoning(
     )
 
 
+def _first_lone_end(
+    text: str, think_start: str, think_end: str, tool_start: str | None, find_call_end: CallEndFinder | None
+) -> int:
+    """Index of the first ``think_end`` outside call regions, with no ``think_start`` outside one before it; or -1."""
+    pos = 0
+    end_at = text.find(think_end)
+    while end_at != -1:
+        call_at = -1 if tool_start is None else text.find(tool_start, pos, end_at)
+        if text.find(think_start, pos, end_at if call_at == -1 else call_at) != -1:
+            return -1  # a <think> opens first: the scan pairs the tags
+        if call_at == -1:
+            return end_at
+        assert tool_start is not None and find_call_end is not None
+        end = find_call_end(text, call_at + len(tool_start))
+        if end is None:  # a call never closed was a draft (unless a <think> in it opens first)
+            return -1 if text.find(think_start, call_at, end_at) != -1 else end_at
+        pos = end
+        if end_at < pos:
+            end_at = text.find(think_end, pos)
+    return -1
+
+
 class ThinkAwareParser:
     """Shared base of the think-aware parsers: the checked reasoning delimiters and the reasoning split.
 
@@ -178,8 +220,19 @@ class ThinkAwareParser:
         self.think_start = think_start
         self.think_end = think_end
 
+    def parse(
+        self, text: str, tools: Sequence[ToolSpec] | None = None, *, reasoning_open: bool = False
+    ) -> ParsedOutput:
+        """Split ``text`` into reasoning, content and tool calls (``reasoning_open``: see :func:`split_reasoning`)."""
+        raise NotImplementedError
+
     def _split_reasoning(
-        self, text: str, tool_start: str, tool_end: str, find_call_end: CallEndFinder
+        self,
+        text: str,
+        tool_start: str,
+        tool_end: str,
+        find_call_end: CallEndFinder,
+        reasoning_open: bool = False,
     ) -> ReasoningSplit:
         """:func:`split_reasoning` with this parser's think delimiters."""
         return split_reasoning(
@@ -189,6 +242,7 @@ class ThinkAwareParser:
             tool_start=tool_start,
             tool_end=tool_end,
             find_call_end=find_call_end,
+            reasoning_open=reasoning_open,
         )
 
 
@@ -214,6 +268,6 @@ class DelimitedToolParser(ThinkAwareParser):
     def _find_call_end(self, text: str, body_start: int) -> int | None:
         raise NotImplementedError
 
-    def _split(self, text: str) -> ReasoningSplit:
+    def _split(self, text: str, reasoning_open: bool = False) -> ReasoningSplit:
         """Split ``text`` into reasoning, content and the raw calls outside reasoning."""
-        return self._split_reasoning(text, self.tool_start, self.tool_end, self._find_call_end)
+        return self._split_reasoning(text, self.tool_start, self.tool_end, self._find_call_end, reasoning_open)

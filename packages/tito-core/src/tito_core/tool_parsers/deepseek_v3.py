@@ -65,11 +65,13 @@ class DeepSeekV3ToolParser(ThinkAwareParser):
     def __init__(self, *, think_start: str = "<think>", think_end: str = "</think>") -> None:
         super().__init__(think_start=think_start, think_end=think_end, calls=CALLS_BEGIN, dsml=DSML_BEGIN)
 
-    def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
+    def parse(
+        self, text: str, tools: Sequence[ToolSpec] | None = None, *, reasoning_open: bool = False
+    ) -> ParsedOutput:
         """Split ``text`` into reasoning, content and tool calls."""
         dsml = DSML_BEGIN in text and (CALLS_BEGIN not in text or text.index(DSML_BEGIN) < text.index(CALLS_BEGIN))
         start, end = (DSML_BEGIN, DSML_END) if dsml else (CALLS_BEGIN, CALLS_END)
-        split = self._split_reasoning(text, start, end, _dsml_end if dsml else _section_end)
+        split = self._split_reasoning(text, start, end, _dsml_end if dsml else _section_end, reasoning_open)
         calls: list[ToolCall] = []
         for section in split.calls:
             if not section.closed:

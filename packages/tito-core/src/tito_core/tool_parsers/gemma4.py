@@ -132,9 +132,11 @@ class Gemma4ToolParser(DelimitedToolParser):
             think_start="<|channel>", think_end="<channel|>", tool_start="<|tool_call>", tool_end="<tool_call|>"
         )
 
-    def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
+    def parse(
+        self, text: str, tools: Sequence[ToolSpec] | None = None, *, reasoning_open: bool = False
+    ) -> ParsedOutput:
         """Split ``text`` into reasoning, content and tool calls."""
-        split = self._split(text)
+        split = self._split(text, reasoning_open)
         reasoning = split.reasoning
         if reasoning is not None and reasoning.startswith("thought"):
             reasoning = reasoning[len("thought") :].strip("\n") or None

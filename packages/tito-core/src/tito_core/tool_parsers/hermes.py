@@ -60,9 +60,11 @@ class HermesToolParser(DelimitedToolParser):
         """EBNF for one call as the format writes it: ``{"name": ..., "arguments": ...}`` between the tags."""
         return json_call_grammar(tools, "arguments", before=f"{self.tool_start}\n", after=f"\n{self.tool_end}")
 
-    def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
+    def parse(
+        self, text: str, tools: Sequence[ToolSpec] | None = None, *, reasoning_open: bool = False
+    ) -> ParsedOutput:
         """Split ``text`` into reasoning, content and tool calls; ``tools`` is not needed."""
-        split = self._split(text)
+        split = self._split(text, reasoning_open)
         calls = [self._parse_call(call) for call in split.calls]
         return ParsedOutput(content=split.content, reasoning=split.reasoning, calls=calls)
 

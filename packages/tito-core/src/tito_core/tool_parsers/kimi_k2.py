@@ -41,9 +41,11 @@ class KimiK2ToolParser(DelimitedToolParser):
     def __init__(self, *, think_start: str = "<think>", think_end: str = "</think>") -> None:
         super().__init__(think_start=think_start, think_end=think_end, tool_start=SECTION_BEGIN, tool_end=SECTION_END)
 
-    def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
+    def parse(
+        self, text: str, tools: Sequence[ToolSpec] | None = None, *, reasoning_open: bool = False
+    ) -> ParsedOutput:
         """Split ``text`` into reasoning, content and tool calls."""
-        split = self._split(text)
+        split = self._split(text, reasoning_open)
         calls: list[ToolCall] = []
         for section in split.calls:
             calls.extend(self._parse_section(section))

@@ -50,9 +50,12 @@ class Llama3JSONToolParser(ThinkAwareParser):
         """EBNF for one call as the official template writes it: bare ``{"name": ..., "parameters": ...}``."""
         return json_call_grammar(tools, "parameters")
 
-    def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
+    def parse(
+        self, text: str, tools: Sequence[ToolSpec] | None = None, *, reasoning_open: bool = False
+    ) -> ParsedOutput:
         """Split ``text`` into reasoning, content and tool calls."""
-        split = self._split_reasoning(text, PYTHON_TAG, "\x00tito-no-end\x00", lambda s, _: len(s))
+        # a python_tag call has no end marker: its region is never closed, so it runs to the end of the output
+        split = self._split_reasoning(text, PYTHON_TAG, "\x00tito-no-end\x00", lambda s, _: None, reasoning_open)
         content = split.content
         regions = [call.raw for call in split.calls]
         if not regions and self.bare_json and content.startswith("{"):

@@ -53,9 +53,11 @@ class MistralToolParser(ThinkAwareParser):
     def __init__(self, *, think_start: str = "[THINK]", think_end: str = "[/THINK]") -> None:
         super().__init__(think_start=think_start, think_end=think_end, tool_start=TOOL_CALLS)
 
-    def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
+    def parse(
+        self, text: str, tools: Sequence[ToolSpec] | None = None, *, reasoning_open: bool = False
+    ) -> ParsedOutput:
         """Split ``text`` into reasoning, content and tool calls."""
-        split = self._split_reasoning(text, TOOL_CALLS, _NO_END, _find_call_end)
+        split = self._split_reasoning(text, TOOL_CALLS, _NO_END, _find_call_end, reasoning_open)
         calls: list[ToolCall] = []
         for call in split.calls:
             calls.extend(_parse_region(call.raw))

@@ -192,9 +192,11 @@ class QwenXMLToolParser(DelimitedToolParser):
 
         return one_call_of(tools, call)
 
-    def parse(self, text: str, tools: Sequence[ToolSpec] | None = None) -> ParsedOutput:
+    def parse(
+        self, text: str, tools: Sequence[ToolSpec] | None = None, *, reasoning_open: bool = False
+    ) -> ParsedOutput:
         """Split ``text`` into reasoning, content and tool calls typed by the schemas in ``tools``."""
-        split = self._split(text)
+        split = self._split(text, reasoning_open)
         schemas = input_schemas(tools) if split.calls else {}
         calls = [self._parse_call(call, schemas) for call in split.calls]
         return ParsedOutput(content=split.content, reasoning=split.reasoning, calls=calls)
