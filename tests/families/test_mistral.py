@@ -54,6 +54,9 @@ TOOLS: list[ToolSpec] = [
 CONTROL_TEXT = ["[INST]", "[/INST]", "</s>", "<s>", "[TOOL_CALLS]", "[TOOL_RESULTS]", "[AVAILABLE_TOOLS]"]
 PLAIN = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=12)
 TEXT = st.lists(st.one_of(PLAIN, st.sampled_from(CONTROL_TEXT)), max_size=3).map("".join)
+# The model's own text never spells markup: its decoded output would read as markup. Hypothesis also draws string
+# constants from the project's source (such as "[/THINK]"), so plain text is filtered, not only built without them.
+MODEL_TEXT = PLAIN.filter(lambda text: not any(mark in text for mark in [*CONTROL_TEXT, "[THINK]", "[/THINK]"]))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -88,9 +91,9 @@ def conversations(draw: st.DrawFn, thinking: bool = False) -> Messages:
                 for call_id in ids
             ]
         else:  # the model's own text: no control-token text (its decoded output would read as markup)
-            content = [{"text": draw(PLAIN).strip() or "ok"}]
+            content = [{"text": draw(MODEL_TEXT).strip() or "ok"}]
             if thinking and draw(st.booleans()):
-                content.insert(0, {"reasoningContent": {"reasoningText": {"text": draw(PLAIN).strip() or "hmm"}}})
+                content.insert(0, {"reasoningContent": {"reasoningText": {"text": draw(MODEL_TEXT).strip() or "hmm"}}})
         messages.append({"role": "assistant", "content": content})
         if ids:
             results = [
