@@ -232,3 +232,20 @@ def agent_ids(trajectory: Any) -> tuple[list[int], list[int]]:
 def describe_spans(trajectory: Any) -> str:
     """The trajectory's image spans, as (start, length, grid)."""
     return str([(s.start, s.length, s.grid_thw) for s in trajectory.images])
+
+
+def near_tie(model_dir: Path, processor: Any, ids: list[int], images: list[Image]) -> Callable[[int, int], float]:
+    """``gap(position, theirs)``: how far apart the logprobs of ``ids[position]`` and ``theirs`` are after
+    ``ids[:position]`` under a plain bf16 forward pass of the checkpoint with the images shown so far."""
+    from .reference import Reference
+
+    reference = Reference()
+
+    def gap(position: int, theirs: int) -> float:
+        shown = images[: ids[:position].count(VISION_START)]
+        pixels = processor.image_processor(images=[i.to_pil() for i in shown], return_tensors="pt") if shown else None
+        ours = reference.score(model_dir, ids[: position + 1], images=pixels)[-1]
+        other = reference.score(model_dir, [*ids[:position], theirs], images=pixels)[-1]
+        return abs(ours - other)
+
+    return gap

@@ -9,7 +9,8 @@ What this proves, on the real engine:
 * sessions keep working with images: the second turn in a session (only the new ids and the new image sent) gives
   the same output ids and logprobs as a stateless call;
 * the output logprobs match a plain transformers forward pass with the images (bf16 noise);
-* the ids are recorded for the vLLM suite's comparison (tests/integration/cross_engine.py, case ``images``);
+* the ids of the scenario's two turns and of its agent (tests/integration/image_scenario.py) are vLLM's and the
+  embedded backend's (tests/integration/cross_engine.py, cases ``image-turns`` and ``image-agent``);
 * an image whose placeholder count the engine computes otherwise is a BackendResponseError (``prompt_tokens``);
 * a literal ``<image>`` in the text (SGLang's own image sentinel) makes SGLang refuse the prompt: a named
   BackendRequestError, nothing generated;
@@ -33,6 +34,7 @@ from tito_sglang._wire import encode_generate
 
 from ..cross_engine import record_and_compare_ids
 from ..image_scenario import (
+    AGENT_PICTURES,
     FIRST,
     TOOL_IMAGE,
     TOOL_TURN,
@@ -42,6 +44,7 @@ from ..image_scenario import (
     check_agent,
     describe_spans,
     hf_messages,
+    near_tie,
     prompt_images,
     render,
     request,
@@ -132,7 +135,9 @@ async def test_image_turns_are_consumed_exactly(sglang_vl_url: str, sglang_vl_mo
     )
     assert sum(errors) / len(errors) < BF16_MEAN and max(errors) < BF16_MAX, errors
 
-    record_and_compare_ids("sglang", sglang_vl_model_dir, "image-turns", *turn_ids(first, second, [one, two]), REPORT)
+    ids, mask = turn_ids(first, second, [one, two])
+    gap = near_tie(sglang_vl_model_dir, processor, ids, [USER_IMAGE, TOOL_IMAGE])
+    REPORT.append(record_and_compare_ids("sglang", sglang_vl_model_dir, "image-turns", ids, mask, gap))
 
 
 async def test_an_image_the_engine_counts_otherwise_is_refused(sglang_vl_url: str, processor: Any) -> None:
@@ -180,4 +185,6 @@ async def test_an_image_agent_through_tito_model(sglang_vl_url: str, sglang_vl_m
         f"image agent through TitoModel (session on): {len(trajectory.turns)} calls, "
         f"{len(trajectory.token_ids)} tokens, image spans {describe_spans(trajectory)}"
     )
-    record_and_compare_ids("sglang", sglang_vl_model_dir, "image-agent", *agent_ids(trajectory), REPORT, forced=True)
+    ids, mask = agent_ids(trajectory)
+    gap = near_tie(sglang_vl_model_dir, processor, ids, [USER_IMAGE, *AGENT_PICTURES])
+    REPORT.append(record_and_compare_ids("sglang", sglang_vl_model_dir, "image-agent", ids, mask, gap, forced=True))

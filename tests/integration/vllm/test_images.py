@@ -7,8 +7,12 @@ What this proves, on the real engine:
   (the full render of the conversation), is consumed exactly: ``prompt_tokens`` is the expanded length and the
   server's echo of the prompt is the trajectory's ids;
 * the output logprobs match a plain transformers forward pass with the images (bf16 noise);
-* the ids are recorded for the SGLang suite's comparison (tests/integration/cross_engine.py, case ``images``):
-  the same scenario as tests/integration/sglang/test_images.py.
+* a Strands agent on TitoModel (an image in the user's message, a tool returning a picture twice) runs on the
+  engine: every call's prompt is the whole trajectory before it (the server's echo), its text the HF processor's
+  full render of the conversation, its spans the processor's grids;
+* the ids of both (tests/integration/image_scenario.py, the scenario SGLang's suite and the embedded backend run)
+  are recorded for the others and compared with theirs (tests/integration/cross_engine.py, cases
+  ``image-turns`` and ``image-agent``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from tito_vllm import VLLMBackend
 
 from ..cross_engine import record_and_compare_ids
 from ..image_scenario import (
+    AGENT_PICTURES,
     FIRST,
     TOOL_IMAGE,
     TOOL_TURN,
@@ -32,6 +37,7 @@ from ..image_scenario import (
     check_agent,
     describe_spans,
     hf_messages,
+    near_tie,
     prompt_images,
     render,
     request,
@@ -113,12 +119,14 @@ async def test_image_turns_are_consumed_exactly(vllm_vl_url: str, tiny_vl_dir: P
     )
     assert sum(errors) / len(errors) < BF16_MEAN and max(errors) < BF16_MAX, errors
 
-    record_and_compare_ids("vllm", tiny_vl_dir, "image-turns", *turn_ids(first, second, [one, two]), REPORT)
+    ids, mask = turn_ids(first, second, [one, two])
+    gap = near_tie(tiny_vl_dir, processor, ids, [USER_IMAGE, TOOL_IMAGE])
+    REPORT.append(record_and_compare_ids("vllm", tiny_vl_dir, "image-turns", ids, mask, gap))
 
 
 async def test_an_image_agent_through_tito_model(vllm_vl_url: str, tiny_vl_dir: Path, processor: Any) -> None:
     """The scenario's agent on TitoModel: every request extends the trajectory and the engine ran on it whole
-    (``prompt_tokens``, checked by the adapter, and vLLM's echo of the last prompt); the trajectory's text is the
+    (``prompt_tokens`` and vLLM's echo of each prompt); the trajectory's text is the
     HF processor's full render of the conversation; the spans are the processor's grids over runs of
     placeholders; the ids are recorded for the SGLang suite (and compared with its record, if it ran first)."""
     backend = VLLMBackend(vllm_vl_url, timeout=300.0, return_prompt_ids=True)
@@ -145,4 +153,6 @@ async def test_an_image_agent_through_tito_model(vllm_vl_url: str, tiny_vl_dir: 
         f"{last.prompt_start + last.prompt_len}, the processor's render {len(reference)}), "
         f"image spans {describe_spans(trajectory)}"
     )
-    record_and_compare_ids("vllm", tiny_vl_dir, "image-agent", *agent_ids(trajectory), REPORT, forced=True)
+    ids, mask = agent_ids(trajectory)
+    gap = near_tie(tiny_vl_dir, processor, ids, [USER_IMAGE, *AGENT_PICTURES])
+    REPORT.append(record_and_compare_ids("vllm", tiny_vl_dir, "image-agent", ids, mask, gap, forced=True))
