@@ -1,7 +1,9 @@
 """Same tiny model, same greedy prompt: vLLM and SGLang must produce the same output ids.
 
 Each real-server suite records its greedy ids under the tito cache; whichever suite runs second (with
-the byte-identical tiny model) compares against the other's record.
+the byte-identical tiny model) compares against the other's record. A scenario that runs on several engines
+(tests/integration/image_scenario.py: the vLLM and SGLang suites and the embedded backend) records whole
+trajectories, ids and loss mask (:func:`write_ids`, :func:`compare_ids`).
 """
 
 from __future__ import annotations
@@ -9,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tito_core.backend import Backend, GenerateRequest, SamplingParams
 from tito_testing.tokenizers import cache_root
@@ -63,3 +66,126 @@ def record_and_compare(
         return f"the {other} record is for another model or prompt"
     assert theirs["output"] == output, f"greedy ids differ: {other} {theirs['output']} vs {engine} {output}"
     return None
+
+
+# -- trajectories: every engine that runs a scenario records its ids and loss mask --------------------------------
+
+ALL_ENGINES = (*ENGINES, "transformers")  # the embedded backend (tests/transformers) compares with the servers
+
+
+def _record_path(engine: str, case: str) -> Path:
+    return cache_root() / "cross-engine" / f"{engine}-{case}.json"
+
+
+def write_ids(engine: str, model_dir: Path, case: str, ids: list[int], mask: list[int]) -> None:
+    """Record ``engine``'s trajectory of scenario ``case``: its ids and loss mask (1 = the engine's output)."""
+    path = _record_path(engine, case)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"model": _model_digest(model_dir), "ids": ids, "mask": mask}))
+
+
+class Difference(NamedTuple):
+    """Where ``engine``'s trajectory first differs from ``other``'s: both hold the same ids before ``position``,
+    and ``position`` is an output token of both (a prompt difference is an AssertionError instead)."""
+
+    other: str
+    position: int
+    ours: int
+    theirs: int
+
+
+def prompt_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
+    """The prompt parts of a trajectory: its runs of loss mask 0."""
+    runs: list[list[int]] = []
+    for token, generated, before in zip(ids, mask, [1, *mask], strict=False):
+        if not generated:
+            runs.append([token]) if before else runs[-1].append(token)
+    return runs
+
+
+def compare_ids(
+    engine: str, model_dir: Path, case: str, ids: list[int], mask: list[int], *, forced: bool = False
+) -> tuple[list[str], list[str], list[Difference]]:
+    """Compare ``engine``'s trajectory of ``case`` with every other engine's record of it (the same model).
+
+    Up to the first output token the engines choose differently, the trajectories must be identical: a prompt
+    is the render of the same history, so a difference there (or in the loss mask) is an AssertionError. After
+    such an output token the next prompts hold different outputs, unless ``forced``: every output that a later
+    prompt renders is forced text (a regex), only its spelling in tokens may part, and every prompt part must
+    still be equal. Returns the engines
+    compared with, why the others were not, and the output differences found.
+    """
+    compared: list[str] = []
+    missing: list[str] = []
+    differences: list[Difference] = []
+    digest = _model_digest(model_dir)
+    for other in ALL_ENGINES:
+        path = _record_path(other, case)
+        if other == engine:
+            continue
+        if not path.is_file():
+            missing.append(f"no {other} record")
+            continue
+        theirs = json.loads(path.read_text())
+        if theirs.get("model") != digest or "ids" not in theirs:
+            missing.append(f"the {other} record is for another model")
+            continue
+        compared.append(other)
+        their_ids, their_mask = theirs["ids"], theirs["mask"]
+        position = next(
+            (i for i, (a, b) in enumerate(zip(ids, their_ids, strict=False)) if a != b), min(len(ids), len(their_ids))
+        )
+        assert mask[:position] == their_mask[:position], f"{case}: {other}'s loss mask differs before token {position}"
+        if position == len(ids) == len(their_ids):
+            continue
+        assert position < min(len(ids), len(their_ids)), (
+            f"{case}: {engine}'s trajectory ({len(ids)} tokens) and {other}'s ({len(their_ids)}) differ in length only"
+        )
+        assert mask[position] == their_mask[position] == 1, (
+            f"{case}: a prompt differs at token {position}: {engine} has {ids[position]}, {other} {their_ids[position]}"
+            f" (the same history rendered otherwise)"
+        )
+        differences.append(Difference(other, position, ids[position], their_ids[position]))
+        if forced:
+            same = prompt_runs(ids, mask) == prompt_runs(their_ids, their_mask)
+            assert same, f"{case}: a prompt part differs from {other}'s after the outputs part"
+    return compared, missing, differences
+
+
+NEAR_TIE = 2e-2  # nats: the engines' bf16 noise bound (tests/integration/weight_updates.py)
+
+
+def record_and_compare_ids(
+    engine: str,
+    model_dir: Path,
+    case: str,
+    ids: list[int],
+    mask: list[int],
+    gap: Callable[[int, int], float],
+    *,
+    forced: bool = False,
+    always_record: bool = True,
+) -> str:
+    """Record ``engine``'s trajectory of ``case`` and compare it with the other engines' records.
+
+    Where the greedy output ids part (:func:`compare_ids`), the two tokens must be a near-tie: ``gap(position,
+    theirs)`` (a plain bf16 forward pass: how far apart the logprobs of ``ids[position]`` and ``theirs`` are after
+    ``ids[:position]``) under :data:`NEAR_TIE`, so either engine's rounding may pick either. ``always_record``
+    False (the embedded backend): record only when there is nothing to compare with. Returns a line saying what
+    was compared.
+    """
+    if always_record:
+        write_ids(engine, model_dir, case, ids, mask)
+    compared, missing, differences = compare_ids(engine, model_dir, case, ids, mask, forced=forced)
+    if not compared and not always_record:
+        write_ids(engine, model_dir, case, ids, mask)
+    equal = [other for other in compared if all(d.other != other for d in differences)]
+    parts = [f"{len(ids)} ids"] + [f"equal to {other}'s" for other in equal]
+    for d in differences:
+        apart = gap(d.position, d.theirs)
+        parts.append(
+            f"parts from {d.other}'s at output token {d.position} ({d.ours} vs {d.theirs}: logprobs {apart:.1e} "
+            f"apart under a bf16 forward pass)"
+        )
+        assert apart < NEAR_TIE, f"{case}: not a near-tie: {parts[-1]}"
+    return f"cross-engine ids, {case}: " + "; ".join(parts + missing)

@@ -7,67 +7,50 @@ What this proves, on the real engine:
   (the full render of the conversation), is consumed exactly: ``prompt_tokens`` is the expanded length and the
   server's echo of the prompt is the trajectory's ids;
 * the output logprobs match a plain transformers forward pass with the images (bf16 noise);
-* the ids are recorded for the SGLang suite's comparison (tests/integration/cross_engine.py, case ``images``):
-  the same scenario as tests/integration/sglang/test_images.py.
+* a Strands agent on TitoModel (an image in the user's message, a tool returning a picture twice) runs on the
+  engine: every call's prompt is the whole trajectory before it (the server's echo), its text the HF processor's
+  full render of the conversation, its spans the processor's grids;
+* the ids of both (tests/integration/image_scenario.py, the scenario SGLang's suite and the embedded backend run)
+  are recorded for the others and compared with theirs (tests/integration/cross_engine.py, cases
+  ``image-turns`` and ``image-agent``).
 """
 
 from __future__ import annotations
 
-import io
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tito_core.backend import GenerateRequest, GenerateResult, SamplingParams
-from tito_core.media import Image, ImageSpan, PromptImage
 from tito_vllm import VLLMBackend
 
-from ..cross_engine import record_and_compare
+from ..cross_engine import record_and_compare_ids
+from ..image_scenario import (
+    AGENT_PICTURES,
+    FIRST,
+    TOOL_IMAGE,
+    TOOL_TURN,
+    TOOLS,
+    USER_IMAGE,
+    VISION_IDS,
+    agent_ids,
+    check_agent,
+    describe_spans,
+    hf_messages,
+    near_tie,
+    prompt_images,
+    render,
+    request,
+    run_agent,
+    turn_ids,
+    two_turns,
+)
 from ..reference import Reference
 from .conftest import REPORT
 
 pytestmark = pytest.mark.integration
 
-IM_END, NEWLINE = 151645, 198
-VISION_IDS = {151652, 151653, 151655, 151656}
 BF16_MEAN, BF16_MAX = 5e-3, 2e-2  # the suite's bf16 noise bounds (tests/integration/weight_updates.py)
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "look",
-            "description": "Take a picture of the scene.",
-            "parameters": {"type": "object", "properties": {}},
-        },
-    }
-]
-
-
-def picture(width: int, height: int, shade: int) -> Image:
-    """A small deterministic PNG: a gradient (so the vision tower sees more than one colour)."""
-    from PIL import Image as PILImage
-
-    canvas = PILImage.new("RGB", (width, height))
-    canvas.putdata([((x * 7 + shade) % 256, (y * 5) % 256, shade) for y in range(height) for x in range(width)])
-    buffer = io.BytesIO()
-    canvas.save(buffer, "PNG")
-    return Image(buffer.getvalue())
-
-
-USER_IMAGE, TOOL_IMAGE = picture(100, 80, 40), picture(150, 120, 200)
-FIRST: list[dict[str, Any]] = [
-    {"role": "user", "content": [{"type": "text", "text": "What is in it?"}, {"type": "image", "image": USER_IMAGE}]}
-]
-TOOL_TURN: list[dict[str, Any]] = [
-    {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": "look", "arguments": {}}}],
-    },
-    {"role": "tool", "content": [{"type": "image", "image": TOOL_IMAGE}, {"type": "text", "text": "the scene"}]},
-]
 
 
 @pytest.fixture(scope="module")
@@ -78,61 +61,6 @@ def processor(tiny_vl_dir: Path) -> Any:
     from tito_testing.vision import hf_processor, vl_chat_template
 
     return hf_processor(AutoTokenizer.from_pretrained(str(tiny_vl_dir)), vl_chat_template())
-
-
-def hf_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages with PIL images, as HF processors take them."""
-    out = []
-    for message in messages:
-        content = message["content"]
-        if isinstance(content, list):
-            content = [{**p, "image": p["image"].to_pil()} if p["type"] == "image" else p for p in content]
-        out.append({**message, "content": content})
-    return out
-
-
-def render(processor: Any, text: str, images: list[Image]) -> list[int]:
-    """The processor's ids for ``text`` with its placeholders expanded for ``images``."""
-    encoded = processor(text=[text], images=[i.to_pil() for i in images])
-    return [int(t) for t in encoded["input_ids"][0]]
-
-
-def prompt_images(processor: Any, ids: list[int], images: list[Image]) -> tuple[PromptImage, ...]:
-    """Each image's span: the i-th run of placeholders, as long as the processor's grid says."""
-    pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    grids = processor.image_processor(images=[i.to_pil() for i in images])["image_grid_thw"]
-    out, cursor = [], 0
-    for image, grid in zip(images, [[int(n) for n in g] for g in grids], strict=True):
-        start = ids.index(pad, cursor)
-        length = grid[0] * grid[1] * grid[2] // 4
-        assert ids[start : start + length] == [pad] * length and ids[start + length] != pad
-        span = ImageSpan(start=start, length=length, sha256=image.sha256, format=image.format, size=image.size,
-                         grid_thw=tuple(grid), placeholder_id=pad)  # fmt: skip
-        out.append(PromptImage(span=span, image=image))
-        cursor = start + length
-    return tuple(out)
-
-
-def request(ids: list[int], images: tuple[PromptImage, ...], prefix_len: int, **kwargs: Any) -> GenerateRequest:
-    sampling = SamplingParams(max_new_tokens=6, temperature=0.0)
-    return GenerateRequest(rid=f"tito-vl-{uuid.uuid4().hex}", input_ids=ids, prefix_len=prefix_len, images=images,
-                           never_sample=tuple(sorted(VISION_IDS)), sampling=sampling, **kwargs)  # fmt: skip
-
-
-async def two_turns(
-    backend: VLLMBackend, processor: Any
-) -> tuple[list[int], list[int], tuple[PromptImage, ...], list[GenerateResult]]:
-    """Turn 1: the user's image; turn 2: the tool's image, the first turn's ids and output kept verbatim."""
-    first = render(processor, processor.apply_chat_template(hf_messages(FIRST), tools=TOOLS,
-                                                            add_generation_prompt=True), [USER_IMAGE])  # fmt: skip
-    first_images = prompt_images(processor, first, [USER_IMAGE])
-    one = await backend.generate(request(first, first_images, 0))
-    full_text = processor.apply_chat_template(hf_messages(FIRST + TOOL_TURN), tools=TOOLS, add_generation_prompt=True)
-    tail = render(processor, full_text[full_text.rindex("<|im_start|>user") :], [TOOL_IMAGE])
-    second = [*first, *one.output_ids, IM_END, NEWLINE, *tail]
-    images = prompt_images(processor, second, [USER_IMAGE, TOOL_IMAGE])
-    two = await backend.generate(request(second, images, len(first) + len(one.output_ids), return_logprobs=True))
-    return first, second, images, [one, two]
 
 
 async def test_features_are_what_vllms_own_code_reads(vllm_vl_url: str, processor: Any) -> None:
@@ -173,13 +101,13 @@ async def test_features_are_what_vllms_own_code_reads(vllm_vl_url: str, processo
 async def test_image_turns_are_consumed_exactly(vllm_vl_url: str, tiny_vl_dir: Path, processor: Any) -> None:
     backend = VLLMBackend(vllm_vl_url, timeout=300.0, return_prompt_ids=True)
     try:
-        first, second, images, (one, two) = await two_turns(backend, processor)
+        first, second, images, (one, two) = await two_turns(backend, processor, return_logprobs=True)
     finally:
         await backend.aclose()
     # the engine ran on exactly the expanded ids: its count, and its echo of the whole prompt
     assert (one.prompt_tokens, two.prompt_tokens) == (len(first), len(second))
     assert (one.prompt_ids, two.prompt_ids) == (first, second)
-    assert not set(one.output_ids + two.output_ids) & VISION_IDS
+    assert not set(one.output_ids + two.output_ids) & set(VISION_IDS)
 
     pixels = processor.image_processor(images=[i.to_pil() for i in (USER_IMAGE, TOOL_IMAGE)])
     scored = Reference().score(tiny_vl_dir, [*second, *two.output_ids], images=pixels)[len(second) - 1 :]
@@ -191,5 +119,40 @@ async def test_image_turns_are_consumed_exactly(vllm_vl_url: str, tiny_vl_dir: P
     )
     assert sum(errors) / len(errors) < BF16_MEAN and max(errors) < BF16_MAX, errors
 
-    why = record_and_compare("vllm", tiny_vl_dir, second, list(two.output_ids), case="images")
-    REPORT.append(f"cross-engine ids with images: {'equal to SGLang' if why is None else why}")
+    ids, mask = turn_ids(first, second, [one, two])
+    gap = near_tie(tiny_vl_dir, processor, ids, [USER_IMAGE, TOOL_IMAGE])
+    REPORT.append(record_and_compare_ids("vllm", tiny_vl_dir, "image-turns", ids, mask, gap))
+
+
+async def test_an_image_agent_through_tito_model(vllm_vl_url: str, tiny_vl_dir: Path, processor: Any) -> None:
+    """The scenario's agent on TitoModel: every request extends the trajectory and the engine ran on it whole
+    (``prompt_tokens`` and vLLM's echo of each prompt); the trajectory's text is the
+    HF processor's full render of the conversation; the spans are the processor's grids over runs of
+    placeholders; the ids are recorded for the SGLang suite (and compared with its record, if it ran first)."""
+    backend = VLLMBackend(vllm_vl_url, timeout=300.0, return_prompt_ids=True)
+    echoed: list[tuple[list[int], int]] = []
+    generate = backend.generate
+
+    async def recording(request: Any) -> Any:
+        result = await generate(request)
+        echoed.append((list(request.input_ids), result.prompt_tokens))
+        assert result.prompt_ids == list(request.input_ids)  # the server's echo of what it consumed
+        return result
+
+    backend.generate = recording  # type: ignore[method-assign]
+    agent, trajectory = await run_agent(backend, tiny_vl_dir, lambda regex: {"structured_outputs": {"regex": regex}})
+    reference = check_agent(processor, agent, trajectory)
+    ids = list(trajectory.token_ids)
+    assert len(echoed) == len(trajectory.turns) == 3
+    for (prompt, prompt_tokens), turn in zip(echoed, trajectory.turns, strict=True):
+        # each call's prompt is the whole trajectory before its output, and the engine counted exactly that
+        assert prompt == ids[: turn.prompt_start + turn.prompt_len] and prompt_tokens == len(prompt)
+    last = trajectory.turns[-1]
+    REPORT.append(
+        f"image agent through TitoModel: {len(trajectory.turns)} calls, {len(ids)} tokens (last prompt "
+        f"{last.prompt_start + last.prompt_len}, the processor's render {len(reference)}), "
+        f"image spans {describe_spans(trajectory)}"
+    )
+    ids, mask = agent_ids(trajectory)
+    gap = near_tie(tiny_vl_dir, processor, ids, [USER_IMAGE, *AGENT_PICTURES])
+    REPORT.append(record_and_compare_ids("vllm", tiny_vl_dir, "image-agent", ids, mask, gap, forced=True))
