@@ -95,14 +95,7 @@ class Gateway:
         self.model_name = str(config.tokenizer or config.backend)
         self.base_url = ""
         self.registry = Registry(idle_timeout, self._end_idle)
-        self._options = CallOptions(
-            sampling=config.sampling_params(),
-            context_window_limit=config.context_window_limit,
-            return_logprobs=True,
-            return_prompt_logprobs=config.return_prompt_logprobs,
-            return_routed_experts=config.return_routed_experts,
-            tool_choice=tool_choice_option(config.tool_choice),
-        )
+        self._options = call_options(config)
         self._parts: tuple[Any, Any] | None = None  # renderer, tool parser: built once the tokenizer is loaded
         self._processor = processor if processor is not None else config.processor
         self.vision: VisionProcessor | None = None
@@ -117,25 +110,12 @@ class Gateway:
         """Load the tokenizer, build the renderer and the tool parser, open the output (once)."""
         if self._parts is not None:
             return
-        from ..plugins import get_tool_parser
-
         config = self.config
         if self.tokenizer is None:
             if config.tokenizer is None:
                 raise ConfigError("`tokenizer` is not set: give its path or name in the config, or pass one")
             self.tokenizer = await aload_tokenizer(config.tokenizer)
-        parser_name: Any = config.tool_parser
-        if parser_name == "auto":
-            from ..tool_parsers.infer import infer_tool_parser
-
-            parser_name = infer_tool_parser(self.tokenizer, config.chat_template)
-        renderer = shared_renderer(
-            self.tokenizer,
-            chat_template=config.chat_template,
-            template_kwargs=dict(config.chat_template_kwargs),
-            escape_special_text=config.escape_special_text,
-        )
-        self._parts = (renderer, get_tool_parser(parser_name, **config.tool_parser_options))
+        self._parts = model_parts(config, self.tokenizer)
         self.vision = await asyncio.to_thread(
             vision_processor, self._processor, self.tokenizer, max_images=config.max_images
         )
@@ -350,6 +330,36 @@ class Gateway:
                 tito={"rollout_id": rollout.id, "branch": traj.branch, "turn": len(traj.turns) - 1},
             )
         return body_out, request
+
+
+def call_options(config: TitoConfig) -> CallOptions:
+    """The per-call options of the configured model (logprobs always: the answer carries them)."""
+    return CallOptions(
+        sampling=config.sampling_params(),
+        context_window_limit=config.context_window_limit,
+        return_logprobs=True,
+        return_prompt_logprobs=config.return_prompt_logprobs,
+        return_routed_experts=config.return_routed_experts,
+        tool_choice=tool_choice_option(config.tool_choice),
+    )
+
+
+def model_parts(config: TitoConfig, tokenizer: Any) -> tuple[Any, Any]:
+    """The configured model's renderer and tool parser (the tool parser inferred from the template for ``auto``)."""
+    from ..plugins import get_tool_parser
+
+    parser_name: Any = config.tool_parser
+    if parser_name == "auto":
+        from ..tool_parsers.infer import infer_tool_parser
+
+        parser_name = infer_tool_parser(tokenizer, config.chat_template)
+    renderer = shared_renderer(
+        tokenizer,
+        chat_template=config.chat_template,
+        template_kwargs=dict(config.chat_template_kwargs),
+        escape_special_text=config.escape_special_text,
+    )
+    return renderer, get_tool_parser(parser_name, **config.tool_parser_options)
 
 
 def image_refusal(vision: VisionProcessor | None, backend: Backend) -> str | None:
