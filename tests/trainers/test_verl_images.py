@@ -147,7 +147,7 @@ async def look_and_shoot(model, raw_prompt, **row):
     return 1.0
 
 
-def agent_loop(verl, server, tokenizer, processor):
+def agent_loop(verl, server, tokenizer, processor, model_type="qwen2_5_vl"):
     from hydra import utils as hydra_utils
     from omegaconf import OmegaConf
 
@@ -164,7 +164,7 @@ def agent_loop(verl, server, tokenizer, processor):
         server_manager=server,
         tokenizer=tokenizer,
         processor=processor,
-        hf_model_type="qwen2_5_vl",
+        hf_model_type=model_type,
         dataset_cls=object,
         data_config=verl.DictConfigWrap(config.data),
         tools=verl.ToolListWrap([]),
@@ -247,3 +247,14 @@ def test_a_placeholder_run_that_is_not_one_image_is_refused(verl, qwen3_tokenize
     with pytest.raises(ImageError, match="outside its images' spans"):
         asyncio.run(backend.generate(stray))
     assert server.calls == []
+
+
+def test_a_processor_of_an_unknown_family_leaves_the_loop_text_only(verl, qwen3_tokenizer, caplog):
+    """A VL model tito has no vision family for still trains on text rows; its images are refused, logged why."""
+    unknown = type("AudioProcessor", (), {"chat_template": None})()
+    with caplog.at_level("WARNING", logger="tito_core.trainers.verl_agent_loop"):
+        loop = agent_loop(verl, TextOnlyServer(), qwen3_tokenizer, unknown, "qwen3")
+    assert loop.model_options["processor"] is False and "chat_template" not in loop.model_options
+    assert "images are off" in caplog.text and "AudioProcessor" in caplog.text
+    with pytest.raises(ImageError, match="no vision processor"):
+        asyncio.run(loop.run({}, **row(pil(40, 40, 6))))
