@@ -9,7 +9,8 @@ a :class:`~tito_core.TitoModel` runs on verl's own inference servers;
 
 This module's own job is :func:`register_agent_loop`; the backend and :func:`agent_loop_output` live in
 ``tito_core.trainers.verl_backend`` (re-exported here), which the agent loop imports, so that the agent
-loop and its registration do not import each other.
+loop and its registration do not import each other. A row's images (``raw_prompt``'s image parts) become
+Strands content or chat messages with ``tito_core.trainers.verl_images`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -17,8 +18,16 @@ from __future__ import annotations
 from typing import Any
 
 from .verl_backend import VerlServerBackend, agent_loop_output
+from .verl_images import chat_messages, strands_content, verl_image
 
-__all__ = ["VerlServerBackend", "agent_loop_output", "register_agent_loop"]
+__all__ = [
+    "VerlServerBackend",
+    "agent_loop_output",
+    "chat_messages",
+    "register_agent_loop",
+    "strands_content",
+    "verl_image",
+]
 
 
 def register_agent_loop(name: str = "tito") -> type[Any]:

@@ -10,19 +10,29 @@ it with :func:`tito_core.trainers.verl.register_agent_loop` or a YAML entry::
 
 The rollout function gets the ``TitoModel`` and the dataset row's fields (``raw_prompt``, ``extra_info``,
 ...), runs its agent, and returns the reward (or None to leave scoring to verl's reward loop).
+
+Images: the processor verl gives agent loops (a vision-language model's Hugging Face processor) becomes the
+model's vision processor, and its chat template the model's, as in verl's own loops; the row's images sit
+in ``raw_prompt``'s image parts (:func:`tito_core.trainers.verl_images.strands_content` makes them Strands
+content blocks). The output's ``multi_modal_data`` holds every image of the ids, in token order.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase
 
+from ..errors import ConfigError
 from ..model import TitoModel
+from ..render.vision import DEFAULT_MAX_IMAGES, vision_processor
 from .verl_backend import VerlServerBackend, agent_loop_output
+
+logger = logging.getLogger(__name__)
 
 AgentRollout = Callable[..., Awaitable[float | None]]
 
@@ -44,7 +54,9 @@ class TitoAgentLoop(AgentLoopBase):
         rollout: The rollout function or its dotted path (a YAML option). When None, each row names it
             in ``extra_info["tito_rollout"]``.
         tool_parser: The :class:`~tito_core.TitoModel` tool parser.
-        model_options: More :class:`~tito_core.TitoModel` options (``chat_template_kwargs``, ...).
+        model_options: More :class:`~tito_core.TitoModel` options (``chat_template_kwargs``, ...). Unless they
+            set ``processor`` / ``chat_template``, verl's processor gives both (its image processor, its
+            template); a processor of a family tito does not know leaves the model text-only (logged).
         *args: What verl passes to every agent loop (``AgentLoopBase``'s arguments).
         **kwargs: The same, by name.
     """
@@ -62,6 +74,26 @@ class TitoAgentLoop(AgentLoopBase):
         self.tool_parser = tool_parser
         self.model_options = dict(model_options or {})
         self.response_length: int | None = self.rollout_config.get("response_length")
+        self.model_options.update(self._vision_options())
+
+    def _vision_options(self) -> dict[str, Any]:
+        """``processor`` and ``chat_template`` from verl's processor (None for a text-only model)."""
+        processor: Any = self.processor
+        if processor is None:
+            return {}
+        options: dict[str, Any] = {}
+        template = getattr(processor, "chat_template", None)
+        if isinstance(template, str) and "chat_template" not in self.model_options:
+            options["chat_template"] = template
+        if "processor" not in self.model_options:
+            image_processor = getattr(processor, "image_processor", None) or processor
+            max_images = self.model_options.get("max_images", DEFAULT_MAX_IMAGES)
+            try:
+                options["processor"] = vision_processor(image_processor, self.tokenizer, max_images=max_images)
+            except ConfigError as exc:
+                logger.warning("TitoAgentLoop: images are off (%s)", exc)
+                options["processor"] = False
+        return options
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
         """Run the agent for one dataset row; its trajectory becomes the ``AgentLoopOutput``."""

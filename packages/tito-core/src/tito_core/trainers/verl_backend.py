@@ -3,10 +3,19 @@
 Both are re-exported by :mod:`tito_core.trainers.verl`, their documented home; they live here so that the
 agent loop (:mod:`tito_core.trainers.verl_agent_loop`) and the registration in :mod:`tito_core.trainers.verl`
 do not import each other. verl is imported only by :func:`agent_loop_output`.
+
+Images go as verl's own agent loops send them (verl 0.9.1's ``SingleTurnAgentLoop`` / ``ToolAgentLoop``):
+``prompt_ids`` with every image's placeholder run EXPANDED (the ids tito records) and ``image_data``, the
+images as PIL images in token order. verl's servers take it from there: its vLLM server collapses each run
+to one placeholder (``qwen2_5_vl_dedup_image_tokens``) and vLLM expands it again with the same model's
+processor; its SGLang server passes the expanded ids and the images on. verl's ``TokenOutput`` does not say
+how many tokens the engine consumed, so tito checks before sending that verl's collapse gives back exactly
+one placeholder per image (each image's run stands alone), and otherwise refuses with an ``ImageError``.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -14,6 +23,7 @@ from typing import Any
 from ..backend import Backend, FinishReason, GenerateRequest, GenerateResult
 from ..errors import BackendResponseError
 from ..export import to_verl
+from ..media import ImageError
 from ..trajectory import Trajectory
 from ..versions import VersionSpan
 
@@ -45,8 +55,9 @@ class VerlServerBackend(Backend):
     """A tito backend generating through verl's server manager (``LLMServerClient`` / ``AsyncLLMServerManager``).
 
     Args:
-        server_manager: verl's server manager: ``await generate(request_id, *, prompt_ids, sampling_params)``
-            returning a ``TokenOutput`` (``token_ids``, ``log_probs``, ``stop_reason``).
+        server_manager: verl's server manager: ``await generate(request_id, *, prompt_ids, sampling_params,
+            image_data=None)`` returning a ``TokenOutput`` (``token_ids``, ``log_probs``, ``stop_reason``).
+            The backend takes images (``supports_images``) when its ``generate`` names ``image_data``.
         sampling_params: The sampling parameters verl passes to the agent loop's ``run``; tito's own
             (``max_new_tokens`` as ``max_tokens``, stops) are laid over them per call.
         context_length: The engine's context window, when known.
@@ -66,6 +77,12 @@ class VerlServerBackend(Backend):
         self.context_length = context_length
         self.generate_seconds = 0.0
         """Wall time spent in ``server_manager.generate`` so far (verl's ``generate_sequences`` metric)."""
+        self._takes_images = _takes_images(server_manager)
+
+    @property  # a property here: it depends on the server manager given
+    def supports_images(self) -> bool:  # type: ignore[override]
+        """True when verl's server manager takes ``image_data`` (verl 0.9.1's ``LLMServerClient`` does)."""
+        return self._takes_images
 
     async def max_context_length(self) -> int | None:
         """The configured context window."""
@@ -76,10 +93,13 @@ class VerlServerBackend(Backend):
         params = {**self.sampling_params, **request.sampling.extra}
         params.update(request.sampling.engine_fields(max_new_tokens="max_tokens"))
         params["logprobs"] = request.return_logprobs
+        images: dict[str, Any] = {}
+        if request.images:
+            images["image_data"] = self._image_data(request)
         started = time.perf_counter()
         try:
             out = await self.server_manager.generate(
-                request_id=request.rid, prompt_ids=list(request.input_ids), sampling_params=params
+                request_id=request.rid, prompt_ids=list(request.input_ids), sampling_params=params, **images
             )
         finally:
             self.generate_seconds += time.perf_counter() - started
@@ -105,6 +125,49 @@ class VerlServerBackend(Backend):
             finish_reason=finish,
             weight_versions=_versions(getattr(out, "extra_fields", None), len(ids)),
         )
+
+    def _image_data(self, request: GenerateRequest) -> list[Any]:
+        """The request's images as verl's ``image_data`` (PIL images in token order), once the ids are checked.
+
+        Raises:
+            ImageError: the server manager takes no images, or a placeholder run of the ids is not exactly one
+                image's span (verl's collapse to one placeholder per run would then pair images wrongly).
+        """
+        if not self._takes_images:
+            raise ImageError(
+                f"the prompt holds {len(request.images)} image(s) but verl's server manager "
+                f"({type(self.server_manager).__name__}) takes no image_data"
+            )
+        ids = list(request.input_ids)
+        total = 0
+        for item in request.images:
+            span = item.span
+            pad = span.placeholder_id
+            before = ids[span.start - 1] if span.start > 0 else None
+            after = ids[span.end] if span.end < len(ids) else None
+            if pad in (before, after) or ids[span.start : span.end].count(pad) != span.length:
+                raise ImageError(
+                    f"image {item.image!r} at {span.start}..{span.end} is not a run of its own: verl's server "
+                    "collapses each placeholder run to one image, so the engine would not see these ids"
+                )
+            total += span.length
+        pads = {item.span.placeholder_id for item in request.images}
+        stray = sum(ids.count(p) for p in pads) - total
+        if stray:
+            raise ImageError(
+                f"the prompt holds {stray} image placeholder token(s) outside its images' spans: verl's server "
+                "would pair them with images"
+            )
+        return [item.image.to_pil() for item in request.images]
+
+
+def _takes_images(server_manager: Any) -> bool:
+    """Whether ``server_manager.generate`` has an ``image_data`` parameter (a ``**kwargs`` catch-all is not one)."""
+    try:
+        params = inspect.signature(server_manager.generate).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return "image_data" in params
 
 
 def _versions(extra: Any, n: int) -> tuple[VersionSpan, ...] | None:
