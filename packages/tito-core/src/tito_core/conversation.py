@@ -18,9 +18,17 @@ from typing import Any, TypedDict
 
 import msgspec
 
-from .media import Image
+from .media import Image, image_part
 
-__all__ = ["ChatMessage", "Conversation", "ToolSpec", "canonical", "reply_message", "tool_specs_to_chat"]
+__all__ = [
+    "ChatMessage",
+    "Conversation",
+    "ToolSpec",
+    "canonical",
+    "message_content",
+    "reply_message",
+    "tool_specs_to_chat",
+]
 
 ChatMessage = dict[str, Any]
 """One chat-template message, as the model family's chat template takes it."""
@@ -114,3 +122,26 @@ def canonical(message: Mapping[str, Any]) -> bytes | Mapping[str, Any]:
         return _CANONICAL.encode(message)
     except (TypeError, ValueError, OverflowError):
         return message
+
+
+def message_content(parts: Sequence[str | Image], joiner: str = "\n") -> str | list[dict[str, Any]]:
+    """Text pieces and images as a message's ``content``, the form every front builds.
+
+    A string when there is no image (text-only messages are unchanged); else a list of parts in order, adjacent text
+    pieces joined with ``joiner`` (as they are in a text-only message).
+    """
+    if not any(isinstance(p, Image) for p in parts):
+        return joiner.join(p for p in parts if isinstance(p, str))
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for part in parts:
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        if texts:
+            out.append({"type": "text", "text": joiner.join(texts)})
+            texts = []
+        out.append(image_part(part))
+    if texts:
+        out.append({"type": "text", "text": joiner.join(texts)})
+    return out

@@ -17,9 +17,9 @@ from typing import Any
 from strands.types.content import ContentBlock, Message, Messages
 from strands.types.tools import ToolResultContent, ToolSpec
 
-from .conversation import ChatMessage, Conversation
+from .conversation import ChatMessage, Conversation, message_content
 from .errors import UnsupportedContentError
-from .media import Image, ImageError, image_part
+from .media import Image, ImageError
 
 __all__ = ["TEXT_JOINER", "strands_image", "system_text", "to_chat_messages", "to_conversation"]
 
@@ -58,25 +58,8 @@ def strands_image(block: Mapping[str, Any]) -> Image:
 
 
 def _content(parts: list[str | Image]) -> str | list[dict[str, Any]]:
-    """Text pieces and images as a message's content: a string when there is no image, else a list of parts.
-
-    Adjacent text pieces are joined with :data:`TEXT_JOINER`, as they are in a text-only message.
-    """
-    if not any(isinstance(p, Image) for p in parts):
-        return TEXT_JOINER.join(p for p in parts if isinstance(p, str))
-    out: list[dict[str, Any]] = []
-    texts: list[str] = []
-    for part in parts:
-        if isinstance(part, str):
-            texts.append(part)
-            continue
-        if texts:
-            out.append({"type": "text", "text": TEXT_JOINER.join(texts)})
-            texts = []
-        out.append(image_part(part))
-    if texts:
-        out.append({"type": "text", "text": TEXT_JOINER.join(texts)})
-    return out
+    """Text pieces and images as a message's content, adjacent text joined with :data:`TEXT_JOINER`."""
+    return message_content(parts, TEXT_JOINER)
 
 
 def _tool_result_content(content: Sequence[ToolResultContent], tool_use_id: str) -> str | list[dict[str, Any]]:

@@ -19,7 +19,8 @@ import binascii
 from collections.abc import Mapping
 from typing import Any
 
-from ..media import Image, ImageError, image_part
+from ..conversation import message_content as content_of
+from ..media import Image, ImageError
 from .errors import bad_request
 
 __all__ = ["DETAILS", "ImageReader", "message_content"]
@@ -112,23 +113,5 @@ def _decode(url: str, field: str) -> Image:
 
 
 def message_content(parts: list[str | Image]) -> str | list[dict[str, Any]]:
-    """A message's text pieces and images as the core's ``content``, as the Strands front builds it.
-
-    A string when there is no image (text-only messages are unchanged); else a list of parts in order, adjacent
-    text pieces joined with a newline.
-    """
-    if not any(isinstance(p, Image) for p in parts):
-        return _TEXT_JOINER.join(p for p in parts if isinstance(p, str))
-    out: list[dict[str, Any]] = []
-    texts: list[str] = []
-    for part in parts:
-        if isinstance(part, str):
-            texts.append(part)
-            continue
-        if texts:
-            out.append({"type": "text", "text": _TEXT_JOINER.join(texts)})
-            texts = []
-        out.append(image_part(part))
-    if texts:
-        out.append({"type": "text", "text": _TEXT_JOINER.join(texts)})
-    return out
+    """A message's text pieces and images as the core's ``content``, as the Strands front builds it."""
+    return content_of(parts, _TEXT_JOINER)
