@@ -20,9 +20,8 @@ import logging
 import sys
 import tomllib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
-
-from .errors import ConfigError, TitoError
 
 __all__ = ["main"]
 
@@ -30,15 +29,30 @@ logger = logging.getLogger("tito")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``tito`` command line; returns the exit status."""
-    parser = _parser()
-    args, rest = parser.parse_known_args(argv)
-    if args.command == "demo":
-        from .demo import main as demo_main
+    """Run the ``tito`` command line; returns the exit status.
 
-        return demo_main(rest)
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    Ctrl-C at any moment (imports, start-up, a model call, a write) exits 130 with one line: a rollout's finished
+    records are on disk and a rerun resumes.
+    """
+    args: argparse.Namespace | None = None
+    try:
+        parser = _parser()
+        args, rest = parser.parse_known_args(argv)
+        if args.command == "demo":
+            from .demo import main as demo_main
+
+            return demo_main(rest)
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return _command(args)
+    except KeyboardInterrupt:
+        print(_interrupted(args), file=sys.stderr, flush=True)
+        return 130
+
+
+def _command(args: argparse.Namespace) -> int:
+    from .errors import TitoError  # here, not at the top: an import Ctrl-C lands in is inside main's handler
+
     try:
         if args.command == "rollout":
             return _rollout(args)
@@ -53,6 +67,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:  # a rollout file to export or inspect that is not there
         print(f"tito {args.command}: error: no such file: {exc.filename}", file=sys.stderr)
         return 2
+
+
+def _interrupted(args: argparse.Namespace | None) -> str:
+    """The one line a Ctrl-C prints."""
+    if args is None:
+        return "tito: interrupted"
+    if args.command == "rollout":
+        if Path(args.output).exists():
+            return f"tito rollout: interrupted; finished rollouts are in {args.output}: rerun to resume"
+        return "tito rollout: interrupted before any rollout was written"
+    if args.command == "serve":
+        return "tito serve: interrupted before serving"  # once serving, SIGINT is the gateway's: it writes and exits 0
+    return f"tito {args.command}: interrupted"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -150,9 +177,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import asyncio
 
     from .gateway.server import serve
+    from .runner.interrupts import run_interruptible
     from .runner.run import prepare_config
 
     logging.basicConfig(level=logging.WARNING, format="tito: %(message)s")
@@ -170,11 +197,8 @@ def _serve(args: argparse.Namespace) -> int:
             idle_timeout=args.idle_timeout,
         )
 
-    try:
-        return asyncio.run(prepared_then_served())
-    except KeyboardInterrupt:  # before the gateway serves (a prepare hook building a model); it handles SIGINT after
-        print("tito serve: interrupted before serving", file=sys.stderr)
-        return 130
+    # Ctrl-C before the gateway serves (a prepare hook building a model) reaches main; it handles SIGINT after
+    return run_interruptible(prepared_then_served())
 
 
 def _rollout(args: argparse.Namespace) -> int:
@@ -215,11 +239,8 @@ def _rollout(args: argparse.Namespace) -> int:
     }
     overrides.update((key, value) for key, value in flags.items() if value is not None)
     executor = _executor(args)
-    try:
+    try:  # Ctrl-C: a KeyboardInterrupt for main, once the finished records are written
         summary = rollout(args.config, args.dataset, args.output, reporter=reporter, executor=executor, **overrides)
-    except KeyboardInterrupt:
-        print(f"tito rollout: interrupted; finished rollouts are in {args.output}: rerun to resume", file=sys.stderr)
-        return 130
     finally:
         if executor is not None:
             executor.close()  # the Ray workers (and the local Ray, if this run started one)
@@ -228,6 +249,8 @@ def _rollout(args: argparse.Namespace) -> int:
 
 def _settings(items: Sequence[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` items as config overrides: the value read as TOML, else taken as a plain string."""
+    from .errors import ConfigError
+
     settings: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -243,6 +266,8 @@ def _settings(items: Sequence[str]) -> dict[str, Any]:
 
 def _executor(args: argparse.Namespace) -> Any:
     """None (the local executor) or a RayExecutor, from ``--executor``, ``--address`` and ``--workers``."""
+    from .errors import ConfigError
+
     if args.executor == "local":
         if args.address is not None or args.workers is not None:
             raise ConfigError("--address and --workers go with --executor ray")
@@ -266,6 +291,7 @@ class _JsonFormatter(logging.Formatter):
 
 
 def _export(args: argparse.Namespace) -> int:
+    from .errors import ConfigError
     from .runner import read_records
     from .runner.samples import training_rows
 
@@ -415,20 +441,20 @@ def _inspect_tokenizer(args: argparse.Namespace) -> Any:
 
     A config without ``tokenizer`` whose ``prepare`` hook sets it (the arithmetic example) has the hook run.
     """
+    from .errors import ConfigError
     from .tokenizers import load_tokenizer
 
     if args.tokenizer:
         return load_tokenizer(args.tokenizer)
     if not args.config:
         return None
-    import asyncio
-
     from .config import load_config
+    from .runner.interrupts import run_interruptible
     from .runner.run import prepare_config
 
     config = load_config(args.config)
     if config.tokenizer is None and config.rollout.prepare:
-        config, _ = asyncio.run(prepare_config(args.config, {}))
+        config, _ = run_interruptible(prepare_config(args.config, {}))
     if config.tokenizer is None:
         raise ConfigError(f"{args.config}: no `tokenizer` to decode with (give --tokenizer)")
     return load_tokenizer(config.tokenizer)

@@ -78,6 +78,9 @@ class LocalExecutor(Executor):
 
         async def lane() -> None:
             for item in pending:  # the lanes share one iterator: each item is taken once
+                # Back to the event loop between rollouts: a backend that answers without suspending (in-process)
+                # would otherwise run a lane to the end of the dataset before a Ctrl-C's cancellation is delivered.
+                await asyncio.sleep(0)
                 await emit(await worker.run(item.task, item.sample, on_start))
 
         async with asyncio.TaskGroup() as group:

@@ -24,6 +24,7 @@ from ..errors import ConfigError, DatasetError
 from .collector import collector_for_rollouts
 from .dataset import Task, load_tasks, task_from_row
 from .executor import Executor, LocalExecutor, WorkItem
+from .interrupts import run_interruptible
 from .progress import QuietReporter, Reporter
 from .records import (
     GroupAdvantages,
@@ -59,9 +60,11 @@ def rollout(
 ) -> RunSummary:
     """Run every task of ``dataset`` ``group_size`` times and append one record per rollout to ``output``.
 
-    The blocking form of :func:`arollout` (it runs its own event loop); see there for the arguments.
+    The blocking form of :func:`arollout` (it runs its own event loop); see there for the arguments. Ctrl-C
+    raises ``KeyboardInterrupt`` as soon as the finished records are written and the output is closed, without
+    waiting for threads whose results nobody will read (see :mod:`tito_core.runner.interrupts`).
     """
-    return asyncio.run(arollout(config, dataset, output, reporter=reporter, executor=executor, **overrides))
+    return run_interruptible(arollout(config, dataset, output, reporter=reporter, executor=executor, **overrides))
 
 
 async def arollout(
