@@ -27,8 +27,9 @@ class FakeEngine(Backend):
     supports_pause: ClassVar[bool] = True
     supports_score: ClassVar[bool] = True
 
-    def __init__(self, url: str, weights: Sequence[float | None] = TRAINER) -> None:
+    def __init__(self, url: str, weights: Sequence[float | None] = TRAINER, *, recompute: bool = True) -> None:
         self.base_url = url
+        self.recompute = recompute  # False: an engine without a recompute pause (vLLM)
         self.weights: list[float | None] = list(weights)
         self.events: list[str] = []
         self.paused = False
@@ -39,8 +40,10 @@ class FakeEngine(Backend):
         raise AssertionError("the probe never generates")
 
     async def pause_generation(self, mode: PauseMode = "keep") -> None:
+        if mode == "recompute" and not self.recompute:
+            raise ConfigError("no recompute pause")
         self.events.append(f"pause:{mode}")
-        if self.pause_error is not None and self.events.count(f"pause:{mode}") > 1:
+        if self.pause_error is not None and sum(e.startswith("pause:") for e in self.events) > 1:
             raise self.pause_error
         self.paused = True
 
@@ -84,8 +87,9 @@ async def test_a_wrong_checkpoint_is_caught_named_and_paused_again() -> None:
     message = str(caught.value)
     assert "http://a" in message and "mean |logprob - the trainer's| 0.18 nats, max 0.4" in message
     assert "over 5 tokens (tolerance mean 0.05)" in message
-    assert "paused again (keep)" in message and "generation was not resumed on weights that are not the" in message
-    assert engine.events == ["pause:keep", "version:4", "resume", "score", "pause:keep"]  # left paused
+    # paused again in recompute: nothing of the probe window (its KV, the probe's own request) stays in the engine
+    assert "paused again (recompute)" in message and "generation was not resumed on weights that are not" in message
+    assert engine.events == ["pause:keep", "version:4", "resume", "score", "pause:recompute"]  # left paused
     assert caught.value.paused == ["http://a"]
     (score,) = caught.value.probes
     assert not score.passed and score.mean_diff == pytest.approx(0.18) and score.max_diff == pytest.approx(0.4)
@@ -97,10 +101,19 @@ async def test_half_a_checkpoint_is_caught_by_the_max_tolerance() -> None:
     with pytest.raises(WeightUpdateError, match=r"max 0.2, over 5 tokens \(tolerance mean 0.05, max 0.05\)"):
         async with weight_update([engine], probe=probe(max_tolerance=0.05)):
             pass
-    assert engine.events[-1] == "pause:keep"
+    assert engine.events[-1] == "pause:recompute"
     async with weight_update([engine], probe=probe()) as update:  # the mean alone lets it through
         pass
     assert update.probes[0].passed and engine.events[-2:] == ["resume", "score"]
+
+
+async def test_an_engine_without_a_recompute_pause_is_paused_again_in_the_updates_mode() -> None:
+    engine = FakeEngine("http://a", [v - 1.0 for v in TRAINER], recompute=False)  # vLLM: keep or abort only
+    with pytest.raises(WeightUpdateError, match=r"paused again \(keep\)") as caught:
+        async with weight_update([engine], version=7, probe=probe()):
+            pass
+    assert engine.events == ["pause:keep", "version:7", "resume", "score", "pause:keep"]
+    assert caught.value.paused == ["http://a"]
 
 
 async def test_only_the_engines_that_fail_are_paused_again() -> None:
@@ -144,7 +157,7 @@ async def test_a_probe_that_cannot_be_scored_fails_clearly() -> None:
     with pytest.raises(WeightUpdateError, match=r"http://b could not score the weight probe \(RuntimeError: HTTP 400"):
         async with weight_update([failing], probe=probe()):
             pass
-    assert failing.events[-1] == "pause:keep"  # weights that could not be checked are not served
+    assert failing.events[-1] == "pause:recompute"  # weights that could not be checked are not served
 
 
 @pytest.mark.parametrize(

@@ -68,3 +68,49 @@ def wait_until_healthy(
                 pass
             time.sleep(1.0)
     raise RuntimeError(f"{name} was not healthy after {timeout:.0f} s:\n{log_tail(log)}")
+
+
+def engine_state(url: str, engine: str) -> dict[str, object]:
+    """What a real server holds now: ``paused``, ``running`` and ``waiting`` requests (their engines' own views).
+
+    SGLang: ``GET /ready`` answers 503 while paused; ``GET /v1/loads`` counts the scheduler's running batch
+    (which keeps a request that finished just before an in-place pause until the scheduler's next step) and
+    its waiting queues; an idle one is flushed, which SGLang refuses while anything else is left (a request in
+    the grammar queue, a chunked prefill). vLLM: ``GET /is_paused``, and the ``num_requests_running`` /
+    ``num_requests_waiting`` gauges of ``GET /metrics``. Neither engine lists its open sessions (SGLang keeps
+    them in the scheduler only): tito's own session pools are checked by the tests that open them.
+    """
+    with httpx.Client(base_url=url, timeout=30.0) as client:
+        if engine == "sglang":
+            paused = client.get("/ready").status_code == 503
+            loads = client.get("/v1/loads", params={"include": "core,queues"}).json()["loads"]
+            running = sum(int(load.get("num_running_reqs", 0)) for load in loads)
+            waiting = sum(int(load.get("num_waiting_reqs", 0)) for load in loads)
+            if not paused and not running and not waiting:  # the very check a weight update's flush makes
+                flushed = client.post("/flush_cache")
+                if flushed.status_code != 200:
+                    return {"paused": paused, "running": running, "waiting": waiting, "flush": flushed.text}
+        else:
+            paused = bool(client.get("/is_paused").json().get("is_paused"))
+            gauges: dict[str, float] = {}
+            for line in client.get("/metrics").text.splitlines():
+                name = line.split("{", 1)[0].split(" ", 1)[0]
+                if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+                    gauges[name] = gauges.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            running = int(gauges.get("vllm:num_requests_running", 0))
+            waiting = int(gauges.get("vllm:num_requests_waiting", 0))
+    return {"paused": paused, "running": running, "waiting": waiting}
+
+
+def left_busy(url: str, engine: str, *, settle_s: float = 60.0) -> dict[str, object] | None:
+    """None once the server is idle (not paused, nothing running or queued); else what it still holds after
+    ``settle_s`` (an abort or a finished request is let settle: the engine's own state is polled, no sleep
+    decides). A paused server is reported at once: nothing settles while paused."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        state = engine_state(url, engine)
+        if not state["paused"] and not state["running"] and not state["waiting"] and "flush" not in state:
+            return None
+        if state["paused"] or time.monotonic() > deadline:
+            return state
+        time.sleep(0.05)

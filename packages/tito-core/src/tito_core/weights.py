@@ -368,9 +368,10 @@ async def _check_probe(
         return
     again: list[str] = []
     running: list[str] = []
+    modes: set[str] = set()
     for backend, _ in failing:
         try:
-            await backend.pause_generation(mode)
+            modes.add(await _pause_again(backend, mode))
             again.append(_name(backend))
         except Exception as exc:
             logger.error("pausing %s again after its failed weight probe failed: %s", _name(backend), exc)
@@ -382,7 +383,8 @@ async def _check_probe(
     outcome = []
     if again:
         outcome.append(
-            f"{', '.join(again)} paused again ({mode}) {window:.2f} s after the resume the probe needed: generation "
+            f"{', '.join(again)} paused again ({'/'.join(sorted(modes))}) {window:.2f} s after the resume the probe "
+            "needed: generation "
             "was not resumed on weights that are not the trainer's (resume them with a new weight_update once the "
             "right weights are loaded)"
         )
@@ -393,6 +395,26 @@ async def _check_probe(
         paused=again,
         probes=[r for _, r in failing if isinstance(r, ProbeScore)],
     )
+
+
+async def _pause_again(backend: Backend, mode: PauseMode) -> PauseMode:
+    """Pause an engine that failed the probe; returns the mode used.
+
+    A ``keep`` update pauses it again in ``recompute`` where the engine has that mode (SGLang). Two reasons: the
+    KV cache its requests built in the probe window comes from weights the trainer never pushed, and SGLang's
+    in-place pause leaves its running batch as it is: a request that finished just before it (the probe's own)
+    stays there until the scheduler's next step, which a paused scheduler never takes, and the next update's
+    cache flush then fails with "requests are still running or queued". A recompute pause empties the running
+    batch: the next update can flush, and the requests are prefilled again under its weights.
+    """
+    if mode == "keep":
+        try:
+            await backend.pause_generation("recompute")
+            return "recompute"
+        except ConfigError:  # the engine has no recompute pause (vLLM): keep it is
+            pass
+    await backend.pause_generation(mode)
+    return mode
 
 
 def _tolerances(probe: WeightProbe) -> str:
