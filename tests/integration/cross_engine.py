@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,13 @@ from tito_testing.tokenizers import cache_root
 ENGINES = ("vllm", "sglang")
 MESSAGES = [{"role": "user", "content": "Name three prime numbers, then explain why they are prime."}]
 NEW_TOKENS = 24
+
+
+def required(engine: str, why: str) -> None:
+    """Fail when ``engine`` is named in ``TITO_CROSS_ENGINE_REQUIRE`` (comma-separated) and its record is missing:
+    in CI its suite ran first, so a comparison skipped for want of its record would be a check never made."""
+    if engine in os.environ.get("TITO_CROSS_ENGINE_REQUIRE", "").split(","):
+        raise AssertionError(f"{why}, and TITO_CROSS_ENGINE_REQUIRE asks for the comparison with {engine}")
 
 
 def _model_digest(model_dir: Path) -> str:
@@ -60,9 +68,11 @@ def record_and_compare(
     other = next(e for e in ENGINES if e != engine)
     path = folder / f"{other}{suffix}.json"
     if not path.is_file():
+        required(other, f"no {other} record")
         return f"no {other} record yet (its suite has not run on this machine)"
     theirs = json.loads(path.read_text())
     if theirs["model"] != record["model"] or theirs["prompt"] != prompt:
+        required(other, f"the {other} record is for another model or prompt")
         return f"the {other} record is for another model or prompt"
     assert theirs["output"] == output, f"greedy ids differ: {other} {theirs['output']} vs {engine} {output}"
     return None
@@ -124,10 +134,12 @@ def compare_ids(
         if other == engine:
             continue
         if not path.is_file():
+            required(other, f"{case}: no {other} record")
             missing.append(f"no {other} record")
             continue
         theirs = json.loads(path.read_text())
         if theirs.get("model") != digest or "ids" not in theirs:
+            required(other, f"{case}: the {other} record is for another model")
             missing.append(f"the {other} record is for another model")
             continue
         compared.append(other)
