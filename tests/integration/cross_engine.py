@@ -64,7 +64,7 @@ def record_and_compare(
     folder.mkdir(parents=True, exist_ok=True)
     record = {"model": _model_digest(model_dir), "prompt": prompt, "output": output}
     suffix = f"-{case}" if case else ""
-    (folder / f"{engine}{suffix}.json").write_text(json.dumps(record))
+    _write_atomically(folder / f"{engine}{suffix}.json", record)
     other = next(e for e in ENGINES if e != engine)
     path = folder / f"{other}{suffix}.json"
     if not path.is_file():
@@ -91,7 +91,14 @@ def write_ids(engine: str, model_dir: Path, case: str, ids: list[int], mask: lis
     """Record ``engine``'s trajectory of scenario ``case``: its ids and loss mask (1 = the engine's output)."""
     path = _record_path(engine, case)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"model": _model_digest(model_dir), "ids": ids, "mask": mask}))
+    _write_atomically(path, {"model": _model_digest(model_dir), "ids": ids, "mask": mask})
+
+
+def _write_atomically(path: Path, record: dict[str, Any]) -> None:
+    """Write a record whole or not at all: suites in parallel lanes read each other's records."""
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+    staging.write_text(json.dumps(record))
+    staging.replace(path)
 
 
 class Difference(NamedTuple):
