@@ -171,6 +171,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("-o", "--output", help="rollout file finished rollouts are written to (.jsonl or .parquet)")
     serve.add_argument("--api-key", help="the key every request must carry (Authorization: Bearer KEY)")
     serve.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle rollout ends")
+    serve.add_argument(
+        "--drain-s",
+        type=float,
+        default=30.0,
+        help="at SIGINT/SIGTERM, seconds the calls in flight get to finish (recorded, then answered) before they "
+        "are cancelled",
+    )
 
     commands.add_parser("demo", help="run the demo rollout (python -m tito_core.demo)", add_help=False)
     return parser
@@ -195,6 +202,7 @@ def _serve(args: argparse.Namespace) -> int:
             output=args.output,
             api_key=args.api_key,
             idle_timeout=args.idle_timeout,
+            drain_s=args.drain_s,
         )
 
     # Ctrl-C before the gateway serves (a prepare hook building a model) reaches main; it handles SIGINT after

@@ -91,7 +91,8 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 def _error(error: GatewayError) -> web.Response:
     response = _json(error_body(error), error.status)
-    if error.status in (404, 409):  # an unknown, finished or busy rollout: retrying the same request cannot help
+    # an unknown, finished or busy rollout, a gateway shutting down: retrying the same request cannot help
+    if error.status in (404, 409) or error.code == "shutting_down":
         response.headers["x-should-retry"] = "false"
     return response
 

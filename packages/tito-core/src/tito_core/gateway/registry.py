@@ -58,6 +58,7 @@ class GatewayRollout:
         self.group = 0
         self.lost_engine = False
         self.finished = False
+        self.call: asyncio.Task[Any] | None = None  # the model call running now (a drain past its time cancels it)
         self._busy = False
         self._idle = asyncio.Event()  # set while no call runs: what idle() waits on
         self._idle.set()
@@ -147,6 +148,10 @@ class Registry:
         found.finished = True
         del self._open[rollout_id]
         return found
+
+    def busy(self) -> list[GatewayRollout]:
+        """The open rollouts answering a call now."""
+        return [r for r in self._open.values() if r.busy]
 
     def drain(self) -> list[GatewayRollout]:
         """Every open rollout, removed (shutdown)."""

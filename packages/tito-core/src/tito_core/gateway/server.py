@@ -1,8 +1,10 @@
 """``tito serve``: run a :class:`~tito_core.gateway.Gateway` until SIGINT or SIGTERM, then write what is open.
 
 The gateway prints one line with its address once it serves (``tito serve: serving on http://HOST:PORT``), so a
-process that started it can wait for that line. On SIGINT or SIGTERM it stops taking requests, ends every open
-rollout ``aborted`` (unless it ended otherwise), writes them to the output, and exits 0.
+process that started it can wait for that line. On SIGINT or SIGTERM it stops taking new rollouts and calls,
+gives the calls in flight up to ``drain_s`` seconds to finish (each recorded before it is answered; a second
+signal stops the wait), cancels the ones still running, ends every open rollout ``aborted`` (unless it ended
+otherwise), writes them to the output, and exits 0.
 """
 
 from __future__ import annotations
@@ -27,25 +29,38 @@ async def serve(
     output: str | Path | None = None,
     api_key: str | None = None,
     idle_timeout: float = 600.0,
+    drain_s: float = 30.0,
 ) -> int:
     """Serve until SIGINT / SIGTERM; returns the exit status (0)."""
     gateway = Gateway(config, output=output, api_key=api_key, idle_timeout=idle_timeout)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            gateway.stop_draining()  # a second signal: stop waiting for the calls in flight
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     try:
         try:
             base = await gateway.start(host, port)
         except BaseException:
-            await gateway.close()
+            await gateway.close(drain_s=0)
             raise
         print(f"tito serve: serving on {base}", flush=True)
         await stop.wait()
-        print("tito serve: shutting down; writing open rollouts as aborted", file=sys.stderr, flush=True)
+        in_flight = len(gateway.registry.busy())
+        print(
+            f"tito serve: shutting down; {in_flight} calls in flight get up to {drain_s:g} s (a second Ctrl-C: stop "
+            "waiting), then open rollouts are written as aborted",
+            file=sys.stderr,
+            flush=True,
+        )
+        await gateway.close(drain_s=drain_s)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
-    await gateway.close()
     return 0

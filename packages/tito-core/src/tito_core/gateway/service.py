@@ -104,6 +104,8 @@ class Gateway:
         self._finished: OrderedDict[str, bytes] = OrderedDict()
         self._samples: dict[str, int] = {}
         self._runner: web.AppRunner | None = None
+        self._closing = False
+        self._hurry = asyncio.Event()
 
     # ------------------------------------------------------------------------------------------- lifecycle
     async def prepare(self) -> None:
@@ -150,12 +152,44 @@ class Gateway:
         logger.info("tito gateway serving on %s", self.base_url)
         return self.base_url
 
-    async def close(self) -> None:
-        """Stop serving; every open rollout ends ``aborted`` (unless it ended otherwise) and is written.
+    @property
+    def closing(self) -> bool:
+        """True once :meth:`close` began: no new rollout or call is taken (503, ``x-should-retry: false``)."""
+        return self._closing
 
-        The backend is closed when the gateway built it (no ``backend`` was given); a given one is left open.
+    def stop_draining(self) -> None:
+        """End :meth:`close`'s wait for the calls in flight now (a second Ctrl-C): they are cancelled."""
+        self._hurry.set()
+
+    async def close(self, drain_s: float = 30.0) -> None:
+        """Stop serving without losing an answer; every open rollout is written.
+
+        In order: new rollouts and calls are refused (503, ``x-should-retry: false``); the calls in flight get up
+        to ``drain_s`` seconds to finish (:meth:`stop_draining` ends the wait), each recorded before it is
+        answered; a call still running then is cancelled (aborted on the engine, recorded as a cancelled call, its
+        client answered 503, never 200); then every open rollout ends ``aborted`` (unless it ended otherwise) and
+        is written. No answer is sent whose output ids are not in a written record. The backend is closed when
+        the gateway built it (no ``backend`` was given); a given one is left open.
         """
+        self._closing = True
         await self.registry.stop()
+        busy = self.registry.busy()
+        if busy:
+            logger.info("gateway shutting down: waiting up to %g s for %d calls in flight", drain_s, len(busy))
+            waits = [asyncio.ensure_future(r.idle()) for r in busy]
+            hurry = asyncio.ensure_future(self._hurry.wait())
+            deadline = time.monotonic() + drain_s
+            pending = set(waits)
+            while pending and not hurry.done() and (left := deadline - time.monotonic()) > 0:
+                _, pending = await asyncio.wait({*pending, hurry}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(hurry)
+            hurry.cancel()
+            late = [r for r in busy if r.busy and r.call is not None]
+            for rollout in late:
+                rollout.call.cancel()  # type: ignore[union-attr]
+            await asyncio.gather(*waits)  # a cancelled call ends at once: its engine abort is bounded (5 s)
+            if late:
+                logger.warning("gateway shutdown: %d calls still running after %g s were cancelled", len(late), drain_s)
         runner, self._runner = self._runner, None
         for rollout in self.registry.drain():
             traj = self._end(rollout, "shutdown", "the gateway shut down before the rollout was finished")
@@ -188,6 +222,7 @@ class Gateway:
         """
         if self._parts is None:
             raise ConfigError("the gateway is not prepared: await start() (or prepare()) first")
+        self._refuse_if_closing()
         renderer, parser = self._parts
         rid = rollout_id or self.registry.new_id()
         if rid in (".", ".."):
@@ -207,6 +242,12 @@ class Gateway:
         core.trajectory.metadata.update({**rollout.metadata, "task_id": task})
         rollout.sample = self._next_sample(task)
         return rollout
+
+    def _refuse_if_closing(self) -> None:
+        if self._closing:
+            raise GatewayError(
+                503, "the gateway is shutting down: it takes no new rollouts or calls", code="shutting_down"
+            )
 
     def _next_sample(self, task: str) -> int:
         if task not in self._samples:
@@ -299,6 +340,7 @@ class Gateway:
                 failed model call maps to (:func:`~tito_core.gateway.errors.error_of`); the rollout has its status.
         """
         rollout = self.get(rollout_id)
+        self._refuse_if_closing()
         with rollout.claim():
             core = rollout.rollout
             try:
@@ -307,11 +349,22 @@ class Gateway:
                 core.fail(exc)
                 raise
             options = msgspec.structs.replace(self._options, sampling=request.sampling)
+            call = rollout.call = asyncio.ensure_future(
+                core.call(request.conversation, options, tool_choice=request.tool_choice)
+            )
             try:
-                result = await core.call(request.conversation, options, tool_choice=request.tool_choice)
+                result = await call
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # this request was cancelled (its client went away, the server stops): not ours to answer
+                message = "the gateway shut down during the call: it ran past the drain time and was cancelled"
+                raise GatewayError(503, message, code="shutting_down") from None
             except Exception as exc:  # the rollout has its status; the client gets OpenAI's error JSON
                 rollout.lost_engine |= isinstance(exc, BackendConnectionError)
                 raise error_of(exc) from exc
+            finally:
+                rollout.call = None
             traj = core.trajectory
             segment = traj.last_segment
             assert segment is not None and segment.kind == "output"  # a recorded call ends with its output
