@@ -29,8 +29,10 @@ class AiohttpTransport:
         verify: TLS verification for ``https`` (see :data:`~tito_core.http.transport.Verify`).
         trust_env: Honour ``HTTP(S)_PROXY`` / ``NO_PROXY`` like curl does (read when the session is made,
             on the first request of each event loop).
-        keepalive_timeout: Seconds an idle connection is kept (below uvicorn's 5 s keep-alive, so the
-            server rarely closes a connection as tito picks it up).
+        keepalive_timeout: Seconds an idle connection is kept: 2, well below uvicorn's 5 s keep-alive (SGLang's
+            and vLLM's servers). The server counts idleness from when it sent the answer, tito from when it read
+            it: on a starved machine that gap passed the old 1 s margin (4 s), the server closed a connection as
+            tito sent a generation on it, and the call failed "maybe sent" (it is never sent again).
 
     """
 
@@ -43,7 +45,7 @@ class AiohttpTransport:
         connect_timeout: float | None = 5.0,
         verify: Verify = True,
         trust_env: bool = True,
-        keepalive_timeout: float = 4.0,
+        keepalive_timeout: float = 2.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.headers = dict(headers or {})
