@@ -95,6 +95,7 @@ async def test_response_handler_has_what_the_strict_handler_overrides() -> None:
 async def test_stray_bytes_on_an_idle_connection_refuse_its_reuse(extra: bytes) -> None:
     """The strict handler at work: it reads ``_payload`` to know when an answer is complete."""
     connections = 0
+    stray_sent = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal connections
@@ -108,11 +109,18 @@ async def test_stray_bytes_on_an_idle_connection_refuse_its_reuse(extra: bytes) 
                 await asyncio.sleep(0.02)
                 writer.write(extra)
                 await writer.drain()
+                stray_sent.set()
 
     async with serving(handler) as url:
         transport = AiohttpTransport(url, trust_env=False)
         first = await transport.request("POST", "/g", b"1", timeout=5, max_body=None)
-        await asyncio.sleep(0.1)  # the stray bytes arrive while the connection sits in the pool
+        await asyncio.wait_for(stray_sent.wait(), 60)  # a hang guard only
+        # the stray bytes reach the pooled connection (waited for, not slept on: a busy machine may take long)
+        pooled = [proto for conns in transport._session.connector._conns.values() for proto, _ in conns]  # type: ignore[union-attr]
+        deadline = asyncio.get_running_loop().time() + 60
+        while any(getattr(proto, "_tito_stray", False) is False for proto in pooled):
+            assert asyncio.get_running_loop().time() < deadline, "the stray bytes never reached the client"
+            await asyncio.sleep(0.005)
         second = await transport.request("POST", "/g", b"2", timeout=5, max_body=None)
         await transport.aclose()
     assert (first.body, second.body) == (b"1", b"2")
