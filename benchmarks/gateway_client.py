@@ -79,7 +79,7 @@ class GatewayClient:
         """Remember the engine and the gateway (each when given)."""
         self.url, self.gateway = url or self.url, gateway or self.gateway
 
-    async def _post(self, url: str, payload: Any, json_time: list[float]) -> tuple[int, bytes, Any]:
+    async def _post(self, url: str, payload: Any, json_time: list[float], token: str = "") -> tuple[int, bytes, Any]:
         if self.session is None:  # one session for the worker's life, made on its event loop
             import aiohttp
 
@@ -88,7 +88,8 @@ class GatewayClient:
         started = time.perf_counter()
         data = json.dumps(payload).encode()
         encoded = time.perf_counter()
-        async with self.session.post(url, data=data, headers={"Content-Type": "application/json"}) as answer:
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+        async with self.session.post(url, data=data, headers=headers) as answer:
             body = await answer.read()
             status = answer.status
         received = time.perf_counter()
@@ -107,7 +108,7 @@ class GatewayClient:
         )
         if status != 201:
             raise CallFailed(status, body)
-        base, rid = opened["base_url"], opened["id"]
+        base, rid, token = opened["base_url"], opened["id"], opened["token"]
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": USER_PROMPT},
@@ -116,7 +117,7 @@ class GatewayClient:
             for _ in range(workload.calls + 2):
                 request = {"model": "tito", "messages": messages, "tools": [LOOKUP]}
                 started = time.perf_counter()
-                status, body, answer = await self._post(f"{base}/chat/completions", request, row["json"])
+                status, body, answer = await self._post(f"{base}/chat/completions", request, row["json"], token)
                 row["stream"].append(time.perf_counter() - started)
                 row["statuses"].append(status)
                 if status != 200:
@@ -132,7 +133,7 @@ class GatewayClient:
                         {"role": "tool", "tool_call_id": call["id"], "content": f"Result for {query}: {blob}"}
                     )
         finally:  # every rollout is finished, failed ones included: the gateway writes its record
-            status, body, record = await self._post(f"{self.gateway}/rollouts/{rid}/finish", {}, scratch)
+            status, body, record = await self._post(f"{self.gateway}/rollouts/{rid}/finish", {}, scratch, token)
             if status != 200:
                 raise CallFailed(status, body)
         return dict(record)

@@ -1,7 +1,7 @@
 """An OpenAI Agents SDK agent with one function tool, run once per rollout by `tito rollout` through tito's gateway.
 
-The runner starts this script with ``OPENAI_BASE_URL`` (the rollout's gateway URL), ``OPENAI_API_KEY`` (the rollout
-id) and ``TITO_TASK`` (the task as JSON) in its environment; the last line it prints is the answer the reward
+The runner starts this script with ``OPENAI_BASE_URL`` (the rollout's gateway URL), ``OPENAI_API_KEY`` (the rollout's
+token) and ``TITO_TASK`` (the task as JSON) in its environment; the last line it prints is the answer the reward
 function sees. Nothing here knows about tito: the SDK's own OpenAI client reads the two variables.
 
     pip install openai-agents

@@ -40,7 +40,7 @@ async def drive(h: Harness, fault: Fault | None, when: int) -> tuple[BaseExcepti
     error: BaseException | None = None
     try:
         rollout = gateway.open()
-        api = openai.AsyncOpenAI(base_url=rollout.base_url, api_key="unused", max_retries=0)
+        api = openai.AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, max_retries=0)
         messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Count with add."}]
         try:
             for _ in range(8):

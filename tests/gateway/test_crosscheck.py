@@ -28,7 +28,7 @@ async def test_openai_model_through_the_gateway_equals_tito_model(gateway: Gatew
     gateway.backend.add(*SCRIPT)  # type: ignore[attr-defined]
     rollout = gateway.open()
     model = OpenAIModel(
-        client_args={"base_url": rollout.base_url, "api_key": "unused", "max_retries": 0},
+        client_args={"base_url": rollout.base_url, "api_key": rollout.token, "max_retries": 0},
         model_id="tito",
         params={"seed": 7},
     )

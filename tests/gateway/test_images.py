@@ -52,8 +52,8 @@ def grid(data: bytes) -> tuple[int, ...]:
     return tuple(int(x) for x in out["image_grid_thw"][0])
 
 
-def client(base_url: str) -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+def client(rollout: Any) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, max_retries=0)
 
 
 def vl_config(**options: Any) -> Any:
@@ -82,7 +82,7 @@ async def test_an_image_in_a_user_message_and_one_in_a_tool_result_are_recorded(
     gateway, backend = vl
     backend.add(CALL, "A red square.", "Still red.")
     rollout = gateway.open(task_id="look")
-    api = client(rollout.base_url)
+    api = client(rollout)
     photo, shot = png(100, 80, 1), png(224, 224, 2, "JPEG")
     user_parts = [
         {"type": "text", "text": "What is on screen?"},
@@ -129,7 +129,7 @@ async def test_a_changed_image_forks(vl: Any) -> None:
     gateway, backend = vl
     backend.add("A square.", "Another square.")
     rollout = gateway.open()
-    api = client(rollout.base_url)
+    api = client(rollout)
     a, b = png(60, 60, 1), png(60, 60, 2)  # the same size: the same ids, another picture
 
     def user(image: bytes) -> dict[str, Any]:
@@ -176,7 +176,7 @@ async def test_a_bad_image_is_a_400_naming_its_field_before_any_request(vl: Any)
         rollout = gateway.open()
         parts = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": value}]
         with pytest.raises(openai.BadRequestError) as caught:
-            await client(rollout.base_url).chat.completions.create(
+            await client(rollout).chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "hi"}, {"role": "user", "content": parts}]
             )
         field = "messages[1].content[1].image_url." + ("detail" if "detail" in value else "url")
@@ -200,13 +200,13 @@ async def test_images_outside_user_and_tool_messages_and_for_text_only_models_ar
     for messages, field in cases:
         words = re.escape(f"{field}: images are taken in user and tool messages")
         with pytest.raises(openai.BadRequestError, match=words):
-            await client(gateway.open().base_url).chat.completions.create(model="m", messages=messages)
+            await client(gateway.open()).chat.completions.create(model="m", messages=messages)
     plain = ScriptedBackend(qwen3_tokenizer, [])
     text_only = Gateway(vl_config(), tokenizer=qwen3_tokenizer, backend=plain, processor=False)
     await text_only.start()
     try:
         with pytest.raises(openai.BadRequestError, match=r"messages\[0\].content\[0\]: this model takes no images"):
-            await client(text_only.open().base_url).chat.completions.create(
+            await client(text_only.open()).chat.completions.create(
                 model="m", messages=[{"role": "user", "content": [image]}]
             )
     finally:

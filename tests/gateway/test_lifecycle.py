@@ -53,21 +53,24 @@ async def test_a_given_backend_stays_open_and_a_built_one_is_closed(qwen3_tokeni
 
 @pytest.mark.parametrize("rid", ["gsm8k/train #3?x=1&y=%2F", "a b:0", "ünïcode/τ"])
 async def test_ids_with_url_characters_are_quoted_and_matched_back(gateway: Gateway, backend: Any, rid: str) -> None:
+    """The Python API takes any id (the runner names rollouts after dataset task ids) and quotes it in URLs;
+    ``POST /rollouts`` takes only the documented characters (a 400 otherwise, before anything is opened)."""
     backend.add("Fine.")
     async with aiohttp.ClientSession() as session:
         async with session.post(f"{gateway.base_url}/rollouts", json={"id": rid, "task_id": rid}) as response:
-            assert response.status == 201
-            opened = await response.json()
-        assert opened["id"] == rid and opened["base_url"] == f"{gateway.base_url}/rollouts/{quote(rid, safe=':@')}/v1"
-        api = AsyncOpenAI(base_url=opened["base_url"], api_key="unused", max_retries=0)
+            assert response.status == 400 and (await response.json())["error"]["param"] == "id"
+        rollout = gateway.open(rollout_id=rid, task_id=rid)
+        assert rollout.base_url == f"{gateway.base_url}/rollouts/{quote(rid, safe=':@')}/v1"
+        api = AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, max_retries=0)
         answer = await api.chat.completions.create(model="m", messages=USER)  # type: ignore[arg-type]
         assert answer.choices[0].message.content == "Fine."
         assert (answer.model_extra or {})["tito"]["rollout_id"] == rid
         assert (await api.models.list()).data[0].id == gateway.model_name
         url = f"{gateway.base_url}/rollouts/{quote(rid, safe='')}"
-        async with session.get(url) as response:
+        auth = {"Authorization": f"Bearer {rollout.token}"}
+        async with session.get(url, headers=auth) as response:
             assert response.status == 200 and (await response.json())["rollout_id"] == rid
-        async with session.post(f"{url}/finish", json={"reward": 1.0}) as response:
+        async with session.post(f"{url}/finish", json={"reward": 1.0}, headers=auth) as response:
             assert response.status == 200
     (record,) = read_records(gateway.output)
     assert record.key == (rid, 0) and record.trajectory.rollout_id == rid and record.status == "completed"
@@ -91,7 +94,9 @@ async def test_post_rollouts_takes_the_records_group(gateway: Gateway, backend: 
             async with session.post(f"{gateway.base_url}/rollouts", json=payload) as response:
                 opened = await response.json()
             backend.add("ok")
-            await AsyncOpenAI(base_url=opened["base_url"], api_key="-", max_retries=0).chat.completions.create(
+            await AsyncOpenAI(
+                base_url=opened["base_url"], api_key=opened["token"], max_retries=0
+            ).chat.completions.create(
                 model="m",
                 messages=USER,  # type: ignore[arg-type]
             )
@@ -115,7 +120,7 @@ async def test_the_sdk_does_not_retry_a_finished_or_unknown_rollout(gateway: Gat
 
     def api(base_url: str) -> AsyncOpenAI:  # the SDK's default retries (2): the header must stop them
         return AsyncOpenAI(
-            base_url=base_url, api_key="-", http_client=httpx.AsyncClient(event_hooks={"request": [note]})
+            base_url=base_url, api_key=rollout.token, http_client=httpx.AsyncClient(event_hooks={"request": [note]})
         )
 
     backend.add("done")

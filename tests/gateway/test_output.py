@@ -32,12 +32,13 @@ async def test_parquet_output_holds_finished_and_aborted_rollouts_and_resumes(
             await Gateway(config(), tokenizer=qwen3_tokenizer, backend=backend, output=out).prepare()
         done, left_open = gateway.open(task_id="t1"), gateway.open(task_id="t1")
         for rollout in (done, left_open):
-            api = AsyncOpenAI(base_url=rollout.base_url, api_key="unused", max_retries=0)
+            api = AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, max_retries=0)
             await api.chat.completions.create(model="m", messages=USER)
         recorded = Trajectory.from_json(gateway.trajectory_json(done.id))
         url = f"{gateway.base_url}/rollouts/{done.id}/finish"
         finish = {"reward": 1.0, "metadata": {"grader": "exact"}}
-        async with aiohttp.ClientSession() as session, session.post(url, json=finish) as response:
+        auth = {"Authorization": f"Bearer {done.token}"}
+        async with aiohttp.ClientSession() as session, session.post(url, json=finish, headers=auth) as response:
             assert response.status == 200, await response.text()
     finally:
         await gateway.close()  # writes `left_open` as aborted and closes the Parquet writer
@@ -59,7 +60,7 @@ async def test_parquet_output_holds_finished_and_aborted_rollouts_and_resumes(
     await again.start()
     try:
         rollout = again.open(task_id="t1")
-        api = AsyncOpenAI(base_url=rollout.base_url, api_key="unused", max_retries=0)
+        api = AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, max_retries=0)
         await api.chat.completions.create(model="m", messages=USER)
         record = await again.finish(rollout.id, reward=0.5)
     finally:

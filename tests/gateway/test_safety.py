@@ -32,10 +32,11 @@ async def test_unknown_rollout_is_404_and_finished_one_409(gateway: Gateway, bac
     assert status == 404 and body["error"]["code"] == "rollout_not_found"
     status, opened = await post(f"{gateway.base_url}/rollouts", {"task_id": "t"})
     assert status == 201 and opened["base_url"] == f"{gateway.base_url}/rollouts/{opened['id']}/v1"
-    status, record = await post(f"{gateway.base_url}/rollouts/{opened['id']}/finish", {"reward": 0.5})
+    auth = {"Authorization": f"Bearer {opened['token']}"}
+    status, record = await post(f"{gateway.base_url}/rollouts/{opened['id']}/finish", {"reward": 0.5}, **auth)
     assert status == 200 and record["reward"] == 0.5 and record["status"] == "failed"  # never called: no output
     assert record["status_reason"] == "the rollout ended without any model call: it holds no output"
-    status, body = await post(f"{opened['base_url']}/chat/completions", USER)
+    status, body = await post(f"{opened['base_url']}/chat/completions", USER, **auth)
     assert status == 409 and body["error"]["code"] == "rollout_finished"
     assert backend.requests == []
 
@@ -54,9 +55,10 @@ async def test_concurrent_call_on_one_rollout_is_409(gateway: Gateway, backend: 
     backend.generate = held
     backend.add("done")
     rollout = gateway.open()
-    first = asyncio.create_task(post(f"{rollout.base_url}/chat/completions", USER))
+    auth = {"Authorization": f"Bearer {rollout.token}"}
+    first = asyncio.create_task(post(f"{rollout.base_url}/chat/completions", USER, **auth))
     await entered.wait()
-    status, body = await post(f"{rollout.base_url}/chat/completions", USER)
+    status, body = await post(f"{rollout.base_url}/chat/completions", USER, **auth)
     assert status == 409 and body["error"]["code"] == "rollout_busy"
     release.set()
     status, answer = await first
@@ -77,7 +79,7 @@ async def test_api_key_is_required_and_checked(backend: Any, qwen3_tokenizer: An
         url = f"{gateway.base_url}/v1/chat/completions"
         status, _ = await post(url, USER, Authorization=f"Bearer wrong:{opened['id']}")
         assert status == 401
-        status, answer = await post(url, USER, Authorization=f"Bearer sekrit:{opened['id']}")
+        status, answer = await post(url, USER, Authorization=f"Bearer {opened['token']}")
         assert status == 200 and answer["choices"][0]["message"]["content"] == "ok"
     finally:
         await gateway.close()
@@ -89,7 +91,7 @@ async def test_body_over_the_limit_is_413(backend: Any, qwen3_tokenizer: Any) ->
     try:
         rollout = gateway.open()
         big = {"model": "m", "messages": [{"role": "user", "content": "x" * 10_000}]}
-        status, body = await post(f"{rollout.base_url}/chat/completions", big)
+        status, body = await post(f"{rollout.base_url}/chat/completions", big, Authorization=f"Bearer {rollout.token}")
         assert status == 413 and body["error"]["code"] == "body_too_large"
         assert backend.requests == []
     finally:
@@ -114,10 +116,11 @@ async def test_idle_rollout_ends_with_a_status_and_is_written(
         backend.add("<tool_call>\n" + json.dumps({"name": "f", "arguments": {}}) + "\n</tool_call>")
         rollout = gateway.open(task_id="idle")
         tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-        status, _ = await post(f"{rollout.base_url}/chat/completions", {**USER, "tools": tools})
+        auth = {"Authorization": f"Bearer {rollout.token}"}
+        status, _ = await post(f"{rollout.base_url}/chat/completions", {**USER, "tools": tools}, **auth)
         assert status == 200
         await asyncio.wait_for(ended.wait(), 30)  # hang guard only
-        status, body = await post(f"{rollout.base_url}/chat/completions", USER)
+        status, body = await post(f"{rollout.base_url}/chat/completions", USER, **auth)
         assert status == 409
     finally:
         await gateway.close()
@@ -150,7 +153,9 @@ async def test_serve_runs_the_prepare_hook_and_sigterm_writes_open_rollouts_as_a
         assert line.startswith("tito serve: serving on "), line
         base = line.rsplit(" ", 1)[1].strip()
         _, opened = await post(f"{base}/rollouts", {"task_id": "live"})
-        status, answer = await post(f"{opened['base_url']}/chat/completions", USER)
+        status, answer = await post(
+            f"{opened['base_url']}/chat/completions", USER, Authorization=f"Bearer {opened['token']}"
+        )
         assert status == 200 and answer["choices"][0]["message"]["content"] == "first answer"
         _, idle = await post(f"{base}/rollouts", {"task_id": "never-called"})
         proc.send_signal(signal.SIGTERM)

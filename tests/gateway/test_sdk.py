@@ -22,14 +22,15 @@ ADD = {
 }
 
 
-def client(base_url: str, key: str = "unused") -> AsyncOpenAI:
-    return AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0)
+def client(rollout: Any, base_url: str | None = None) -> AsyncOpenAI:
+    """The OpenAI SDK on ``rollout``: its base URL (or ``base_url``) and its token as the api key."""
+    return AsyncOpenAI(base_url=base_url or rollout.base_url, api_key=rollout.token, max_retries=0)
 
 
 async def test_plain_answer_carries_ids_logprobs_and_the_record(gateway: Gateway, backend: Any) -> None:
     backend.add("Paris.")
     rollout = gateway.open(task_id="t1")
-    answer = await client(rollout.base_url).chat.completions.create(
+    answer = await client(rollout).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Capital of France?"}], logprobs=True, temperature=0.5
     )
     choice = answer.choices[0]
@@ -50,7 +51,7 @@ async def test_plain_answer_carries_ids_logprobs_and_the_record(gateway: Gateway
 async def test_tool_call_round_trip_extends_the_same_tokens(gateway: Gateway, backend: Any) -> None:
     backend.add(hermes_call("add", {"a": 2, "b": 3}), "5")
     rollout = gateway.open()
-    api = client(rollout.base_url)
+    api = client(rollout)
     messages: list[Any] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2 + 3?"}]
     first = await api.chat.completions.create(model="m", messages=messages, tools=[ADD], tool_choice="required")
     call = first.choices[0].message.tool_calls[0]
@@ -74,7 +75,7 @@ async def test_replay_with_reordered_keys_other_ids_and_no_reasoning_still_match
 ) -> None:
     backend.add("<think>\nadding\n</think>\n\n" + hermes_call("add", {"a": 2, "b": 3}), "5")
     rollout = gateway.open()
-    api = client(rollout.base_url)
+    api = client(rollout)
     messages: list[Any] = [{"role": "user", "content": "2 + 3?"}]
     first = await api.chat.completions.create(model="m", messages=messages, tools=[ADD])
     message = first.choices[0].message.model_dump(exclude_none=True)
@@ -95,7 +96,7 @@ async def test_replay_with_reordered_keys_other_ids_and_no_reasoning_still_match
 async def test_changed_history_forks(gateway: Gateway, backend: Any) -> None:
     backend.add("Paris.", "Rome.")
     rollout = gateway.open()
-    api = client(rollout.base_url)
+    api = client(rollout)
     await api.chat.completions.create(model="m", messages=[{"role": "user", "content": "France?"}])
     edited = [
         {"role": "user", "content": "France?"},
@@ -110,7 +111,7 @@ async def test_changed_history_forks(gateway: Gateway, backend: Any) -> None:
 async def test_stream_replays_the_answer_as_chunks(gateway: Gateway, backend: Any) -> None:
     backend.add(hermes_call("add", {"a": 1, "b": 1}))
     rollout = gateway.open()
-    stream = await client(rollout.base_url).chat.completions.create(
+    stream = await client(rollout).chat.completions.create(
         model="m",
         messages=[{"role": "user", "content": "1 + 1?"}],
         tools=[ADD],
@@ -127,7 +128,7 @@ async def test_stream_replays_the_answer_as_chunks(gateway: Gateway, backend: An
 async def test_bearer_route_and_models(gateway: Gateway, backend: Any) -> None:
     backend.add("hi")
     rollout = gateway.open()
-    api = client(gateway.base_url + "/v1", key=rollout.id)
+    api = client(rollout, gateway.base_url + "/v1")
     answer = await api.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello"}])
     assert answer.choices[0].message.content == "hi"
     models = await api.models.list()
@@ -136,7 +137,7 @@ async def test_bearer_route_and_models(gateway: Gateway, backend: Any) -> None:
 
 async def test_unsupported_fields_are_400s_naming_the_field(gateway: Gateway, backend: Any) -> None:
     rollout = gateway.open()
-    api = client(rollout.base_url)
+    api = client(rollout)
     user = [{"role": "user", "content": "x"}]
     cases: list[tuple[dict[str, Any], str]] = [
         ({"n": 2}, "n"),

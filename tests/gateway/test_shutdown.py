@@ -42,8 +42,10 @@ class HeldBackend(GrammarBackend):
         return await super().generate(request)
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, dict[str, str], Any]:
-    async with session.post(url, json=body) as response:
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: Any, token: str = ""
+) -> tuple[int, dict[str, str], Any]:
+    async with session.post(url, json=body, headers={"Authorization": f"Bearer {token}"}) as response:
         return response.status, dict(response.headers), await response.json()
 
 
@@ -75,12 +77,16 @@ async def test_calls_in_flight_at_shutdown_are_recorded_then_answered(qwen3_toke
     gateway, backend = await _start(qwen3_tokenizer, out, 8)
     async with aiohttp.ClientSession() as session:
         rollouts = [gateway.open(task_id=f"t{i}") for i in range(8)]
-        calls = [asyncio.ensure_future(_post(session, f"{r.base_url}/chat/completions", USER)) for r in rollouts]
+        calls = [
+            asyncio.ensure_future(_post(session, f"{r.base_url}/chat/completions", USER, r.token)) for r in rollouts
+        ]
         await _until_waiting(backend, 8)
         closing = asyncio.ensure_future(gateway.close(drain_s=600))  # a guard: the calls end when released
         while not gateway.closing:
             await asyncio.sleep(0)
-        status, headers, body = await _post(session, f"{rollouts[0].base_url}/chat/completions", USER)
+        status, headers, body = await _post(
+            session, f"{rollouts[0].base_url}/chat/completions", USER, rollouts[0].token
+        )
         assert status == 503 and body["error"]["code"] == "shutting_down" and headers["x-should-retry"] == "false"
         status, headers, body = await _post(session, f"{gateway.base_url}/rollouts", {})
         assert status == 503 and headers["x-should-retry"] == "false"
@@ -102,7 +108,9 @@ async def test_calls_past_the_drain_are_cancelled_and_never_answered_200(qwen3_t
     gateway, backend = await _start(qwen3_tokenizer, out, 4)
     async with aiohttp.ClientSession() as session:
         rollouts = [gateway.open(task_id=f"t{i}") for i in range(3)]
-        calls = [asyncio.ensure_future(_post(session, f"{r.base_url}/chat/completions", USER)) for r in rollouts]
+        calls = [
+            asyncio.ensure_future(_post(session, f"{r.base_url}/chat/completions", USER, r.token)) for r in rollouts
+        ]
         await _until_waiting(backend, 3)
         await gateway.close(drain_s=0.05)  # nothing is released: all three outlive the drain
         answers = await asyncio.gather(*calls)
@@ -119,7 +127,7 @@ async def test_a_second_signal_stops_the_drain(qwen3_tokenizer: Any, tmp_path: P
     gateway, backend = await _start(qwen3_tokenizer, out, 2)
     async with aiohttp.ClientSession() as session:
         rollout = gateway.open(task_id="t")
-        call = asyncio.ensure_future(_post(session, f"{rollout.base_url}/chat/completions", USER))
+        call = asyncio.ensure_future(_post(session, f"{rollout.base_url}/chat/completions", USER, rollout.token))
         await _until_waiting(backend, 1)
         closing = asyncio.ensure_future(gateway.close(drain_s=600))
         while not gateway.closing:
@@ -159,7 +167,10 @@ async def test_sigterm_to_tito_serve_with_calls_in_flight_writes_every_answer(tm
         base = line.rsplit(" ", 1)[1].strip()
         async with aiohttp.ClientSession() as session:
             opened = [(await _post(session, f"{base}/rollouts", {"task_id": f"t{i}"}))[2] for i in range(10)]
-            calls = [asyncio.ensure_future(_post(session, f"{o['base_url']}/chat/completions", USER)) for o in opened]
+            calls = [
+                asyncio.ensure_future(_post(session, f"{o['base_url']}/chat/completions", USER, o["token"]))
+                for o in opened
+            ]
             await asyncio.sleep(0.5)  # the requests on their way; whether each was taken before the signal or not,
             proc.send_signal(signal.SIGTERM)  # the invariant below holds
             answers = await asyncio.gather(*calls)

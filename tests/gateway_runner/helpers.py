@@ -59,14 +59,16 @@ def number_reward(sample: Any) -> float:
     return 1.0 if str(sample.task.answer) in re.findall(r"-?\d+", sample.text) else 0.0
 
 
-async def aiohttp_agent(task: Any, base_url: str) -> str:
-    """A callable agent: one tool round with aiohttp, then the answer."""
+async def aiohttp_agent(task: Any, base_url: str, api_key: str) -> str:
+    """A callable agent: one tool round with aiohttp, then the answer (its rollout's token as the api key)."""
     tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
     messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
     async with aiohttp.ClientSession() as session:
         for _ in range(3):
             async with session.post(
-                base_url + "/chat/completions", json={"model": "tito", "messages": messages, "tools": [tool]}
+                base_url + "/chat/completions",
+                json={"model": "tito", "messages": messages, "tools": [tool]},
+                headers={"Authorization": f"Bearer {api_key}"},
             ) as response:
                 response.raise_for_status()
                 message = (await response.json())["choices"][0]["message"]
@@ -79,16 +81,20 @@ async def aiohttp_agent(task: Any, base_url: str) -> str:
     raise RuntimeError("no answer")
 
 
-async def raising_agent(task: Any, base_url: str) -> str:
+async def raising_agent(task: Any, base_url: str, api_key: str) -> str:
     raise LookupError(f"no such tool for {task.id}")
 
 
-async def waiting_agent(task: Any, base_url: str) -> str:
+async def waiting_agent(task: Any, base_url: str, api_key: str) -> str:
     await asyncio.Event().wait()
     return ""
 
 
-def sync_agent(task: Any, base_url: str) -> str:
+def sync_agent(task: Any, base_url: str, api_key: str) -> str:
+    return ""
+
+
+async def two_argument_agent(task: Any, base_url: str) -> str:  # the old shape: no token to reach its rollout
     return ""
 
 

@@ -165,7 +165,11 @@ def test_a_call_in_flight_when_the_time_limit_hits_is_recorded_then_the_rollout_
         ({"tools": ["x:y"], "agent": {"command": ["python"]}}, "`rollout.tools` is for Strands rollouts"),
         ({"max_model_calls": 3, "agent": {"command": ["python"]}}, "`rollout.max_model_calls` is for Strands"),
         ({"agent": {"command": ["no-such-program-here"]}}, "the program 'no-such-program-here' is not found"),
-        ({"agent": {"callable": f"{HELPERS}:sync_agent"}}, "must be an `async def agent(task, base_url) -> str`"),
+        (
+            {"agent": {"callable": f"{HELPERS}:sync_agent"}},
+            "must be an `async def agent(task, base_url, api_key) -> str`",
+        ),
+        ({"agent": {"callable": f"{HELPERS}:two_argument_agent"}}, "cannot take three arguments"),
         ({"agent": {"callable": f"{HELPERS}:nothing"}}, "has no attribute 'nothing'"),
     ],
 )

@@ -58,7 +58,7 @@ async def sdk_through_gateway(backend: Backend, tokenizer: Any, *, name: str) ->
     await gateway.start()
     try:
         rollout = gateway.open(task_id="gateway")
-        client = AsyncOpenAI(base_url=rollout.base_url, api_key="unused", max_retries=0, timeout=120)
+        client = AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, max_retries=0, timeout=120)
         messages: list[Any] = [{"role": "user", "content": "What is 2 + 3?"}]
         first = await client.chat.completions.create(
             model="tiny", messages=messages, tools=[ADD], tool_choice=FORCED, logprobs=True

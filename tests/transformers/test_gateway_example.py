@@ -40,8 +40,9 @@ CALCULATOR = {
 }
 
 
-async def get_trajectory(url: str) -> Trajectory:
-    async with aiohttp.ClientSession() as session, session.get(url) as response:
+async def get_trajectory(url: str, token: str) -> Trajectory:
+    auth = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession() as session, session.get(url, headers=auth) as response:
         assert response.status == 200, await response.text()
         return Trajectory.from_json(await response.read())
 
@@ -76,7 +77,7 @@ async def test_tito_serve_on_the_embedded_example_records_a_tool_rollout(tmp_pat
         assert line.startswith("tito serve: serving on "), (line, (tmp_path / "stderr.txt").read_text()[-2000:])
         base = line.rsplit(" ", 1)[1].strip()
         opened = await post_json(f"{base}/rollouts", {"task_id": "3+4"})
-        client = openai.AsyncOpenAI(base_url=opened["base_url"], api_key="unused", max_retries=0, timeout=300)
+        client = openai.AsyncOpenAI(base_url=opened["base_url"], api_key=opened["token"], max_retries=0, timeout=300)
         messages: list[Any] = [
             {"role": "system", "content": "You are a calculator assistant."},
             {"role": "user", "content": "What is 3 + 4?"},
@@ -86,13 +87,13 @@ async def test_tito_serve_on_the_embedded_example_records_a_tool_rollout(tmp_pat
         first = await client.chat.completions.create(messages=messages, tool_choice=forced, **greedy)
         (call,) = first.choices[0].message.tool_calls
         assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "calculator"
-        after_first = await get_trajectory(f"{base}/rollouts/{opened['id']}")
+        after_first = await get_trajectory(f"{base}/rollouts/{opened['id']}", opened["token"])
         messages += [
             first.choices[0].message.model_dump(exclude_none=True),
             {"role": "tool", "tool_call_id": call.id, "content": "7"},
         ]
         second = await client.chat.completions.create(messages=messages, **greedy)
-        traj = await get_trajectory(f"{base}/rollouts/{opened['id']}")
+        traj = await get_trajectory(f"{base}/rollouts/{opened['id']}", opened["token"])
 
         assert len(traj.turns) == 2 and traj.branch == 0 and not traj.branches  # replayed as returned: no fork
         first_ids, second_ids = (answer.model_extra["tito"]["output_ids"] for answer in (first, second))

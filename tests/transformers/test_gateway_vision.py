@@ -72,7 +72,7 @@ async def test_pictures_in_a_user_message_and_a_tool_result_reach_the_model(
     url = f"{rollout.base_url}/chat/completions"
     messages: list[Any] = [{"role": "user", "content": [image_url(photo), {"type": "text", "text": "Look again."}]}]
     forced = {"type": "function", "function": {"name": "look"}}
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {rollout.token}"}) as session:
         async with session.post(url, json={"messages": messages, "tools": [LOOK], "tool_choice": forced}) as response:
             assert response.status == 200, await response.text()
             first = (await response.json())["choices"][0]["message"]

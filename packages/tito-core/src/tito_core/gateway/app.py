@@ -1,26 +1,28 @@
 """The gateway's HTTP routes on aiohttp's web server.
 
 =============================================  ================================================================
-``POST /rollouts``                             open one: ``{task_id?, metadata?, id?, group?}`` → 201 ``{id, base_url}``
+``POST /rollouts``                             open one: ``{task_id?, metadata?, id?, group?}`` → 201
+                                               ``{id, token, base_url}``
 ``POST /rollouts/<id>/v1/chat/completions``    a chat call on the rollout (JSON, or SSE with ``stream``)
-``POST /v1/chat/completions``                  the same, the rollout id in ``Authorization: Bearer <id>``
+``POST /v1/chat/completions``                  the same, the rollout named by its token alone
 ``GET /rollouts/<id>/v1/models``, ``/v1/models``  the served model
 ``GET /rollouts/<id>``                         the trajectory JSON (with its status)
 ``POST /rollouts/<id>/finish``                 ``{"reward"?, "metadata"?}`` → the record, written to the output
 =============================================  ================================================================
 
-Every error is OpenAI's error JSON (:mod:`~tito_core.gateway.errors`), bodies are bounded (413), and with an api
-key every request carries it (``Authorization: Bearer KEY``; on ``/v1/chat/completions``, ``Bearer KEY:ROLLOUT``).
+Every error is OpenAI's error JSON (:mod:`~tito_core.gateway.errors`) and bodies are bounded (413). Every route of
+a rollout takes its token (``Authorization: Bearer <token>`` or ``x-api-key``), which ``POST /rollouts`` returns;
+with an api key, opening a rollout takes the key (which every rollout's routes take too). A web page is refused
+(a foreign ``Host``, an ``Origin`` not allowed, a POST that is not JSON: 403 / 415), and no CORS header is sent.
 A 404 or 409 says ``x-should-retry: false``: the OpenAI SDKs would otherwise retry a 409 that cannot succeed.
 A rollout id is one path segment, percent-quoted in URLs (``base_url`` quotes it); the routes match it unquoted.
 """
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -41,6 +43,20 @@ class Served(Protocol):
     api_key: str | None
     model_name: str
     max_body_bytes: int
+    allowed_hosts: frozenset[str] | None
+    allow_origins: list[str]
+
+    def authorize_opening(self, credential: str | None) -> None:
+        """401 unless the request may open a rollout."""
+
+    def authorize(self, rollout_id: str, credential: str | None) -> None:
+        """404 / 401 unless the credential is the rollout's token (or the gateway's key)."""
+
+    def rollout_of(self, credential: str | None) -> str:
+        """The rollout a token belongs to (401 otherwise)."""
+
+    def authorize_any(self, credential: str | None) -> None:
+        """401 unless the credential is a rollout's token or the key (when there is a key)."""
 
     def open(
         self,
@@ -80,6 +96,25 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def allowed_hosts(host: str, shown: str, port: int, extra: Sequence[str]) -> frozenset[str] | None:
+    """The ``Host`` header values a gateway bound to ``host`` (``shown`` in URLs) serves; None: any.
+
+    A wildcard bind (``0.0.0.0``, ``::``) without ``extra`` serves any Host: its api key is the defence there.
+    A loopback bind also serves ``localhost``, ``127.0.0.1`` and ``[::1]``. An extra name without a port is
+    served with and without the port.
+    """
+    if host in ("", "0.0.0.0", "::") and not extra:
+        return None
+    names = {host.lower(), shown.lower()}
+    if is_loopback(host):
+        names |= {"localhost", "127.0.0.1", "[::1]"}
+    values = {f"{name}:{port}" for name in names}
+    for name in (e.lower() for e in extra):
+        has_port = name.rsplit(":", 1)[-1].isdigit() and not name.endswith("]")
+        values |= {name} if has_port else {name, f"{name}:{port}"}
+    return frozenset(values)
+
+
 _ENCODER = msgspec.json.Encoder()
 _DECODER = msgspec.json.Decoder()
 
@@ -103,17 +138,35 @@ def _bearer(request: web.Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
+def _credential(request: web.Request) -> str | None:
+    """The request's key or token: ``Authorization: Bearer X``, else ``x-api-key: X`` (Anthropic's clients)."""
+    return _bearer(request) or request.headers.get("x-api-key") or None
+
+
+def _browser_rules(request: web.Request, gateway: Served) -> None:
+    """Refuse what a web page can send to a loopback server.
+
+    A foreign ``Host`` (DNS rebinding), an ``Origin`` not allowed (a cross-origin page), a POST that is not JSON
+    (a "simple" cross-origin request needs no CORS preflight, so only its content type tells it apart).
+    """
+    allowed = gateway.allowed_hosts
+    host = request.headers.get("Host", "")
+    if allowed is not None and host.lower() not in allowed:
+        shown = host[:100]
+        raise GatewayError(403, f"Host {shown!r} is not this gateway's address (allow it with --allow-host)",
+                           code="host_not_allowed")  # fmt: skip
+    origin = request.headers.get("Origin")
+    if origin is not None and origin not in gateway.allow_origins:
+        raise GatewayError(403, f"requests from web pages are refused (Origin {origin[:100]!r}; allow one with "
+                           "--allow-origin)", code="origin_not_allowed")  # fmt: skip
+    if request.method == "POST" and request.content_type != "application/json":
+        raise GatewayError(415, "a POST body must be JSON: Content-Type: application/json", code="not_json")
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
     try:
-        gateway = request.app[_GATEWAY]
-        key = gateway.api_key
-        if key is not None:
-            token = _bearer(request) or ""
-            given = token.split(":", 1)[0] if request.path == "/v1/chat/completions" else token
-            if not hmac.compare_digest(given.encode(), key.encode()):
-                message = "a valid api key is required (Authorization: Bearer KEY)"
-                raise GatewayError(401, message, code="invalid_api_key")
+        _browser_rules(request, request.app[_GATEWAY])
         return await handler(request)
     except GatewayError as exc:
         return _error(exc)
@@ -148,23 +201,32 @@ def _fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
     return body
 
 
+ID_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.:@")
+MAX_ID_LENGTH = 256
+
+
 async def _open(request: web.Request) -> web.Response:
     gateway = request.app[_GATEWAY]
+    gateway.authorize_opening(_credential(request))
     body = _fields(await _body(request, optional=True), frozenset({"task_id", "metadata", "id", "group"}))
     for key in ("task_id", "id"):
         if body.get(key) is not None and (not isinstance(body[key], str) or not body[key]):
             raise bad_request(key, "must be a non-empty string")
+    rid = body.get("id")
+    if rid is not None and (len(rid) > MAX_ID_LENGTH or not set(rid) <= ID_CHARACTERS or rid in (".", "..")):
+        raise bad_request("id", f"at most {MAX_ID_LENGTH} characters of A-Z a-z 0-9 - _ . : @ (got {len(rid)})")
     group = body.get("group", 0)
     if isinstance(group, bool) or not isinstance(group, int) or group < 0:
         raise bad_request("group", f"must be a non-negative integer, got {group!r}")
     rollout = gateway.open(
         task_id=body.get("task_id"), metadata=body.get("metadata"), rollout_id=body.get("id"), group=group
     )
-    return _json({"id": rollout.id, "base_url": rollout.base_url}, 201)
+    return _json({"id": rollout.id, "token": rollout.token, "base_url": rollout.base_url}, 201)
 
 
 async def _chat(request: web.Request, rollout_id: str) -> web.StreamResponse:
     gateway = request.app[_GATEWAY]
+    gateway.authorize(rollout_id, _credential(request))
     gateway.get(rollout_id)  # 404 / 409 before reading a large body
     body, chat = await gateway.chat(rollout_id, await _body(request))
     if not chat.stream:
@@ -181,27 +243,25 @@ async def _chat_on_path(request: web.Request) -> web.StreamResponse:
     return await _chat(request, request.match_info["rollout"])
 
 
-async def _chat_by_bearer(request: web.Request) -> web.StreamResponse:
-    token = _bearer(request)
-    if token is None:
-        raise GatewayError(401, "give the rollout id as the api key (Authorization: Bearer <rollout id>)")
-    if request.app[_GATEWAY].api_key is not None:
-        _, sep, token = token.partition(":")
-        if not sep or not token:
-            raise GatewayError(401, "with a gateway api key, authorize with 'Bearer KEY:ROLLOUT_ID' on this route")
-    return await _chat(request, token)
+async def _chat_by_token(request: web.Request) -> web.StreamResponse:
+    return await _chat(request, request.app[_GATEWAY].rollout_of(_credential(request)))
 
 
 async def _models(request: web.Request) -> web.Response:
     gateway = request.app[_GATEWAY]
     if "rollout" in request.match_info:
+        gateway.authorize(request.match_info["rollout"], _credential(request))
         gateway.get(request.match_info["rollout"])
+    else:
+        gateway.authorize_any(_credential(request))
     model = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "tito"}
     return _json({"object": "list", "data": [model]})
 
 
 async def _trajectory(request: web.Request) -> web.Response:
-    data = request.app[_GATEWAY].trajectory_json(request.match_info["rollout"])
+    gateway = request.app[_GATEWAY]
+    gateway.authorize(request.match_info["rollout"], _credential(request))
+    data = gateway.trajectory_json(request.match_info["rollout"])
     return web.Response(body=data, content_type="application/json")
 
 
@@ -209,6 +269,7 @@ async def _finish(request: web.Request) -> web.Response:
     from ..runner.record_schema import ENCODER
 
     gateway = request.app[_GATEWAY]
+    gateway.authorize(request.match_info["rollout"], _credential(request))
     body = _fields(await _body(request, optional=True), frozenset({"reward", "metadata"}))
     reward = body.get("reward")
     if reward is not None and (
@@ -227,7 +288,7 @@ def build_app(gateway: Served) -> web.Application:
     app[_GATEWAY] = gateway
     app.router.add_post("/rollouts", _open)
     app.router.add_post("/rollouts/{rollout}/v1/chat/completions", _chat_on_path)
-    app.router.add_post("/v1/chat/completions", _chat_by_bearer)
+    app.router.add_post("/v1/chat/completions", _chat_by_token)
     app.router.add_get("/rollouts/{rollout}/v1/models", _models)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/rollouts/{rollout}", _trajectory)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -20,14 +21,21 @@ from .errors import GatewayError
 from .images import ImageReader
 from .matching import ReplyBook
 
-__all__ = ["GatewayRollout", "Registry"]
+__all__ = ["GatewayRollout", "Registry", "new_token"]
+
+
+def new_token() -> str:
+    """A rollout token: ``tito-`` and 192 random bits (URL-safe base64)."""
+    return "tito-" + secrets.token_urlsafe(24)
 
 
 class GatewayRollout:
     """One rollout served by the gateway.
 
     Attributes:
-        id: The rollout id (the trajectory's ``rollout_id``).
+        id: The rollout id (the trajectory's ``rollout_id``): a name, not a secret.
+        token: The rollout's secret (192 random bits, chosen by the gateway, never by a client): its routes take
+            ``Authorization: Bearer <token>`` (or ``x-api-key``) and nothing else but the gateway's own key.
         base_url: The OpenAI base URL a client uses for this rollout: ``http://HOST:PORT/rollouts/<id>/v1``.
         task_id: The task this rollout runs (the rollout id when none was given).
         metadata: What the client gave when opening it (kept in the trajectory's metadata too).
@@ -45,6 +53,7 @@ class GatewayRollout:
 
     def __init__(self, rollout_id: str, base_url: str, rollout: Rollout, task_id: str, metadata: dict[str, Any]):
         self.id = rollout_id
+        self.token = new_token()
         self.base_url = base_url
         self.rollout = rollout
         self.task_id = task_id

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import TitoConfig
@@ -30,9 +31,18 @@ async def serve(
     api_key: str | None = None,
     idle_timeout: float = 600.0,
     drain_s: float = 30.0,
+    allow_hosts: Sequence[str] = (),
+    allow_origins: Sequence[str] = (),
 ) -> int:
     """Serve until SIGINT / SIGTERM; returns the exit status (0)."""
-    gateway = Gateway(config, output=output, api_key=api_key, idle_timeout=idle_timeout)
+    gateway = Gateway(
+        config,
+        output=output,
+        api_key=api_key,
+        idle_timeout=idle_timeout,
+        allow_hosts=allow_hosts,
+        allow_origins=allow_origins,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 

@@ -12,9 +12,11 @@ closes its trajectory with a status and, with an output, writes it with the runn
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -65,6 +67,10 @@ class Gateway:
             a Hugging Face image processor, a :class:`~tito_core.render.vision.VisionProcessor`); None takes the
             config's ``processor`` (by default the tokenizer's directory when it holds a
             ``preprocessor_config.json``); False: a text-only model, every image part a 400.
+        allow_hosts: More ``Host`` header values to serve (a name, or ``name:port``), besides the bound address
+            (and, on loopback, ``localhost``, ``127.0.0.1`` and ``[::1]``): a foreign Host is a 403 (DNS rebinding).
+        allow_origins: Browser origins allowed to call (``https://app.example``); any other ``Origin`` is a 403.
+            None by default: no web page can call the gateway, and it sends no CORS headers.
     """
 
     def __init__(
@@ -78,8 +84,10 @@ class Gateway:
         idle_timeout: float = 600.0,
         max_body_bytes: int = 32 << 20,
         processor: ProcessorSpec = None,
+        allow_hosts: Sequence[str] = (),
+        allow_origins: Sequence[str] = (),
     ) -> None:
-        if api_key is not None and not api_key:
+        if api_key is not None and (not isinstance(api_key, str) or not api_key):
             raise ConfigError("api_key must be a non-empty string or None")
         if max_body_bytes <= 0:
             raise ConfigError(f"max_body_bytes must be positive, got {max_body_bytes!r}")
@@ -106,6 +114,10 @@ class Gateway:
         self._runner: web.AppRunner | None = None
         self._closing = False
         self._hurry = asyncio.Event()
+        self._tokens: dict[str, str] = {}  # rollout token -> rollout id, open and recently finished rollouts
+        self.allow_hosts = [h.lower() for h in allow_hosts]
+        self.allow_origins = list(allow_origins)
+        self.allowed_hosts: frozenset[str] | None = None  # the Host headers served (set by start; None: any)
 
     # ------------------------------------------------------------------------------------------- lifecycle
     async def prepare(self) -> None:
@@ -133,7 +145,7 @@ class Gateway:
         """
         from aiohttp import web
 
-        from .app import build_app, is_loopback
+        from .app import allowed_hosts, build_app, is_loopback
 
         if not is_loopback(host) and self.api_key is None:
             raise ConfigError(f"binding the gateway to {host!r} (not loopback) requires an api key (--api-key)")
@@ -148,6 +160,7 @@ class Gateway:
         bound = runner.addresses[0]
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         self.base_url = f"http://{shown}:{bound[1]}"
+        self.allowed_hosts = allowed_hosts(host, shown, int(bound[1]), self.allow_hosts)
         self.registry.start()
         logger.info("tito gateway serving on %s", self.base_url)
         return self.base_url
@@ -239,9 +252,57 @@ class Gateway:
         rollout.group = group
         rollout.images.refusal = self._image_refusal
         self.registry.add(rollout)
+        self._tokens[rollout.token] = rid
         core.trajectory.metadata.update({**rollout.metadata, "task_id": task})
         rollout.sample = self._next_sample(task)
         return rollout
+
+    # ----------------------------------------------------------------------------------------- credentials
+    def authorize_opening(self, credential: str | None) -> None:
+        """Check a request to open a rollout: with an api key, it must carry it.
+
+        Raises:
+            GatewayError: 401 (the credential is never in the message).
+        """
+        if self.api_key is not None and not _same(credential, self.api_key):
+            raise GatewayError(401, "a valid api key is required (Authorization: Bearer KEY)", code="invalid_api_key")
+
+    def authorize(self, rollout_id: str, credential: str | None) -> None:
+        """Check a request on rollout ``rollout_id``: it must carry the rollout's token, or the gateway's key.
+
+        Raises:
+            GatewayError: 404 for an unknown rollout, 401 for a missing or wrong credential (never echoed).
+        """
+        token = self._token_of(rollout_id)
+        if _same(credential, token) or (self.api_key is not None and _same(credential, self.api_key)):
+            return
+        message = (
+            f"rollout {rollout_id!r} takes its own token: Authorization: Bearer <the token POST /rollouts returned>"
+        )
+        raise GatewayError(401, message, code="invalid_rollout_token")
+
+    def rollout_of(self, credential: str | None) -> str:
+        """The rollout a token belongs to (``/v1/chat/completions`` names the rollout by its token alone).
+
+        Raises:
+            GatewayError: 401 when the credential is no rollout's token (the credential is never echoed).
+        """
+        found = self._tokens.get(credential or "")
+        if found is None:
+            message = "give a rollout's token as the api key (Authorization: Bearer <token from POST /rollouts>)"
+            raise GatewayError(401, message, code="invalid_rollout_token")
+        return found
+
+    def authorize_any(self, credential: str | None) -> None:
+        """Check a request on no rollout (``/v1/models``): any rollout's token, or the key, when there is a key."""
+        if self.api_key is None or _same(credential, self.api_key) or (credential or "") in self._tokens:
+            return
+        raise GatewayError(401, "a valid api key or rollout token is required", code="invalid_api_key")
+
+    def _token_of(self, rollout_id: str) -> str:
+        if rollout_id in self._finished:
+            return next((t for t, i in self._tokens.items() if i == rollout_id), "")
+        return self.registry.get(rollout_id).token
 
     def _refuse_if_closing(self) -> None:
         if self._closing:
@@ -302,7 +363,8 @@ class Gateway:
         core.reset()  # ends the backend sequence; the new empty trajectory is never used
         self._finished[rollout.id] = traj.to_json()
         while len(self._finished) > _KEEP_FINISHED:
-            self._finished.popitem(last=False)
+            gone, _ = self._finished.popitem(last=False)
+            self._tokens = {t: i for t, i in self._tokens.items() if i != gone}
         return traj
 
     def _write(self, rollout: GatewayRollout, traj: Trajectory, reward: float | None) -> RolloutRecord:
@@ -428,3 +490,8 @@ def image_refusal(vision: VisionProcessor | None, backend: Backend) -> str | Non
     if not caps.supports_images:
         return f"the {caps.name} backend takes no images"
     return None
+
+
+def _same(credential: str | None, secret: str) -> bool:
+    """Constant-time comparison of a request's credential with a secret (any characters)."""
+    return bool(secret) and credential is not None and hmac.compare_digest(credential.encode(), secret.encode())

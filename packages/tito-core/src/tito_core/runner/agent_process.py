@@ -7,7 +7,8 @@ closed trajectory back, which the worker turns into the same record a Strands ro
 (:mod:`tito_core.runner.finish`).
 
 A ``command`` agent runs in a process group of its own, in the config file's directory, with ``OPENAI_BASE_URL``,
-``OPENAI_API_KEY`` (the rollout id) and ``TITO_TASK`` (the task as JSON) in its environment. Its standard output
+``OPENAI_API_KEY`` and ``ANTHROPIC_API_KEY`` (the rollout's token: no agent can reach a sibling's rollout) and
+``TITO_TASK`` (the task as JSON) in its environment. Its standard output
 and error are read as they come (a full pipe never stalls it; only their tails are kept), and the last non-empty
 line of its standard output is its answer. When it exits, what it left behind in its group is killed; past the
 time limit the whole group is killed and the rollout ends ``aborted``; a non-zero exit is an
@@ -50,7 +51,7 @@ group) before they are closed unread: a guard against a hang, never reached by a
 _WEEK_S = 7 * 24 * 3600.0
 """The gateway's idle timeout for agents without a time limit: the runner ends its agents, not the gateway."""
 
-AgentFn = Callable[[Task, str], Awaitable[str]]
+AgentFn = Callable[[Task, str, str], Awaitable[str]]  # (task, base_url, api_key: the rollout token)
 
 
 class AgentExited(TitoError):
@@ -111,7 +112,7 @@ class AgentRunner:
         limit = asyncio.timeout(self.limit)
         try:
             async with limit:
-                text = await self._agent(task, handle.base_url, handle.id)
+                text = await self._agent(task, handle.base_url, handle.token)
         except TimeoutError as exc:
             ended_by = RolloutTimedOut(self.limit or 0.0) if limit.expired() else exc
         except Exception as exc:
@@ -157,9 +158,9 @@ class AgentRunner:
                 self._gateways[server.name] = gateway
             return self._gateways[server.name]
 
-    async def _agent(self, task: Task, base_url: str, rollout_id: str) -> str:
+    async def _agent(self, task: Task, base_url: str, token: str) -> str:
         if self.fn is not None:
-            answer = await self.fn(task, base_url)
+            answer = await self.fn(task, base_url, token)
             if not isinstance(answer, str):
                 raise TypeError(f"the agent {self.settings.callable!r} returned {type(answer).__name__}, not str")
             return answer
@@ -168,7 +169,8 @@ class AgentRunner:
             **os.environ,
             **self.settings.env,
             "OPENAI_BASE_URL": base_url,
-            "OPENAI_API_KEY": rollout_id,
+            "OPENAI_API_KEY": token,
+            "ANTHROPIC_API_KEY": token,
             "TITO_TASK": msgspec.json.encode(task).decode(),
         }
         return await run_command(self.settings.command, env=env, cwd=self.cwd)
@@ -263,10 +265,16 @@ def _smaller(a: float | None, b: float | None) -> float | None:
 def _agent_fn(settings: AgentSettings, fn: Any) -> AgentFn | None:
     if settings.callable is None:
         return None
+    shape = "an `async def agent(task, base_url, api_key) -> str` (api_key: the rollout's token)"
     if not inspect.iscoroutinefunction(fn):
+        raise ConfigError(f"`rollout.agent.callable` {settings.callable!r} must be {shape}")
+    try:
+        inspect.signature(fn).bind(None, "", "")
+    except TypeError:
         raise ConfigError(
-            f"`rollout.agent.callable` {settings.callable!r} must be an `async def agent(task, base_url) -> str`"
-        )
+            f"`rollout.agent.callable` {settings.callable!r} must be {shape}: it cannot take three arguments (a "
+            "two-argument agent has no token to reach its rollout with)"
+        ) from None
     agent: AgentFn = fn
     return agent
 

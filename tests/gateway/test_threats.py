@@ -1,0 +1,198 @@
+"""The gateway against its threat model (docs/gateway.md, "Threat model"): a web page in the user's browser on the
+same machine, sibling agents sharing the gateway, and credentials that must never leak.
+
+A page's requests are sent here as a browser sends them (the headers of a cross-origin "simple" request and of
+a DNS-rebound one); each is refused before anything is opened, called, read or finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.gateway.conftest import config
+from tito_core.cli import _api_key
+from tito_core.errors import ConfigError
+from tito_core.gateway import Gateway
+from tito_core.runner.records import read_records
+
+USER = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+EVIL = "http://evil.example"
+
+
+async def send(method: str, url: str, body: bytes | None = None, **headers: str) -> tuple[int, dict[str, str], str]:
+    async with aiohttp.ClientSession() as session, session.request(method, url, data=body, headers=headers) as r:
+        return r.status, dict(r.headers), await r.text()
+
+
+def json_body(data: Any) -> bytes:
+    import json
+
+    return json.dumps(data).encode()
+
+
+async def _opened(gateway: Gateway, backend: Any, **fields: Any) -> dict[str, Any]:
+    status, _, text = await send(
+        "POST", f"{gateway.base_url}/rollouts", json_body(fields), **{"Content-Type": "application/json"}
+    )
+    assert status == 201, text
+    import json
+
+    opened: dict[str, Any] = json.loads(text)
+    return opened
+
+
+async def test_a_cross_origin_page_can_open_call_read_or_finish_nothing(gateway: Gateway, backend: Any) -> None:
+    backend.add("never")
+    victim = await _opened(gateway, backend, task_id="victim")
+    base, rid = gateway.base_url, victim["id"]
+    # what `fetch(url, {method: "POST", body: "..."})` from another origin sends: text/plain, its Origin
+    page = {"Origin": EVIL, "Content-Type": "text/plain;charset=UTF-8", "Sec-Fetch-Site": "cross-site"}
+    attempts = [
+        ("POST", f"{base}/rollouts", json_body({"task_id": "planted"})),
+        ("POST", f"{base}/rollouts/{rid}/v1/chat/completions", json_body(USER)),
+        ("POST", f"{base}/rollouts/{rid}/finish", json_body({"reward": 1.0})),
+        ("GET", f"{base}/rollouts/{rid}", None),
+    ]
+    for method, url, body in attempts:
+        status, headers, text = await send(method, url, body, **page)
+        assert status == 403 and "origin_not_allowed" in text, (url, status, text)
+        assert not any(h.lower().startswith("access-control-") for h in headers)  # no CORS header, ever
+        # the same page with the rollout's token (it has none; even so) and a JSON type: still refused
+        status, _, _ = await send(method, url, body, Origin=EVIL, Authorization=f"Bearer {victim['token']}",
+                                  **{"Content-Type": "application/json"})  # fmt: skip
+        assert status == 403
+    # a "simple" POST without an Origin (a non-browser client that copied a browser's type): not JSON, refused
+    status, _, text = await send("POST", f"{base}/rollouts", json_body({}), **{"Content-Type": "text/plain"})
+    assert status == 415 and "not_json" in text
+    status, headers, _ = await send("OPTIONS", f"{base}/rollouts", None, Origin=EVIL)  # a CORS preflight
+    assert status >= 400 and not any(h.lower().startswith("access-control-") for h in headers)
+    assert len(gateway.registry) == 1 and backend.requests == []  # nothing opened, nothing generated
+    await gateway.close()
+    (record,) = read_records(gateway.output)
+    assert record.task_id == "victim" and record.reward is None  # no planted record, no reward set by the page
+
+
+async def test_a_dns_rebound_page_is_refused_by_its_host(gateway: Gateway, backend: Any) -> None:
+    victim = await _opened(gateway, backend, task_id="victim")
+    port = gateway.base_url.rsplit(":", 1)[1]
+    # after rebinding, the page's requests reach 127.0.0.1 with its own name as Host (same-origin: no Origin)
+    rebound = {"Host": f"evil.example:{port}", "Authorization": f"Bearer {victim['token']}"}
+    status, _, text = await send("GET", f"{gateway.base_url}/rollouts/{victim['id']}", None, **rebound)
+    assert status == 403 and "host_not_allowed" in text
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}"):  # the loopback names a client may use are served
+        status, _, _ = await send("GET", f"{gateway.base_url}/rollouts/{victim['id']}", None, Host=host,
+                                  Authorization=f"Bearer {victim['token']}")  # fmt: skip
+        assert status == 200
+
+
+async def test_allowed_hosts_and_origins_are_served(backend: Any, qwen3_tokenizer: Any) -> None:
+    gateway = Gateway(config(), tokenizer=qwen3_tokenizer, backend=backend, allow_hosts=["tito.internal"],
+                      allow_origins=["https://ui.example"])  # fmt: skip
+    await gateway.start()
+    try:
+        port = gateway.base_url.rsplit(":", 1)[1]
+        json_type = {"Content-Type": "application/json"}
+        for headers in ({"Host": "tito.internal"}, {"Host": f"tito.internal:{port}"}, {"Origin": "https://ui.example"}):
+            status, _, text = await send("POST", f"{gateway.base_url}/rollouts", b"{}", **json_type, **headers)
+            assert status == 201, (headers, text)
+        status, _, _ = await send("POST", f"{gateway.base_url}/rollouts", b"{}", **json_type, Origin=EVIL)
+        assert status == 403
+    finally:
+        await gateway.close()
+
+
+async def test_one_rollouts_token_cannot_touch_another(gateway: Gateway, backend: Any) -> None:
+    mine = await _opened(gateway, backend, task_id="t", id="t:0")  # the runner's ids are guessable: task:sample
+    sibling = await _opened(gateway, backend, task_id="t", id="t:1")
+    assert mine["token"] != sibling["token"] and len(mine["token"]) >= len("tito-") + 22  # >= 128 random bits
+    json_type = {"Content-Type": "application/json"}
+    with_mine = {"Authorization": f"Bearer {mine['token']}", **json_type}
+    base = f"{gateway.base_url}/rollouts/{sibling['id']}"
+    for method, url, body in [
+        ("POST", f"{base}/v1/chat/completions", json_body(USER)),
+        ("GET", base, None),
+        ("POST", f"{base}/finish", json_body({"reward": 1.0})),
+        ("GET", f"{base}/v1/models", None),
+    ]:
+        status, _, text = await send(method, url, body, **with_mine)
+        assert status == 401 and "invalid_rollout_token" in text, (url, status)
+        status, _, _ = await send(method, url, body, **json_type)  # no credential at all
+        assert status == 401
+    # the id alone (what the runner used to pass as the api key) is no credential either
+    status, _, _ = await send("POST", f"{gateway.base_url}/v1/chat/completions", json_body(USER),
+                              Authorization=f"Bearer {sibling['id']}", **json_type)  # fmt: skip
+    assert status == 401
+    # and a client cannot choose a token
+    status, _, text = await send("POST", f"{gateway.base_url}/rollouts", json_body({"token": "chosen"}), **json_type)
+    assert status == 400 and "token" in text
+    backend.add("mine")
+    status, _, _ = await send("POST", f"{gateway.base_url}/v1/chat/completions", json_body(USER), **with_mine)
+    assert status == 200 and len(backend.requests) == 1  # the token names its own rollout, and only it
+    assert not gateway.get(sibling["id"]).rollout.trajectory.turns
+
+
+async def test_no_credential_is_ever_echoed(gateway: Gateway, backend: Any, caplog: pytest.LogCaptureFixture) -> None:
+    secret = "sk-live-0123456789abcdefSECRET"
+    json_type = {"Content-Type": "application/json"}
+    urls = [f"{gateway.base_url}/v1/chat/completions", f"{gateway.base_url}/rollouts/nope/v1/chat/completions",
+            f"{gateway.base_url}/v1/models"]  # fmt: skip
+    for url in urls:
+        for header in ({"Authorization": f"Bearer {secret}"}, {"x-api-key": secret}):
+            status, headers, text = await send("POST" if "chat" in url else "GET", url, json_body(USER),
+                                               **header, **json_type)  # fmt: skip
+            assert status in (200, 401, 404) and secret not in text and secret not in str(headers), (url, text)
+    assert secret not in caplog.text
+
+
+@pytest.mark.parametrize("key", ["plain", "with:colons:in:it", "sp aces +/=~!@#$%^&*()[]{}<>?,.;'\\\"`|"])
+async def test_any_characters_work_in_a_key(backend: Any, qwen3_tokenizer: Any, key: str) -> None:
+    gateway = Gateway(config(), tokenizer=qwen3_tokenizer, backend=backend, api_key=key)
+    await gateway.start()
+    try:
+        json_type = {"Content-Type": "application/json"}
+        status, _, _ = await send("POST", f"{gateway.base_url}/rollouts", b"{}", **json_type)
+        assert status == 401  # opening takes the key
+        async with aiohttp.ClientSession() as session:
+            auth = {"Authorization": f"Bearer {key}", **json_type}  # any printable ASCII: what a header carries
+            async with session.post(f"{gateway.base_url}/rollouts", data=b"{}", headers=auth) as response:
+                opened = await response.json()
+                assert response.status == 201, opened
+        backend.add("ok")
+        status, _, text = await send("POST", f"{gateway.base_url}/v1/chat/completions", json_body(USER),
+                                     Authorization=f"Bearer {opened['token']}", **json_type)  # fmt: skip
+        assert status == 200, text
+    finally:
+        await gateway.close()
+
+
+@pytest.mark.parametrize(("rid", "ok"), [("a" * 256, True), ("a" * 257, False), ("a/b", False), ("t:0@x_y-z.1", True)])
+async def test_ids_are_at_most_256_documented_characters(gateway: Gateway, rid: str, ok: bool) -> None:
+    status, _, text = await send("POST", f"{gateway.base_url}/rollouts", json_body({"id": rid}),
+                                 **{"Content-Type": "application/json"})  # fmt: skip
+    assert status == (201 if ok else 400), text
+    assert len(gateway.registry) == (1 if ok else 0)
+
+
+def test_the_key_comes_from_a_file_or_the_environment_not_only_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def args(**values: Any) -> argparse.Namespace:
+        return argparse.Namespace(**{"api_key": None, "api_key_file": None, **values})
+
+    (tmp_path / "key").write_text("from:the file\n")
+    assert _api_key(args(api_key_file=str(tmp_path / "key"))) == "from:the file"
+    monkeypatch.setenv("TITO_API_KEY", "from the environment")
+    assert _api_key(args()) == "from the environment"
+    assert _api_key(args(api_key="given")) == "given"
+    with pytest.raises(ConfigError, match="give the api key once"):
+        _api_key(args(api_key="a", api_key_file=str(tmp_path / "key")))
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(ConfigError, match="first line is empty"):
+        _api_key(args(api_key_file=str(tmp_path / "empty")))
+    with pytest.raises(ConfigError, match="cannot read it"):
+        _api_key(args(api_key_file=str(tmp_path / "missing")))
