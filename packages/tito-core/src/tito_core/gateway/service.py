@@ -189,10 +189,10 @@ class Gateway:
         busy = self.registry.busy()
         if busy:
             logger.info("gateway shutting down: waiting up to %g s for %d calls in flight", drain_s, len(busy))
-            waits = [asyncio.ensure_future(r.idle()) for r in busy]
-            hurry = asyncio.ensure_future(self._hurry.wait())
+            waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(r.idle()) for r in busy]
+            hurry: asyncio.Future[Any] = asyncio.ensure_future(self._hurry.wait())
             deadline = time.monotonic() + drain_s
-            pending = set(waits)
+            pending: set[asyncio.Future[Any]] = set(waits)
             while pending and not hurry.done() and (left := deadline - time.monotonic()) > 0:
                 _, pending = await asyncio.wait({*pending, hurry}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
                 pending.discard(hurry)
@@ -420,8 +420,8 @@ class Gateway:
                 current = asyncio.current_task()
                 if current is not None and current.cancelling():
                     raise  # this request was cancelled (its client went away, the server stops): not ours to answer
-                message = "the gateway shut down during the call: it ran past the drain time and was cancelled"
-                raise GatewayError(503, message, code="shutting_down") from None
+                late = "the gateway shut down during the call: it ran past the drain time and was cancelled"
+                raise GatewayError(503, late, code="shutting_down") from None
             except Exception as exc:  # the rollout has its status; the client gets OpenAI's error JSON
                 rollout.lost_engine |= isinstance(exc, BackendConnectionError)
                 raise error_of(exc) from exc
