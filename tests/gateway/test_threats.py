@@ -7,7 +7,6 @@ a DNS-rebound one); each is refused before anything is opened, called, read or f
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,9 @@ import aiohttp
 import pytest
 
 from tests.gateway.conftest import config
-from tito_core.cli import _api_key
 from tito_core.errors import ConfigError
 from tito_core.gateway import Gateway
+from tito_core.gateway.server import api_key_from
 from tito_core.runner.records import read_records
 
 USER = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -181,8 +180,11 @@ async def test_ids_are_at_most_256_documented_characters(gateway: Gateway, rid: 
 def test_the_key_comes_from_a_file_or_the_environment_not_only_the_command_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def args(**values: Any) -> argparse.Namespace:
-        return argparse.Namespace(**{"api_key": None, "api_key_file": None, **values})
+    def _api_key(args: dict[str, Any]) -> str | None:
+        return api_key_from(args.get("api_key"), args.get("api_key_file"))
+
+    def args(**values: Any) -> dict[str, Any]:
+        return values
 
     (tmp_path / "key").write_text("from:the file\n")
     assert _api_key(args(api_key_file=str(tmp_path / "key"))) == "from:the file"

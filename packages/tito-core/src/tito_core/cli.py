@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .cli_serve import add_serve_command, run_serve
+
 __all__ = ["main"]
 
 logger = logging.getLogger("tito")
@@ -59,7 +61,7 @@ def _command(args: argparse.Namespace) -> int:
         if args.command == "export":
             return _export(args)
         if args.command == "serve":
-            return _serve(args)
+            return run_serve(args)
         return _inspect(args)
     except TitoError as exc:
         print(f"tito {args.command}: error: {exc}", file=sys.stderr)
@@ -160,95 +162,10 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("--tokenizer", help="decode the tokens as text with this tokenizer (else token ids)")
     decode.add_argument("--config", help="decode the tokens as text with this TOML config's tokenizer")
 
-    serve = commands.add_parser("serve", help="an OpenAI-compatible gateway recording every rollout (docs/gateway.md)")
-    serve.add_argument(
-        "--config",
-        required=True,
-        help="TOML config (backend, tokenizer, tool parser, sampling); its rollout.prepare runs first",
-    )
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (not loopback: --api-key is required)")
-    serve.add_argument("--port", type=int, default=8100, help="port (0: a free one; the address is printed)")
-    serve.add_argument("-o", "--output", help="rollout file finished rollouts are written to (.jsonl or .parquet)")
-    serve.add_argument(
-        "--api-key",
-        help="the key that opens rollouts (Authorization: Bearer KEY); visible in the process list: prefer "
-        "--api-key-file or TITO_API_KEY",
-    )
-    serve.add_argument("--api-key-file", help="read the api key from this file (its first line)")
-    serve.add_argument(
-        "--allow-host",
-        action="append",
-        default=[],
-        metavar="NAME[:PORT]",
-        help="another Host header to serve besides the bound address (repeat); any other is a 403",
-    )
-    serve.add_argument(
-        "--allow-origin",
-        action="append",
-        default=[],
-        metavar="ORIGIN",
-        help="a browser origin allowed to call, e.g. https://app.example (repeat); by default none",
-    )
-    serve.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle rollout ends")
-    serve.add_argument(
-        "--drain-s",
-        type=float,
-        default=30.0,
-        help="at SIGINT/SIGTERM, seconds the calls in flight get to finish (recorded, then answered) before they "
-        "are cancelled",
-    )
+    add_serve_command(commands)
 
     commands.add_parser("demo", help="run the demo rollout (python -m tito_core.demo)", add_help=False)
     return parser
-
-
-def _serve(args: argparse.Namespace) -> int:
-
-    from .gateway.server import serve
-    from .runner.interrupts import run_interruptible
-    from .runner.run import prepare_config
-
-    logging.basicConfig(level=logging.WARNING, format="tito: %(message)s")
-
-    async def prepared_then_served() -> int:
-        # as `tito rollout` does: the config's `rollout.prepare` hook (which may build the model and set
-        # `tokenizer`, `backend_options.model_path`, `chat_template`) runs before the backend is built
-        config, _ = await prepare_config(args.config, {})
-        return await serve(
-            config,
-            host=args.host,
-            port=args.port,
-            output=args.output,
-            api_key=_api_key(args),
-            idle_timeout=args.idle_timeout,
-            drain_s=args.drain_s,
-            allow_hosts=args.allow_host,
-            allow_origins=args.allow_origin,
-        )
-
-    # Ctrl-C before the gateway serves (a prepare hook building a model) reaches main; it handles SIGINT after
-    return run_interruptible(prepared_then_served())
-
-
-def _api_key(args: argparse.Namespace) -> str | None:
-    """The gateway's key: ``--api-key``, ``--api-key-file`` (its first line) or ``TITO_API_KEY``; one at most."""
-    import os
-
-    from .errors import ConfigError
-
-    given = [name for name, value in (("--api-key", args.api_key), ("--api-key-file", args.api_key_file)) if value]
-    if len(given) > 1:
-        raise ConfigError("give the api key once: --api-key or --api-key-file")
-    if args.api_key_file:
-        try:
-            lines = Path(args.api_key_file).read_text().splitlines()
-        except OSError as exc:
-            raise ConfigError(f"--api-key-file {args.api_key_file}: cannot read it ({exc.strerror})") from None
-        key = lines[0].strip() if lines else ""
-        if not key:
-            raise ConfigError(f"--api-key-file {args.api_key_file}: the file's first line is empty")
-        return key
-    return args.api_key or os.environ.get("TITO_API_KEY") or None
 
 
 def _rollout(args: argparse.Namespace) -> int:

@@ -20,43 +20,32 @@ A rollout id is one path segment, percent-quoted in URLs (``base_url`` quotes it
 
 from __future__ import annotations
 
-import ipaddress
 import math
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import msgspec
 from aiohttp import web
 
 from ..runner.records import RolloutRecord
+from .access import Access
 from .completion import sse_chunks
 from .errors import GatewayError, bad_request, error_body
 from .openai_chat import ChatRequest
 from .registry import GatewayRollout
 
-__all__ = ["Served", "build_app", "is_loopback"]
+__all__ = ["Served", "build_app"]
 
 
 class Served(Protocol):
     """What the routes need of a :class:`~tito_core.gateway.Gateway` (the service imports this module)."""
 
-    api_key: str | None
+    access: Access
     model_name: str
     max_body_bytes: int
-    allowed_hosts: frozenset[str] | None
-    allow_origins: list[str]
-
-    def authorize_opening(self, credential: str | None) -> None:
-        """401 unless the request may open a rollout."""
 
     def authorize(self, rollout_id: str, credential: str | None) -> None:
         """404 / 401 unless the credential is the rollout's token (or the gateway's key)."""
-
-    def rollout_of(self, credential: str | None) -> str:
-        """The rollout a token belongs to (401 otherwise)."""
-
-    def authorize_any(self, credential: str | None) -> None:
-        """401 unless the credential is a rollout's token or the key (when there is a key)."""
 
     def open(
         self,
@@ -84,35 +73,6 @@ class Served(Protocol):
 
 _GATEWAY: web.AppKey[Served] = web.AppKey("gateway")
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def allowed_hosts(host: str, shown: str, port: int, extra: Sequence[str]) -> frozenset[str] | None:
-    """The ``Host`` header values a gateway bound to ``host`` (``shown`` in URLs) serves; None: any.
-
-    A wildcard bind (``0.0.0.0``, ``::``) without ``extra`` serves any Host: its api key is the defence there.
-    A loopback bind also serves ``localhost``, ``127.0.0.1`` and ``[::1]``. An extra name without a port is
-    served with and without the port.
-    """
-    if host in ("", "0.0.0.0", "::") and not extra:
-        return None
-    names = {host.lower(), shown.lower()}
-    if is_loopback(host):
-        names |= {"localhost", "127.0.0.1", "[::1]"}
-    values = {f"{name}:{port}" for name in names}
-    for name in (e.lower() for e in extra):
-        has_port = name.rsplit(":", 1)[-1].isdigit() and not name.endswith("]")
-        values |= {name} if has_port else {name, f"{name}:{port}"}
-    return frozenset(values)
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -143,30 +103,13 @@ def _credential(request: web.Request) -> str | None:
     return _bearer(request) or request.headers.get("x-api-key") or None
 
 
-def _browser_rules(request: web.Request, gateway: Served) -> None:
-    """Refuse what a web page can send to a loopback server.
-
-    A foreign ``Host`` (DNS rebinding), an ``Origin`` not allowed (a cross-origin page), a POST that is not JSON
-    (a "simple" cross-origin request needs no CORS preflight, so only its content type tells it apart).
-    """
-    allowed = gateway.allowed_hosts
-    host = request.headers.get("Host", "")
-    if allowed is not None and host.lower() not in allowed:
-        shown = host[:100]
-        raise GatewayError(403, f"Host {shown!r} is not this gateway's address (allow it with --allow-host)",
-                           code="host_not_allowed")  # fmt: skip
-    origin = request.headers.get("Origin")
-    if origin is not None and origin not in gateway.allow_origins:
-        raise GatewayError(403, f"requests from web pages are refused (Origin {origin[:100]!r}; allow one with "
-                           "--allow-origin)", code="origin_not_allowed")  # fmt: skip
-    if request.method == "POST" and request.content_type != "application/json":
-        raise GatewayError(415, "a POST body must be JSON: Content-Type: application/json", code="not_json")
-
-
 @web.middleware
 async def _errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
     try:
-        _browser_rules(request, request.app[_GATEWAY])
+        headers = request.headers
+        request.app[_GATEWAY].access.check_browser_rules(
+            headers.get("Host", ""), headers.get("Origin"), request.method, request.content_type
+        )
         return await handler(request)
     except GatewayError as exc:
         return _error(exc)
@@ -207,7 +150,7 @@ MAX_ID_LENGTH = 256
 
 async def _open(request: web.Request) -> web.Response:
     gateway = request.app[_GATEWAY]
-    gateway.authorize_opening(_credential(request))
+    gateway.access.authorize_opening(_credential(request))
     body = _fields(await _body(request, optional=True), frozenset({"task_id", "metadata", "id", "group"}))
     for key in ("task_id", "id"):
         if body.get(key) is not None and (not isinstance(body[key], str) or not body[key]):
@@ -244,7 +187,7 @@ async def _chat_on_path(request: web.Request) -> web.StreamResponse:
 
 
 async def _chat_by_token(request: web.Request) -> web.StreamResponse:
-    return await _chat(request, request.app[_GATEWAY].rollout_of(_credential(request)))
+    return await _chat(request, request.app[_GATEWAY].access.rollout_of(_credential(request)))
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -253,7 +196,7 @@ async def _models(request: web.Request) -> web.Response:
         gateway.authorize(request.match_info["rollout"], _credential(request))
         gateway.get(request.match_info["rollout"])
     else:
-        gateway.authorize_any(_credential(request))
+        gateway.access.authorize_any(_credential(request))
     model = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "tito"}
     return _json({"object": "list", "data": [model]})
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 from ..rollout_core import Rollout
 from .errors import GatewayError
@@ -22,6 +23,9 @@ from .images import ImageReader
 from .matching import ReplyBook
 
 __all__ = ["GatewayRollout", "Registry", "new_token"]
+
+logger = logging.getLogger("tito")
+T = TypeVar("T")
 
 
 def new_token() -> str:
@@ -80,6 +84,25 @@ class GatewayRollout:
     async def idle(self) -> None:
         """Return once no call runs on the rollout (at once when none does)."""
         await self._idle.wait()
+
+    async def run_call(self, call: Coroutine[Any, Any, T]) -> T:
+        """Run a model call as a task a shutdown's drain can cancel (:meth:`Registry.finish_calls`).
+
+        Raises:
+            GatewayError: 503 when the drain cancelled it (its client gets an error, never a 200).
+        """
+        task: asyncio.Task[T] = asyncio.ensure_future(call)
+        self.call = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # this request itself was cancelled (its client went away, the server stops)
+            late = "the gateway shut down during the call: it ran past the drain time and was cancelled"
+            raise GatewayError(503, late, code="shutting_down") from None
+        finally:
+            self.call = None
 
     @contextlib.contextmanager
     def claim(self) -> Iterator[None]:
@@ -161,6 +184,30 @@ class Registry:
     def busy(self) -> list[GatewayRollout]:
         """The open rollouts answering a call now."""
         return [r for r in self._open.values() if r.busy]
+
+    async def finish_calls(self, within_s: float, hurry: asyncio.Event) -> None:
+        """Let the calls in flight end, for at most ``within_s`` seconds or until ``hurry`` is set.
+
+        Then cancel the ones still running (each answers its client with an error) and wait for them to end.
+        """
+        busy = self.busy()
+        if not busy:
+            return
+        logger.info("gateway shutting down: waiting up to %g s for %d calls in flight", within_s, len(busy))
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(r.idle()) for r in busy]
+        hurried: asyncio.Future[Any] = asyncio.ensure_future(hurry.wait())
+        deadline = time.monotonic() + within_s
+        pending: set[asyncio.Future[Any]] = set(waits)
+        while pending and not hurried.done() and (left := deadline - time.monotonic()) > 0:
+            _, pending = await asyncio.wait({*pending, hurried}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(hurried)
+        hurried.cancel()
+        late = [r.call for r in busy if r.busy and r.call is not None]
+        for call in late:
+            call.cancel()
+        await asyncio.gather(*waits)  # a cancelled call ends at once: its engine abort is bounded (5 s)
+        if late:
+            logger.warning("gateway shutdown: %d calls still running after %g s were cancelled", len(late), within_s)
 
     def drain(self) -> list[GatewayRollout]:
         """Every open rollout, removed (shutdown)."""

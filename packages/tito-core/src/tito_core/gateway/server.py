@@ -11,15 +11,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import TitoConfig
+from ..errors import ConfigError
 from .service import Gateway
 
-__all__ = ["serve"]
+__all__ = ["api_key_from", "serve"]
+
+
+def api_key_from(api_key: str | None, api_key_file: str | None) -> str | None:
+    """The gateway's key: ``--api-key``, ``--api-key-file`` (its first line) or ``TITO_API_KEY``; one at most.
+
+    Raises:
+        ConfigError: Both flags given, a file that cannot be read or whose first line is empty.
+    """
+    if api_key and api_key_file:
+        raise ConfigError("give the api key once: --api-key or --api-key-file")
+    if api_key_file:
+        try:
+            lines = Path(api_key_file).read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"--api-key-file {api_key_file}: cannot read it ({exc.strerror})") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise ConfigError(f"--api-key-file {api_key_file}: the file's first line is empty")
+        return key
+    return api_key or os.environ.get("TITO_API_KEY") or None
 
 
 async def serve(

@@ -12,9 +12,7 @@ closes its trajectory with a status and, with an output, writes it with the runn
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,13 +28,15 @@ from ..grammar import tool_choice_option
 from ..render import shared_renderer
 from ..render.vision import ProcessorSpec, VisionProcessor, vision_processor
 from ..rollout_core import CallOptions, Rollout
-from ..runner.records import RecordWriter, RolloutRecord, open_writer, rollout_record
+from ..runner.records import RolloutRecord
 from ..status import Closed, NoModelCall, status_of
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory
+from .access import Access, is_loopback
 from .completion import completion, message_of
 from .errors import GatewayError, error_of
 from .openai_chat import ChatRequest, parse_request
+from .output import GatewayOutput
 from .registry import GatewayRollout, Registry
 
 if TYPE_CHECKING:
@@ -98,7 +98,6 @@ class Gateway:
         self.backend = backend if backend is not None else config.create_backend()
         self._owns_backend = backend is None  # who creates a backend closes it
         self.output = output
-        self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.model_name = str(config.tokenizer or config.backend)
         self.base_url = ""
@@ -108,16 +107,12 @@ class Gateway:
         self._processor = processor if processor is not None else config.processor
         self.vision: VisionProcessor | None = None
         self._image_refusal: str | None = None
-        self._writer: RecordWriter | None = None
+        self.records = GatewayOutput(output)
         self._finished: OrderedDict[str, bytes] = OrderedDict()
-        self._samples: dict[str, int] = {}
         self._runner: web.AppRunner | None = None
         self._closing = False
         self._hurry = asyncio.Event()
-        self._tokens: dict[str, str] = {}  # rollout token -> rollout id, open and recently finished rollouts
-        self.allow_hosts = [h.lower() for h in allow_hosts]
-        self.allow_origins = list(allow_origins)
-        self.allowed_hosts: frozenset[str] | None = None  # the Host headers served (set by start; None: any)
+        self.access = Access(api_key, allow_hosts, allow_origins)
 
     # ------------------------------------------------------------------------------------------- lifecycle
     async def prepare(self) -> None:
@@ -134,8 +129,7 @@ class Gateway:
             vision_processor, self._processor, self.tokenizer, max_images=config.max_images
         )
         self._image_refusal = image_refusal(self.vision, self.backend)
-        if self.output is not None and self._writer is None:
-            self._writer = open_writer(self.output)
+        self.records.open()
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve on ``host:port`` (0: a free port) and return the base URL, ``http://HOST:PORT``.
@@ -145,9 +139,9 @@ class Gateway:
         """
         from aiohttp import web
 
-        from .app import allowed_hosts, build_app, is_loopback
+        from .app import build_app
 
-        if not is_loopback(host) and self.api_key is None:
+        if not is_loopback(host) and self.access.api_key is None:
             raise ConfigError(f"binding the gateway to {host!r} (not loopback) requires an api key (--api-key)")
         if self._runner is not None:
             raise ConfigError("the gateway is already started")
@@ -160,7 +154,7 @@ class Gateway:
         bound = runner.addresses[0]
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         self.base_url = f"http://{shown}:{bound[1]}"
-        self.allowed_hosts = allowed_hosts(host, shown, int(bound[1]), self.allow_hosts)
+        self.access.bind(host, shown, int(bound[1]))
         self.registry.start()
         logger.info("tito gateway serving on %s", self.base_url)
         return self.base_url
@@ -186,32 +180,14 @@ class Gateway:
         """
         self._closing = True
         await self.registry.stop()
-        busy = self.registry.busy()
-        if busy:
-            logger.info("gateway shutting down: waiting up to %g s for %d calls in flight", drain_s, len(busy))
-            waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(r.idle()) for r in busy]
-            hurry: asyncio.Future[Any] = asyncio.ensure_future(self._hurry.wait())
-            deadline = time.monotonic() + drain_s
-            pending: set[asyncio.Future[Any]] = set(waits)
-            while pending and not hurry.done() and (left := deadline - time.monotonic()) > 0:
-                _, pending = await asyncio.wait({*pending, hurry}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-                pending.discard(hurry)
-            hurry.cancel()
-            late = [r for r in busy if r.busy and r.call is not None]
-            for rollout in late:
-                rollout.call.cancel()  # type: ignore[union-attr]
-            await asyncio.gather(*waits)  # a cancelled call ends at once: its engine abort is bounded (5 s)
-            if late:
-                logger.warning("gateway shutdown: %d calls still running after %g s were cancelled", len(late), drain_s)
+        await self.registry.finish_calls(drain_s, self._hurry)
         runner, self._runner = self._runner, None
         for rollout in self.registry.drain():
             traj = self._end(rollout, "shutdown", "the gateway shut down before the rollout was finished")
             self._write(rollout, traj, None)
         if runner is not None:
             await runner.cleanup()
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
+        self.records.close()
         if self._owns_backend:
             await self.backend.aclose()
 
@@ -252,71 +228,22 @@ class Gateway:
         rollout.group = group
         rollout.images.refusal = self._image_refusal
         self.registry.add(rollout)
-        self._tokens[rollout.token] = rid
+        self.access.add(rid, rollout.token)
         core.trajectory.metadata.update({**rollout.metadata, "task_id": task})
-        rollout.sample = self._next_sample(task)
+        rollout.sample = self.records.next_sample(task)
         return rollout
 
-    # ----------------------------------------------------------------------------------------- credentials
-    def authorize_opening(self, credential: str | None) -> None:
-        """Check a request to open a rollout: with an api key, it must carry it.
-
-        Raises:
-            GatewayError: 401 (the credential is never in the message).
-        """
-        if self.api_key is not None and not _same(credential, self.api_key):
-            raise GatewayError(401, "a valid api key is required (Authorization: Bearer KEY)", code="invalid_api_key")
-
     def authorize(self, rollout_id: str, credential: str | None) -> None:
-        """Check a request on rollout ``rollout_id``: it must carry the rollout's token, or the gateway's key.
-
-        Raises:
-            GatewayError: 404 for an unknown rollout, 401 for a missing or wrong credential (never echoed).
-        """
-        token = self._token_of(rollout_id)
-        if _same(credential, token) or (self.api_key is not None and _same(credential, self.api_key)):
-            return
-        message = (
-            f"rollout {rollout_id!r} takes its own token: Authorization: Bearer <the token POST /rollouts returned>"
-        )
-        raise GatewayError(401, message, code="invalid_rollout_token")
-
-    def rollout_of(self, credential: str | None) -> str:
-        """The rollout a token belongs to (``/v1/chat/completions`` names the rollout by its token alone).
-
-        Raises:
-            GatewayError: 401 when the credential is no rollout's token (the credential is never echoed).
-        """
-        found = self._tokens.get(credential or "")
-        if found is None:
-            message = "give a rollout's token as the api key (Authorization: Bearer <token from POST /rollouts>)"
-            raise GatewayError(401, message, code="invalid_rollout_token")
-        return found
-
-    def authorize_any(self, credential: str | None) -> None:
-        """Check a request on no rollout (``/v1/models``): any rollout's token, or the key, when there is a key."""
-        if self.api_key is None or _same(credential, self.api_key) or (credential or "") in self._tokens:
-            return
-        raise GatewayError(401, "a valid api key or rollout token is required", code="invalid_api_key")
-
-    def _token_of(self, rollout_id: str) -> str:
-        if rollout_id in self._finished:
-            return next((t for t, i in self._tokens.items() if i == rollout_id), "")
-        return self.registry.get(rollout_id).token
+        """Check a request on rollout ``rollout_id``: 404 when unknown, 401 without its token or the key."""
+        if rollout_id not in self._finished:
+            self.registry.get(rollout_id)
+        self.access.authorize(rollout_id, credential)
 
     def _refuse_if_closing(self) -> None:
         if self._closing:
             raise GatewayError(
                 503, "the gateway is shutting down: it takes no new rollouts or calls", code="shutting_down"
             )
-
-    def _next_sample(self, task: str) -> int:
-        if task not in self._samples:
-            done = self._writer.finished() if self._writer is not None else set()
-            self._samples[task] = 1 + max((s for t, s in done if t == task), default=-1)
-        sample = self._samples[task]
-        self._samples[task] = sample + 1
-        return sample
 
     def get(self, rollout_id: str) -> GatewayRollout:
         """The open rollout ``rollout_id`` (404, or 409 when it was finished)."""
@@ -350,40 +277,16 @@ class Gateway:
         core = rollout.rollout
         traj = core.trajectory
         traj.metadata.update({**rollout.metadata, "task_id": rollout.task_id, "gateway_end": why})
-        if not traj.closed:
-            if forced is not None and traj.status in ("running", "completed"):
-                traj.close("aborted", forced)
-            elif traj.status == "running" and not traj.turns and not traj.branches:
-                traj.close(*status_of(NoModelCall()))
-            elif traj.status == "running":
-                reason = "the client finished the rollout with the last output's tool calls unanswered"
-                traj.close(*status_of(Closed("running", reason)))
-            else:
-                traj.close()
+        close_ended(traj, forced)
         core.reset()  # ends the backend sequence; the new empty trajectory is never used
         self._finished[rollout.id] = traj.to_json()
         while len(self._finished) > _KEEP_FINISHED:
             gone, _ = self._finished.popitem(last=False)
-            self._tokens = {t: i for t, i in self._tokens.items() if i != gone}
+            self.access.forget(gone)
         return traj
 
     def _write(self, rollout: GatewayRollout, traj: Trajectory, reward: float | None) -> RolloutRecord:
-        wall = time.time() - rollout.started
-        record = rollout_record(
-            traj,
-            task_id=rollout.task_id,
-            sample=rollout.sample,
-            group=rollout.group,
-            reward=reward,
-            server=self.base_url or None,
-            started=rollout.started,
-            wall_s=wall,
-            agent_s=wall,
-            tool_calls=rollout.tool_calls,
-        )
-        if self._writer is not None:
-            self._writer.write(record)
-        return record
+        return self.records.write(rollout, traj, reward, self.base_url)
 
     async def _end_idle(self, rollout: GatewayRollout) -> None:
         timeout = self.registry.idle_timeout
@@ -411,22 +314,13 @@ class Gateway:
                 core.fail(exc)
                 raise
             options = msgspec.structs.replace(self._options, sampling=request.sampling)
-            call = rollout.call = asyncio.ensure_future(
-                core.call(request.conversation, options, tool_choice=request.tool_choice)
-            )
             try:
-                result = await call
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise  # this request was cancelled (its client went away, the server stops): not ours to answer
-                late = "the gateway shut down during the call: it ran past the drain time and was cancelled"
-                raise GatewayError(503, late, code="shutting_down") from None
+                result = await rollout.run_call(
+                    core.call(request.conversation, options, tool_choice=request.tool_choice)
+                )
             except Exception as exc:  # the rollout has its status; the client gets OpenAI's error JSON
                 rollout.lost_engine |= isinstance(exc, BackendConnectionError)
                 raise error_of(exc) from exc
-            finally:
-                rollout.call = None
             traj = core.trajectory
             segment = traj.last_segment
             assert segment is not None and segment.kind == "output"  # a recorded call ends with its output
@@ -445,6 +339,26 @@ class Gateway:
                 tito={"rollout_id": rollout.id, "branch": traj.branch, "turn": len(traj.turns) - 1},
             )
         return body_out, request
+
+
+def close_ended(traj: Trajectory, forced: str | None) -> None:
+    """Close the trajectory of a rollout the gateway ends, with the status :func:`~tito_core.status.status_of` gives.
+
+    ``forced`` (why the gateway ended it: shutdown, idle timeout) ends a running or completed one ``aborted``; a
+    rollout the client finished is ``failed`` without any model call, ``aborted`` with the last output's tool
+    calls unanswered, and otherwise keeps the status of its last call.
+    """
+    if traj.closed:
+        return
+    if forced is not None and traj.status in ("running", "completed"):
+        traj.close(*status_of(Closed("aborted", forced)))
+    elif traj.status == "running" and not traj.turns and not traj.branches:
+        traj.close(*status_of(NoModelCall()))
+    elif traj.status == "running":
+        reason = "the client finished the rollout with the last output's tool calls unanswered"
+        traj.close(*status_of(Closed("running", reason)))
+    else:
+        traj.close()
 
 
 def call_options(config: TitoConfig) -> CallOptions:
@@ -490,8 +404,3 @@ def image_refusal(vision: VisionProcessor | None, backend: Backend) -> str | Non
     if not caps.supports_images:
         return f"the {caps.name} backend takes no images"
     return None
-
-
-def _same(credential: str | None, secret: str) -> bool:
-    """Constant-time comparison of a request's credential with a secret (any characters)."""
-    return bool(secret) and credential is not None and hmac.compare_digest(credential.encode(), secret.encode())

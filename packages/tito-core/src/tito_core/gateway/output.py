@@ -1,0 +1,64 @@
+"""Where the gateway's ended rollouts go: one record each, numbered per task, written with the runner's writer."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ..runner.records import RecordWriter, RolloutRecord, open_writer, rollout_record
+from ..trajectory import Trajectory
+from .registry import GatewayRollout
+
+__all__ = ["GatewayOutput"]
+
+
+class GatewayOutput:
+    """The records of a gateway's ended rollouts, written to ``path`` (JSONL or ``.parquet``) when there is one.
+
+    A rollout's ``sample`` number continues after the task's records already in the file, so a restarted gateway
+    on the same output goes on.
+    """
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = path
+        self._writer: RecordWriter | None = None
+        self._samples: dict[str, int] = {}
+
+    def open(self) -> None:
+        """Open the file (its lock: a second live writer is refused); a no-op without a path or when open."""
+        if self.path is not None and self._writer is None:
+            self._writer = open_writer(self.path)
+
+    def close(self) -> None:
+        """Close the file (a Parquet writer writes its last part)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+
+    def next_sample(self, task: str) -> int:
+        """The next sample number of ``task``."""
+        if task not in self._samples:
+            done = self._writer.finished() if self._writer is not None else set()
+            self._samples[task] = 1 + max((s for t, s in done if t == task), default=-1)
+        sample = self._samples[task]
+        self._samples[task] = sample + 1
+        return sample
+
+    def write(self, rollout: GatewayRollout, traj: Trajectory, reward: float | None, server: str) -> RolloutRecord:
+        """The record of ``rollout``'s closed ``traj``, written to the file when there is one."""
+        wall = time.time() - rollout.started
+        record = rollout_record(
+            traj,
+            task_id=rollout.task_id,
+            sample=rollout.sample,
+            group=rollout.group,
+            reward=reward,
+            server=server or None,
+            started=rollout.started,
+            wall_s=wall,
+            agent_s=wall,
+            tool_calls=rollout.tool_calls,
+        )
+        if self._writer is not None:
+            self._writer.write(record)
+        return record
