@@ -389,6 +389,10 @@ def prepare():  # a synchronous hook (run on a thread) that never returns: a mod
 """
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     ("point", "written"),
     [
@@ -422,7 +426,10 @@ def test_ctrl_c_at_any_point_exits_130_with_one_line_and_keeps_what_was_written(
         (tmp_path / "signalling.py").write_text(_SIGINT_IN_REWARD.format(at=at, hold=hold))
         args += ["--reward", "signalling:reward"]
     env = {**os.environ, "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}  # "PyTorch was not found" where torch is not
-    proc = subprocess.Popen([*driver, *args], cwd=tmp_path, stderr=subprocess.PIPE, text=True, env=env)
+    # SIGINT at its default in the child: a test run started in the background (CI, nohup) inherits it ignored, and
+    # Python then never raises KeyboardInterrupt (Ctrl-C ignored is what such a parent asked for)
+    proc = subprocess.Popen([*driver, *args], cwd=tmp_path, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=_default_sigint)  # fmt: skip
     try:
         _, err = proc.communicate(timeout=300)  # a guard against a hang, not a speed check
     except subprocess.TimeoutExpired:
