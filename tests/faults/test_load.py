@@ -89,10 +89,10 @@ def control(url: str, path: str, payload: dict[str, Any] | None = None) -> Any:
         return json.loads(response.read())
 
 
-async def run_rollouts(url: str, tokenizer: Any, n: int) -> tuple[list[Trajectory], float]:
+async def run_rollouts(url: str, tokenizer: Any, n: int, timeout: float) -> tuple[list[Trajectory], float]:
     """``n`` concurrent agent invocations (a tool call, then a final answer) on one shared backend."""
     retry = RetryPolicy(max_attempts=3, initial_delay=0.05, max_delay=0.5, max_total=10.0)
-    backend = get_backend("sglang", base_url=url, timeout=5.0, retry=retry)
+    backend = get_backend("sglang", base_url=url, timeout=timeout, retry=retry)
 
     async def one() -> Trajectory:
         model = TitoModel(backend, tokenizer, tool_parser="hermes", sampling={"max_new_tokens": 64})
@@ -150,11 +150,14 @@ def load_run(url: str, tokenizer: Any, *, rate: float) -> dict[str, Any]:
     control(url, "/_control/clear", {})
     control(url, "/_control/random", {"rate": rate, "seed": SEED})
     # Baseline after a warm-up rollout (imports, the tokenizer's caches, the template are loaded).
-    asyncio.run(run_rollouts(url, tokenizer, 1))
+    # The clean run ends every rollout completed however busy the machine: no call may time out (a 5 s timeout did,
+    # 27 of 1,000, beside a CPU-heavy neighbour). With faults, 5 s: a stalled answer is one of the faults.
+    timeout = 5.0 if rate else 120.0
+    asyncio.run(run_rollouts(url, tokenizer, 1, timeout))
     control(url, "/_control/clear", {})
     gc.collect()
     fds0, rss0 = open_fds(), rss_mb()
-    trajs, elapsed = asyncio.run(run_rollouts(url, tokenizer, ROLLOUTS))
+    trajs, elapsed = asyncio.run(run_rollouts(url, tokenizer, ROLLOUTS, timeout))
     rss_peak = rss_mb()
     figures_ = audit(trajs, control(url, "/_control/log"))
     del trajs
