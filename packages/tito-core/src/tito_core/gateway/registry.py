@@ -86,7 +86,7 @@ class GatewayRollout:
         await self._idle.wait()
 
     async def run_call(self, call: Coroutine[Any, Any, T]) -> T:
-        """Run a model call as a task a shutdown's drain can cancel (:meth:`Registry.finish_calls`).
+        """Run a model call as a task a shutdown's drain can cancel (``Registry.finish_calls``).
 
         Raises:
             GatewayError: 503 when the drain cancelled it (its client gets an error, never a 200).

@@ -62,7 +62,7 @@ def rollout(
 
     The blocking form of :func:`arollout` (it runs its own event loop); see there for the arguments. Ctrl-C
     raises ``KeyboardInterrupt`` as soon as the finished records are written and the output is closed, without
-    waiting for threads whose results nobody will read (see :mod:`tito_core.runner.interrupts`).
+    waiting for threads whose results nobody will read (see ``tito_core.runner.interrupts``).
     """
     return run_interruptible(arollout(config, dataset, output, reporter=reporter, executor=executor, **overrides))
 
