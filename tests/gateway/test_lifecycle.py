@@ -139,3 +139,34 @@ async def test_the_sdk_does_not_retry_a_finished_or_unknown_rollout(gateway: Gat
     assert missing.value.response.headers["x-should-retry"] == "false"
     chat = "/chat/completions"
     assert sent == [f"/rollouts/{rollout.id}/v1{chat}"] * 2 + [f"/rollouts/nope/v1{chat}"]  # one try each
+
+
+async def test_finishing_twice_is_a_409_and_writes_nothing_more(gateway: Gateway, backend: Any) -> None:
+    backend.add("done")
+    rollout = gateway.open(task_id="t")
+    api = AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, max_retries=0)
+    await api.chat.completions.create(model="m", messages=USER)  # type: ignore[arg-type]
+    await gateway.finish(rollout.id, reward=1.0)
+    with pytest.raises(GatewayError) as again:
+        await gateway.finish(rollout.id, reward=0.0)
+    assert again.value.status == 409 and again.value.code == "rollout_finished"
+    with pytest.raises(GatewayError) as unknown:
+        await gateway.finish("never-opened")
+    assert unknown.value.status == 404
+    assert [r.reward for r in read_records(gateway.output)] == [1.0]
+
+
+async def test_the_served_model_is_named_without_a_local_path(gateway: Gateway, backend: Any) -> None:
+    backend.add("hi")
+    rollout = gateway.open()
+    api = AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, max_retries=0)
+    answer = await api.chat.completions.create(model="", messages=USER)  # type: ignore[arg-type]
+    assert answer.model == gateway.model_name == "qwen3-v1"  # the tokenizer directory's name, not its path
+    assert "/" not in (await api.models.list()).data[0].id
+
+
+async def test_a_route_that_is_not_there_says_how_to_open_a_rollout(gateway: Gateway) -> None:
+    async with aiohttp.ClientSession() as session, session.get(f"{gateway.base_url}/v1") as response:
+        body = await response.json()
+    assert response.status == 404 and body["error"]["code"] == "no_such_route"
+    assert "POST /rollouts" in body["error"]["message"] and "token" in body["error"]["message"]

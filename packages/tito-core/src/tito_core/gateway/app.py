@@ -119,6 +119,10 @@ async def _errors(request: web.Request, handler: _Handler) -> web.StreamResponse
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
+        if exc.status == 404:  # no such route: say where the routes are
+            message = (f"no route {request.method} {request.path[:200]}: open a rollout with POST /rollouts and point "
+                       "an OpenAI client at its base_url with its token as the api key (docs/gateway.md)")  # fmt: skip
+            return _error(GatewayError(404, message, code="no_such_route"))
         return _error(GatewayError(exc.status, exc.reason, code="http_error"))
 
 

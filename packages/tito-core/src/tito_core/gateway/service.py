@@ -99,7 +99,7 @@ class Gateway:
         self._owns_backend = backend is None  # who creates a backend closes it
         self.output = output
         self.max_body_bytes = max_body_bytes
-        self.model_name = str(config.tokenizer or config.backend)
+        self.model_name = served_model_name(config)
         self.base_url = ""
         self.registry = Registry(idle_timeout, self._end_idle)
         self._options = call_options(config)
@@ -261,13 +261,19 @@ class Gateway:
 
     async def take(self, rollout_id: str) -> Trajectory:
         """Close rollout ``rollout_id`` (a status set), remove it, and return its trajectory; later calls get 409."""
+        self.get(rollout_id)
         rollout = self.registry.remove(rollout_id)
         return self._end(rollout, "finish", None)
 
     async def finish(
         self, rollout_id: str, reward: float | None = None, metadata: dict[str, Any] | None = None
     ) -> RolloutRecord:
-        """:meth:`take`, then build the rollout's record and write it to the output (when there is one)."""
+        """:meth:`take`, then build the rollout's record and write it to the output (when there is one).
+
+        Raises:
+            GatewayError: 404 unknown, 409 busy or finished already (a second finish writes nothing).
+        """
+        self.get(rollout_id)  # a finished one: 409, not 404
         rollout = self.registry.remove(rollout_id)
         rollout.metadata.update(metadata or {})
         return self._write(rollout, self._end(rollout, "finish", None), reward)
@@ -339,6 +345,19 @@ class Gateway:
                 tito={"rollout_id": rollout.id, "branch": traj.branch, "turn": len(traj.turns) - 1},
             )
         return body_out, request
+
+
+def served_model_name(config: TitoConfig) -> str:
+    """The model name the gateway answers with.
+
+    The tokenizer's hub name, or its directory's name (never a local path, which would tell a client about the
+    machine), else the backend's name.
+    """
+    name = str(config.tokenizer or "")
+    if not name:
+        return config.backend
+    path = Path(name)
+    return path.name if path.is_absolute() or path.exists() or name.startswith(".") else name
 
 
 def close_ended(traj: Trajectory, forced: str | None) -> None:
