@@ -335,13 +335,22 @@ def _assistant(message: Mapping[str, Any], where: str, book: ReplyBook) -> tuple
 
 
 def _messages(raw: Any, book: ReplyBook, images: ImageReader) -> tuple[str | None, list[ChatMessage]]:
+    """The system prompt and the core's messages of a request's ``messages``.
+
+    Leading system and developer messages (pydantic-ai's ``system_prompt`` and ``instructions``, LangChain's
+    several ``SystemMessage``s) are joined, in order, with a blank line between them. Tool messages are checked
+    as OpenAI checks them: each answers one call of the assistant message before it, once, and every call is
+    answered before the next message that is not a tool result (a 400 naming the message otherwise, with nothing
+    recorded).
+    """
     if not isinstance(raw, list) or not raw:
         raise bad_request("messages", "must be a non-empty list of messages")
-    system: str | None = None
+    systems: list[str] = []
     out: list[ChatMessage] = []
     renamed: dict[str, str] = {}
     order: list[str] = []
     results: list[ChatMessage] = []
+    calls = _Calls()
 
     def flush() -> None:  # tool results go to the core in the order of the calls they answer
         rank = {call_id: i for i, call_id in enumerate(order)}
@@ -357,22 +366,62 @@ def _messages(raw: Any, book: ReplyBook, images: ImageReader) -> tuple[str | Non
         if extra:
             raise bad_request(f"{where}.{extra[0]}", f"this field is not supported in a {role} message")
         if role != "tool":
+            calls.all_answered(where)
             flush()
         if role in ("system", "developer"):
-            if i != 0:
-                raise bad_request(f"{where}.role", "a system message is only supported as the first message")
-            system = _content(message.get("content"), where)
+            if out:
+                raise bad_request(
+                    f"{where}.role", "a system or developer message after the first user or assistant message is not "
+                    "supported yet (leading ones are joined)"
+                )  # fmt: skip
+            systems.append(_content(message.get("content"), where))
         elif role == "user":
             out.append({"role": "user", "content": _parts(message.get("content"), where, images)})
         elif role == "assistant":
             chat, renamed = _assistant(message, where, book)
             order = [c["id"] for c in chat.get("tool_calls", ())]
+            calls.expect(message)
             out.append(chat)
         else:
             call_id = message.get("tool_call_id")
             if not isinstance(call_id, str):
                 raise bad_request(f"{where}.tool_call_id", "a tool message needs the id of the call it answers")
+            calls.answer(call_id, where)
             content = _parts(message.get("content"), where, images)
             results.append({"role": "tool", "tool_call_id": renamed.get(call_id, call_id), "content": content})
+    calls.all_answered("the end of messages")
     flush()
-    return system, out
+    return ("\n\n".join(systems) if systems else None), out
+
+
+class _Calls:
+    """The tool calls of the last assistant message (the client's ids) and which are answered."""
+
+    def __init__(self) -> None:
+        self.open: list[str] = []
+        self.answered: set[str] = set()
+
+    def expect(self, message: Mapping[str, Any]) -> None:
+        self.open = [c.get("id") for c in message.get("tool_calls") or () if isinstance(c, Mapping)]
+        self.answered = set()
+
+    def answer(self, call_id: str, where: str) -> None:
+        if not self.open:
+            message = "a tool message must answer a tool call of the assistant message before it"
+            raise bad_request(f"{where}.role", message)
+        if call_id not in self.open:
+            known = ", ".join(map(repr, self.open))
+            message = f"{call_id!r} is not a tool call of the assistant message before it ({known})"
+            raise bad_request(f"{where}.tool_call_id", message)
+        if call_id in self.answered:
+            raise bad_request(f"{where}.tool_call_id", f"tool call {call_id!r} is answered twice")
+        self.answered.add(call_id)
+
+    def all_answered(self, where: str) -> None:
+        missing = [c for c in self.open if c not in self.answered]
+        if missing:
+            raise bad_request(
+                "messages", f"tool call {missing[0]!r} of the assistant message is not answered before {where}: each "
+                "tool call needs a tool message with its tool_call_id"
+            )  # fmt: skip
+        self.open, self.answered = [], set()

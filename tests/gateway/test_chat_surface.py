@@ -1,0 +1,88 @@
+"""The chat-completions surface frameworks send: several leading system messages (pydantic-ai's system_prompt and
+instructions, LangChain's two SystemMessages) and tool messages checked as OpenAI checks them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from tests.helpers import hermes_call
+from tito_core.gateway import Gateway
+
+ADD = {
+    "type": "function",
+    "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+}
+
+
+def client(rollout: Any) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, max_retries=0)
+
+
+async def test_leading_system_and_developer_messages_are_joined_in_order(
+    gateway: Gateway, backend: Any, qwen3_tokenizer: Any
+) -> None:
+    backend.add("ok")
+    rollout = gateway.open()
+    messages: list[Any] = [
+        {"role": "system", "content": "You are terse."},  # pydantic-ai's system_prompt
+        {"role": "developer", "content": "Answer in French."},  # and its instructions
+        {"role": "user", "content": "Hi"},
+    ]
+    await client(rollout).chat.completions.create(model="m", messages=messages)
+    prompt = qwen3_tokenizer.decode(backend.requests[0].input_ids)
+    assert "<|im_start|>system\nYou are terse.\n\nAnswer in French.<|im_end|>" in prompt
+    assert gateway.registry.get(rollout.id).rollout.trajectory.branch == 0
+
+
+def _turn(call_id: str) -> list[Any]:
+    call = {"id": call_id, "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}
+    return [{"role": "user", "content": "add"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "text"),
+    [
+        ([{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c1", "content": "2"}],
+         "messages[1].role", "must answer a tool call"),
+        ([*_turn("c1"), {"role": "tool", "tool_call_id": "c9", "content": "2"}],
+         "messages[2].tool_call_id", "'c9' is not a tool call"),
+        ([*_turn("c1"), {"role": "tool", "tool_call_id": "c1", "content": "2"},
+          {"role": "tool", "tool_call_id": "c1", "content": "2"}], "messages[3].tool_call_id", "answered twice"),
+        ([*_turn("c1"), {"role": "assistant", "content": "moving on"}],
+         "messages", "'c1' of the assistant message is not answered before messages[2]"),
+        (_turn("c1"), "messages", "not answered before the end of messages"),
+    ],
+    ids=["answers-no-call", "unknown-id", "twice", "unanswered-then-assistant", "unanswered-at-the-end"],
+)  # fmt: skip
+async def test_tool_messages_that_answer_no_call_are_400_and_record_nothing(
+    gateway: Gateway, backend: Any, messages: list[Any], param: str, text: str
+) -> None:
+    rollout = gateway.open()
+    with pytest.raises(openai.BadRequestError) as refused:
+        await client(rollout).chat.completions.create(model="m", messages=messages, tools=[ADD])  # type: ignore[arg-type]
+    body = refused.value.body
+    assert isinstance(body, dict) and body["param"] == param and text in body["message"], body
+    assert backend.requests == [] and not gateway.registry.get(rollout.id).rollout.trajectory.turns
+
+
+async def test_answered_calls_in_any_order_go_on(gateway: Gateway, backend: Any) -> None:
+    backend.add(hermes_call("add", {"a": 1}) + "\n" + hermes_call("add", {"a": 2}), "3")
+    rollout = gateway.open()
+    api = client(rollout)
+    messages: list[Any] = [{"role": "user", "content": "add twice"}]
+    first = await api.chat.completions.create(model="m", messages=messages, tools=[ADD])
+    reply = first.choices[0].message
+    assert len(reply.tool_calls or []) == 2
+    messages.append(reply.model_dump(exclude_none=True))
+    for call in reversed(reply.tool_calls or []):  # answered out of order: allowed, recorded in call order
+        messages.append(
+            {"role": "tool", "tool_call_id": call.id, "content": str(json.loads(call.function.arguments)["a"])}
+        )
+    second = await api.chat.completions.create(model="m", messages=messages, tools=[ADD])
+    assert second.choices[0].message.content == "3"
+    assert gateway.registry.get(rollout.id).rollout.trajectory.branch == 0
