@@ -86,3 +86,22 @@ async def test_answered_calls_in_any_order_go_on(gateway: Gateway, backend: Any)
     second = await api.chat.completions.create(model="m", messages=messages, tools=[ADD])
     assert second.choices[0].message.content == "3"
     assert gateway.registry.get(rollout.id).rollout.trajectory.branch == 0
+
+
+async def test_the_same_call_twice_is_matched_by_position_and_never_forks(gateway: Gateway, backend: Any) -> None:
+    """A screenshot agent calls the same tool with the same arguments on consecutive turns: two equal replies.
+    Matched by content, the second stood for both and the first's tool-call ids were wrong: a fork."""
+    same = hermes_call("add", {"a": 1})
+    backend.add(same, same, "done")
+    rollout = gateway.open()
+    api = client(rollout)
+    messages: list[Any] = [{"role": "user", "content": "look twice"}]
+    for _ in range(2):
+        answer = await api.chat.completions.create(model="m", messages=messages, tools=[ADD])
+        reply = answer.choices[0].message
+        (call,) = reply.tool_calls or []
+        messages += [reply.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "1"}]
+    final = await api.chat.completions.create(model="m", messages=messages, tools=[ADD])
+    assert final.choices[0].message.content == "done"
+    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    assert traj.branch == 0 and not traj.branches and len(traj.turns) == 3

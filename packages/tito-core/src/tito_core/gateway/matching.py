@@ -62,20 +62,39 @@ def reply_key(message: Mapping[str, Any], *, reasoning: bool = True) -> _Key:
 
 
 class ReplyBook:
-    """The assistant messages one rollout returned, each with the core's exact reply for it."""
+    """The assistant messages one rollout returned, in order, each with the core's exact reply for it.
+
+    A replayed message is matched by its position first: the n-th assistant message of a request is the n-th reply
+    returned, when it agrees with it. A screenshot agent that calls the same tool with the same arguments twice gets
+    two equal messages back; by content alone the second would stand for both, and the first's tool-call ids would
+    be wrong (a fork). A message that does not agree with the reply at its position (a client that dropped
+    messages from its history) is looked up by content among all the replies, the latest first.
+    """
 
     def __init__(self) -> None:
+        self._order: list[tuple[frozenset[_Key], ChatMessage]] = []
         self._replies: dict[_Key, ChatMessage] = {}
 
     def remember(self, returned: Mapping[str, Any], reply: ChatMessage) -> None:
         """``returned`` (the ChatCompletion message) was answered for the output whose reply is ``reply``."""
-        self._replies[reply_key(returned)] = reply
+        keys = {reply_key(returned)}
         if returned.get("reasoning_content"):
-            self._replies[reply_key(returned, reasoning=False)] = reply
+            keys.add(reply_key(returned, reasoning=False))
+        self._order.append((frozenset(keys), reply))
+        for key in keys:
+            self._replies[key] = reply
 
-    def resolve(self, message: Mapping[str, Any]) -> ChatMessage | None:
-        """The core's reply for a replayed assistant ``message``, or None when it matches none returned."""
-        return self._replies.get(reply_key(message))
+    def resolve(self, message: Mapping[str, Any], position: int | None = None) -> ChatMessage | None:
+        """The core's reply for a replayed assistant ``message``, or None when it matches none returned.
+
+        ``position``: the message is its request's ``position``-th assistant message, counted from 0.
+        """
+        key = reply_key(message)
+        if position is not None and position < len(self._order):
+            keys, reply = self._order[position]
+            if key in keys:
+                return reply
+        return self._replies.get(key)
 
     def __len__(self) -> int:
-        return len(self._replies)
+        return len(self._order)
