@@ -47,8 +47,9 @@ async def get_trajectory(url: str, token: str) -> Trajectory:
         return Trajectory.from_json(await response.read())
 
 
-async def post_json(url: str, body: Any) -> Any:
-    async with aiohttp.ClientSession() as session, session.post(url, json=body) as response:
+async def post_json(url: str, body: Any, token: str | None = None) -> Any:
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as session, session.post(url, json=body, headers=auth) as response:
         assert response.status in (200, 201), await response.text()
         return await response.json()
 
@@ -115,7 +116,7 @@ async def test_tito_serve_on_the_embedded_example_records_a_tool_rollout(tmp_pat
         answer = tokenizer.decode(second_ids, skip_special_tokens=True)
         assert second.choices[0].message.content == answer.strip()
 
-        await post_json(f"{base}/rollouts/{opened['id']}/finish", {"reward": 1.0})
+        await post_json(f"{base}/rollouts/{opened['id']}/finish", {"reward": 1.0}, opened["token"])
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 120) == 0
     finally:
