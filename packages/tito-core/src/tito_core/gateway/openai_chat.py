@@ -407,7 +407,8 @@ class _Calls:
         self.answered: set[str] = set()
 
     def expect(self, message: Mapping[str, Any]) -> None:
-        self.open = [c.get("id") for c in message.get("tool_calls") or () if isinstance(c, Mapping)]
+        calls = message.get("tool_calls") or ()
+        self.open = [c["id"] for c in calls if isinstance(c, Mapping) and isinstance(c.get("id"), str)]
         self.answered = set()
 
     def answer(self, call_id: str, where: str) -> None:
