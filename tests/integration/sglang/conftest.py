@@ -192,6 +192,11 @@ def _serve(model_dir: Path, workdir: Path, *, name: str) -> Iterator[str]:
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "2"),
+            # uvicorn's keep-alive (SGLang: 5 s) closed a connection whose request was being prefilled, on a busy
+            # machine, when its timer fired 5 s after the previous answer on it (seen twice in the weight-update
+            # test's re-scoring: 'Server disconnected'; tito never re-sends a generation, so the call failed).
+            # tito keeps idle connections 2 s; a longer server keep-alive leaves that timer out of the suite.
+            "SGLANG_TIMEOUT_KEEP_ALIVE": env.get("SGLANG_TIMEOUT_KEEP_ALIVE", "60"),
         }
     )
     command = [
