@@ -72,15 +72,21 @@ async def _start(qwen3_tokenizer: Any, out: Path, calls: int) -> tuple[Gateway, 
     return gateway, backend
 
 
+async def _calls_in_flight(
+    session: aiohttp.ClientSession, gateway: Gateway, backend: HeldBackend, count: int
+) -> tuple[list[Any], list[asyncio.Future[tuple[int, dict[str, str], Any]]]]:
+    """``count`` rollouts, each with a chat call held in the engine (the backend has them all)."""
+    rollouts = [gateway.open(task_id=f"t{i}") for i in range(count)]
+    calls = [asyncio.ensure_future(_post(session, f"{r.base_url}/chat/completions", USER, r.token)) for r in rollouts]
+    await _until_waiting(backend, count)
+    return rollouts, calls
+
+
 async def test_calls_in_flight_at_shutdown_are_recorded_then_answered(qwen3_tokenizer: Any, tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     gateway, backend = await _start(qwen3_tokenizer, out, 8)
     async with aiohttp.ClientSession() as session:
-        rollouts = [gateway.open(task_id=f"t{i}") for i in range(8)]
-        calls = [
-            asyncio.ensure_future(_post(session, f"{r.base_url}/chat/completions", USER, r.token)) for r in rollouts
-        ]
-        await _until_waiting(backend, 8)
+        rollouts, calls = await _calls_in_flight(session, gateway, backend, 8)
         closing = asyncio.ensure_future(gateway.close(drain_s=600))  # a guard: the calls end when released
         while not gateway.closing:
             await asyncio.sleep(0)
@@ -91,8 +97,7 @@ async def test_calls_in_flight_at_shutdown_are_recorded_then_answered(qwen3_toke
         status, headers, body = await _post(session, f"{gateway.base_url}/rollouts", {})
         assert status == 503 and headers["x-should-retry"] == "false"
         assert not closing.done()  # still draining: nothing written yet
-        backend.release.release()
-        for _ in range(7):
+        for _ in range(8):
             backend.release.release()
         answers = await asyncio.gather(*calls)
         await closing
@@ -107,11 +112,7 @@ async def test_calls_past_the_drain_are_cancelled_and_never_answered_200(qwen3_t
     out = tmp_path / "out.jsonl"
     gateway, backend = await _start(qwen3_tokenizer, out, 4)
     async with aiohttp.ClientSession() as session:
-        rollouts = [gateway.open(task_id=f"t{i}") for i in range(3)]
-        calls = [
-            asyncio.ensure_future(_post(session, f"{r.base_url}/chat/completions", USER, r.token)) for r in rollouts
-        ]
-        await _until_waiting(backend, 3)
+        _, calls = await _calls_in_flight(session, gateway, backend, 3)
         await gateway.close(drain_s=0.05)  # nothing is released: all three outlive the drain
         answers = await asyncio.gather(*calls)
     assert backend.cancelled == 3
@@ -126,9 +127,7 @@ async def test_a_second_signal_stops_the_drain(qwen3_tokenizer: Any, tmp_path: P
     out = tmp_path / "out.jsonl"
     gateway, backend = await _start(qwen3_tokenizer, out, 2)
     async with aiohttp.ClientSession() as session:
-        rollout = gateway.open(task_id="t")
-        call = asyncio.ensure_future(_post(session, f"{rollout.base_url}/chat/completions", USER, rollout.token))
-        await _until_waiting(backend, 1)
+        _, (call,) = await _calls_in_flight(session, gateway, backend, 1)
         closing = asyncio.ensure_future(gateway.close(drain_s=600))
         while not gateway.closing:
             await asyncio.sleep(0)

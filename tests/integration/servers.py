@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -92,14 +93,35 @@ def engine_state(url: str, engine: str) -> dict[str, object]:
                     return {"paused": paused, "running": running, "waiting": waiting, "flush": flushed.text}
         else:
             paused = bool(client.get("/is_paused").json().get("is_paused"))
-            gauges: dict[str, float] = {}
-            for line in client.get("/metrics").text.splitlines():
-                name = line.split("{", 1)[0].split(" ", 1)[0]
-                if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-                    gauges[name] = gauges.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-            running = int(gauges.get("vllm:num_requests_running", 0))
-            waiting = int(gauges.get("vllm:num_requests_waiting", 0))
+            metrics = client.get("/metrics").text
+            running = int(metric_sum(metrics, "vllm:num_requests_running"))
+            waiting = int(metric_sum(metrics, "vllm:num_requests_waiting"))
     return {"paused": paused, "running": running, "waiting": waiting}
+
+
+def metric_sum(text: str, name: str) -> float:
+    """The sum of a Prometheus metric's samples (every label set) in a ``/metrics`` answer."""
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.split("{", 1)[0].split(" ", 1)[0] == name
+    )
+
+
+RESUME = {"sglang": "/continue_generation", "vllm": "/resume"}
+
+
+def fail_if_left_busy(request: Any, engine: str, fixtures: tuple[str, ...]) -> None:
+    """After a test that used one of ``fixtures`` (server URLs): fail it, naming what it left, when the server is
+    paused or holds a running or queued request; a paused server is resumed so the next tests meet a working one."""
+    import pytest
+
+    for name in fixtures:
+        if name in request.fixturenames:
+            url = request.getfixturevalue(name)
+            left = left_busy(url, engine)
+            if left is not None:
+                if left["paused"]:
+                    httpx.post(url + RESUME[engine], json={}, timeout=30.0)
+                pytest.fail(f"{request.node.name} left {url} busy: {left}")
 
 
 def left_busy(url: str, engine: str, *, settle_s: float = 60.0) -> dict[str, object] | None:

@@ -29,7 +29,7 @@ import pytest
 
 from tito_sglang import SGLangBackend
 
-from ..servers import free_port, left_busy, stop_process_group, wait_until_healthy
+from ..servers import fail_if_left_busy, free_port, stop_process_group, wait_until_healthy
 
 pytestmark = pytest.mark.integration
 
@@ -231,11 +231,4 @@ def _server_left_idle(request: pytest.FixtureRequest) -> Iterator[None]:
     """After every test that used a real server: the server is not paused and holds no running or queued
     request. A test that leaves one fails with what it left (the next test would otherwise meet it)."""
     yield
-    for name in ("sglang_url", "sglang_vl_url"):
-        if name in request.fixturenames:
-            url = request.getfixturevalue(name)
-            left = left_busy(url, "sglang")
-            if left is not None:
-                if left["paused"]:  # resumed, so that the tests after this one meet a working server
-                    httpx.post(url + "/continue_generation", json={}, timeout=30.0)
-                pytest.fail(f"{request.node.name} left {url} busy: {left}")
+    fail_if_left_busy(request, "sglang", ("sglang_url", "sglang_vl_url"))

@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ..servers import free_port, left_busy, stop_process_group, wait_until_healthy
+from ..servers import fail_if_left_busy, free_port, stop_process_group, wait_until_healthy
 
 pytestmark = pytest.mark.integration
 
@@ -185,11 +185,4 @@ def _server_left_idle(request: pytest.FixtureRequest) -> Iterator[None]:
     """After every test that used a real server: the server is not paused and holds no running or queued
     request. A test that leaves one fails with what it left (the next test would otherwise meet it)."""
     yield
-    for name in ("vllm_url", "vllm_vl_url"):
-        if name in request.fixturenames:
-            url = request.getfixturevalue(name)
-            left = left_busy(url, "vllm")
-            if left is not None:
-                if left["paused"]:  # resumed, so that the tests after this one meet a working server
-                    httpx.post(url + "/resume", json={}, timeout=30.0)
-                pytest.fail(f"{request.node.name} left {url} busy: {left}")
+    fail_if_left_busy(request, "vllm", ("vllm_url", "vllm_vl_url"))

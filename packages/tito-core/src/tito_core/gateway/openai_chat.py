@@ -356,6 +356,7 @@ def _messages(raw: Any, book: ReplyBook, images: ImageReader) -> tuple[str | Non
     order: list[str] = []
     results: list[ChatMessage] = []
     calls = _Calls()
+    assistants = 0  # the assistant messages so far: a replayed one is matched by its position first
 
     def flush() -> None:  # tool results go to the core in the order of the calls they answer
         rank = {call_id: i for i, call_id in enumerate(order)}
@@ -383,7 +384,8 @@ def _messages(raw: Any, book: ReplyBook, images: ImageReader) -> tuple[str | Non
         elif role == "user":
             out.append({"role": "user", "content": _parts(message.get("content"), where, images)})
         elif role == "assistant":
-            chat, renamed = _assistant(message, where, book, sum(m["role"] == "assistant" for m in out))
+            chat, renamed = _assistant(message, where, book, assistants)
+            assistants += 1
             order = [c["id"] for c in chat.get("tool_calls", ())]
             calls.expect(message)
             out.append(chat)
