@@ -208,6 +208,8 @@ async def new_weights_mid_rollout(
     finally:
         for task in tasks:
             task.cancel()
+    after = [s for traj in trajectories for turn in traj.turns for s in turn.weight_versions or () if s.version == "1"]
+    assert after, "the update met no call: the engine ended every call before the pause came"
     for traj in trajectories:
         assert traj.branch == 0 and len(traj.turns) == calls, (traj.branch, traj.status_reason)
         assert traj.status == "truncated", traj.status_reason  # each call ends at its token limit
