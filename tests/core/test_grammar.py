@@ -16,8 +16,10 @@ from tests.helpers import agent_for
 from tito_core import TitoModel
 from tito_core.errors import ConfigError
 from tito_core.grammar import (
+    Ebnf,
     GrammarToolParser,
     ToolChoiceError,
+    answer_grammar,
     forced_tools,
     tool_call_grammar,
     tool_choice_option,
@@ -198,3 +200,28 @@ def test_tool_choice_from_a_config_file(tmp_path: Any, qwen3_tokenizer: Any) -> 
     path.write_text('backend = "scripted"\ntool_choice = "sometimes"\n')
     with pytest.raises(ConfigError, match=r"tito\.toml: tool_choice must be .* got 'sometimes'"):
         load_config(path)
+
+
+def test_an_included_grammar_keeps_its_rules_and_its_root_gets_a_name() -> None:
+    ebnf = Ebnf()
+    foreign = (
+        'root ::= "call " args\nargs ::= json_integer\n  | "none"\njson_integer ::= ' + '"-"? ( "0" | [1-9] [0-9]* )'
+    )
+    name = ebnf.include(foreign, "tool_call")
+    text = ebnf.text(f'{name} | "x"')
+    assert text.splitlines()[:3] == [
+        'root ::= tool_call | "x"',
+        'args ::= json_integer | "none"',
+        'tool_call ::= "call " args',
+    ]
+    assert text.count("json_integer ::=") == 1
+    with pytest.raises(ConfigError, match="no root rule"):
+        Ebnf().include('args ::= "a"', "call")
+    with pytest.raises(ConfigError, match="defines 'json_string' otherwise"):
+        Ebnf().include('root ::= json_string\njson_string ::= "s"', "call")
+
+
+def test_answer_grammar_is_the_schema_or_a_call() -> None:
+    assert answer_grammar({"type": "integer"}).splitlines()[0] == "root ::= json_integer"
+    call = HermesToolParser().call_grammar([ADD])
+    assert answer_grammar({"type": "boolean"}, call=call).splitlines()[0] == "root ::= tool_call | answer"

@@ -10,9 +10,10 @@ grammar's doing (its arguments are small enums so it closes quickly), the answer
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from openai import AsyncOpenAI
+from pydantic import BaseModel
 
 from tito_core.backend import Backend, GenerateRequest, GenerateResult
 from tito_core.config import TitoConfig
@@ -113,3 +114,35 @@ async def sdk_through_gateway(backend: Backend, tokenizer: Any, *, name: str) ->
     finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert len(finish) == 1 and (finish[0] == "length") == (second_result.finish_reason == "length"), finish
     assert traj.turns[1].output_len == len(second_result.output_ids) <= 6
+
+
+class Sum(BaseModel):
+    """A structured answer whose every value is small, so the tiny random model closes it in a few tokens."""
+
+    sum: Literal[1, 2, 3, 4, 5]
+    sure: bool
+
+
+async def structured_answer_through_gateway(backend: Backend, tokenizer: Any, *, name: str) -> Sum:
+    """The SDK's ``chat.completions.parse(response_format=Sum)`` through a gateway on ``backend``: the engine
+    decodes under the answer's grammar, the SDK parses what it returned, the record holds the engine's ids."""
+    calls = recorded_calls(backend)
+    config = TitoConfig(backend=name, tokenizer=str(qwen_tokenizer_dir("qwen3")), sampling={"max_new_tokens": 48})
+    gateway = Gateway(config, tokenizer=tokenizer, backend=backend)
+    await gateway.start()
+    try:
+        rollout = gateway.open(task_id="structured")
+        client = AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, max_retries=0, timeout=120)
+        answer = await client.chat.completions.parse(
+            model="tiny", messages=[{"role": "user", "content": "What is 2 + 3?"}], response_format=Sum
+        )
+        traj = await gateway.take(rollout.id)
+    finally:
+        await gateway.close()
+    ((request, result),) = calls
+    parsed = answer.choices[0].message.parsed
+    assert parsed is not None and answer.choices[0].finish_reason == "stop", answer
+    assert request.grammar is not None and traj.turns[0].constrained
+    assert traj.token_ids[traj.turns[0].output_start :] == result.output_ids  # the engine's ids, verbatim
+    assert Sum.model_validate_json(tokenizer.decode(result.output_ids, skip_special_tokens=True)) == parsed
+    return parsed

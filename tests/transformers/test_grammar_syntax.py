@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tito_core.grammar import answer_grammar
 from tito_core.tool_parsers import HermesToolParser, Llama3JSONToolParser, QwenXMLToolParser
 
 from ..core.helpers import hermes_call
@@ -136,3 +137,29 @@ def test_grammar_admits_every_valid_call_and_the_parser_reads_it_back(case: Any,
     text = hermes_call("tool", args)
     assert _accepts(compiler, parser.call_grammar([spec]), text), text
     assert [(c.name, c.input, c.error) for c in parser.parse(text, [spec]).calls] == [("tool", args, None)]
+
+
+def test_answer_grammar_admits_the_schemas_json_and_with_tools_one_call(accepts: Any) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    answer = answer_grammar(schema)
+    assert accepts(answer, json.dumps({"name": "Paris", "tags": ["a", "b"]}))
+    assert accepts(answer, json.dumps({"name": "x"}))
+    assert not accepts(answer, json.dumps({"tags": []}))  # name is required
+    assert not accepts(answer, "Sure: " + json.dumps({"name": "x"}))  # the answer is the JSON, nothing else
+    assert not accepts(answer, hermes_call("add", {"a": 1, "b": 2}))
+    anything = answer_grammar({"type": "object"})  # json_object
+    assert accepts(anything, json.dumps({"k": [1, None, {"z": "y"}]}))
+    assert not accepts(anything, json.dumps([1]))
+    with_tools = answer_grammar(schema, call=HermesToolParser().call_grammar([ADD, SEARCH]))
+    assert accepts(with_tools, json.dumps({"name": "x"}))
+    assert accepts(with_tools, hermes_call("add", {"a": 1, "b": 2}))
+    assert not accepts(with_tools, hermes_call("add", {"a": 1}))
+    assert not accepts(with_tools, "free text")
+    with_xml = answer_grammar(schema, call=QwenXMLToolParser().call_grammar([ADD]))  # a grammar of other rules
+    assert accepts(with_xml, _qwen_xml("add", {"a": "1", "b": "2"}))
+    assert accepts(with_xml, json.dumps({"name": "x"}))

@@ -8,7 +8,7 @@ import pytest
 
 from tito_sglang import SGLangBackend
 
-from ..gateway_sdk import sdk_through_gateway
+from ..gateway_sdk import sdk_through_gateway, structured_answer_through_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -17,3 +17,9 @@ async def test_openai_sdk_through_the_gateway_records_the_engines_ids(
     sglang_backend: SGLangBackend, qwen3_tokenizer: Any
 ) -> None:
     await sdk_through_gateway(sglang_backend, qwen3_tokenizer, name="sglang")
+
+
+async def test_a_structured_answer_is_decoded_under_its_schema_and_parsed_by_the_sdk(
+    sglang_backend: SGLangBackend, qwen3_tokenizer: Any
+) -> None:
+    await structured_answer_through_gateway(sglang_backend, qwen3_tokenizer, name="sglang")

@@ -1,4 +1,4 @@
-"""Grammars for constrained decoding: forced tool calls (Strands' ``tool_choice``) as EBNF.
+"""Grammars for constrained decoding: forced tool calls (Strands' ``tool_choice``) and structured answers as EBNF.
 
 The grammar text uses the EBNF dialect of xgrammar and llama.cpp's GBNF (``root ::= "a" rule*``), which
 vLLM's ``structured_outputs.grammar`` and SGLang's ``ebnf`` sampling parameter both read. A tool parser
@@ -24,6 +24,7 @@ from tito_core.errors import ConfigError
 
 __all__ = [
     "Ebnf",
+    "answer_grammar",
     "GrammarToolParser",
     "ToolChoiceError",
     "forced_tools",
@@ -103,6 +104,7 @@ _SCALARS = {
     "null": "json_null",
 }
 _NAME_CHARS = re.compile(r"[^a-zA-Z0-9_]+")
+_RULE_HEAD = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_-]*)\s*::=(.*)$")
 
 
 class Ebnf:
@@ -150,6 +152,36 @@ class Ebnf:
             raise ValueError(f"rule {name!r} is already defined differently")
         self._rules[name] = body
         return name
+
+    def include(self, grammar: str, hint: str) -> str:
+        """Add the rules of another grammar; returns the name its ``root`` rule gets here.
+
+        The grammar has one rule a line (``name ::= body``), a body possibly continued on the lines after it.
+
+        Raises:
+            ConfigError: It defines one of the shared JSON rules otherwise than this module does.
+        """
+        rules: dict[str, str] = {}
+        name = ""
+        for line in grammar.splitlines():
+            head = _RULE_HEAD.match(line)
+            if head:
+                name = head.group(1)
+                rules[name] = head.group(2).strip()
+            elif line.strip() and name:
+                rules[name] += " " + line.strip()
+        if "root" not in rules:
+            raise ConfigError(f"a grammar to include has no root rule: {grammar[:80]!r}")
+        for rule, body in rules.items():
+            if rule in _JSON_RULES:
+                if body != _JSON_RULES[rule]:
+                    raise ConfigError(f"the grammar defines {rule!r} otherwise than tito's shared JSON rules")
+                self.json(rule)
+            elif rule != "root":
+                if rule in self._rules:
+                    raise ConfigError(f"the grammar's rule {rule!r} is already defined here")
+                self._rules[rule] = body
+        return self.rule(hint, rules["root"])
 
     def text(self, root: str) -> str:
         """The grammar, ``root`` rule first."""
@@ -250,6 +282,20 @@ def schema_rule(ebnf: Ebnf, schema: Any, hint: str, *, document: Mapping[str, An
     """
     root = document if document is not None else schema if isinstance(schema, Mapping) else {}
     return _SchemaConverter(ebnf, root).value(schema, hint)
+
+
+def answer_grammar(schema: Any, *, call: str | None = None) -> str:
+    """The grammar of a structured answer: one canonical JSON value that ``schema`` admits.
+
+    With ``call`` (the grammar of a tool call, :func:`tool_call_grammar`), that call is admitted instead of the
+    answer: a model offered tools may still call one before it answers.
+    """
+    ebnf = Ebnf()
+    tool_call = ebnf.include(call, "tool_call") if call is not None else None  # first: its rule names are kept
+    answer = schema_rule(ebnf, schema, "answer")
+    if tool_call is None:
+        return ebnf.text(answer)
+    return ebnf.text(f"{tool_call} | {ebnf.rule('answer', answer)}")
 
 
 def input_schema(spec: ToolSpec) -> dict[str, Any]:

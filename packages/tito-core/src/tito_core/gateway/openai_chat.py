@@ -25,7 +25,7 @@ from .errors import bad_request
 from .images import ImageReader, message_content
 from .matching import ReplyBook
 
-__all__ = ["ChatRequest", "parse_request"]
+__all__ = ["ChatRequest", "answer_schema", "parse_request"]
 
 # Fields accepted and without effect on tokens or sampling.
 _IGNORED = frozenset({"model", "user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier"})
@@ -69,6 +69,7 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
         conversation: The messages in tito's form (replayed replies already exact).
         sampling: The configured sampling with the request's fields over it.
         tool_choice: tito's ``tool_choice`` (``{"auto": {}}`` the model decides; None: the configured one).
+        answer_schema: The JSON schema a structured answer follows (``response_format``), None for free text.
         logprobs: Return the logprob of every output token.
         stream: Answer as server-sent events.
         include_usage: With ``stream``, send a last chunk with the usage (``stream_options.include_usage``).
@@ -78,6 +79,7 @@ class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
     conversation: Conversation
     sampling: SamplingParams
     tool_choice: dict[str, Any] | None = None
+    answer_schema: dict[str, Any] | None = None
     logprobs: bool = False
     stream: bool = False
     include_usage: bool = False
@@ -120,6 +122,7 @@ def parse_request(
         conversation=Conversation(messages=messages, system=system, tool_specs=tools),
         sampling=_sampling(body, sampling),
         tool_choice=choice,
+        answer_schema=answer_schema(body.get("response_format"), "response_format"),
         logprobs=_bool(body, "logprobs"),
         stream=stream,
         include_usage=include_usage,
@@ -148,9 +151,6 @@ def _check_unsupported(body: Mapping[str, Any]) -> None:
             raise bad_request(key, "penalties are not supported (set them in the config's `sampling.extra`)")
     if body.get("logit_bias"):
         raise bad_request("logit_bias", "logit biases are not supported")
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, Mapping) or fmt.get("type") != "text"):
-        raise bad_request("response_format", "only {'type': 'text'} is supported; use a forced tool call instead")
 
 
 def _sampling(body: Mapping[str, Any], base: SamplingParams) -> SamplingParams:
@@ -180,6 +180,32 @@ def _sampling(body: Mapping[str, Any], base: SamplingParams) -> SamplingParams:
     except (ConfigError, msgspec.ValidationError, TypeError) as exc:
         field = next((k for k in ("temperature", "top_p", "seed", "stop") if k in changes and k in str(exc)), "body")
         raise bad_request(field, str(exc)) from None
+
+
+def answer_schema(fmt: Any, where: str) -> dict[str, Any] | None:
+    """The JSON schema of a ``response_format`` (chat completions) or ``text.format`` (Responses): None for text.
+
+    ``json_object`` is any JSON object; ``json_schema`` takes its ``schema`` (under ``json_schema`` in chat
+    completions, at the top in Responses). The answer is constrained to it whether ``strict`` or not.
+    """
+    if fmt is None:
+        return None
+    if not isinstance(fmt, Mapping):
+        raise bad_request(where, "must be an object with a `type`")
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema", fmt)
+        schema = spec.get("schema") if isinstance(spec, Mapping) else None
+        if schema is None:
+            schema = {}  # OpenAI's default: any JSON value
+        if not isinstance(schema, Mapping):
+            raise bad_request(f"{where}.json_schema.schema", "must be a JSON schema object")
+        return dict(schema)
+    raise bad_request(f"{where}.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
 
 
 # ----------------------------------------------------------------------------------------------------- tools

@@ -322,7 +322,12 @@ class Gateway:
             options = msgspec.structs.replace(self._options, sampling=request.sampling)
             try:
                 result = await rollout.run_call(
-                    core.call(request.conversation, options, tool_choice=request.tool_choice)
+                    core.call(
+                        request.conversation,
+                        options,
+                        tool_choice=request.tool_choice,
+                        answer_schema=request.answer_schema,
+                    )
                 )
             except Exception as exc:  # the rollout has its status; the client gets OpenAI's error JSON
                 rollout.lost_engine |= isinstance(exc, BackendConnectionError)

@@ -106,19 +106,22 @@ class Rollout:
         self._sync.restart(Trajectory(rollout_id))
         return closed
 
-    async def call(self, conversation: Conversation, options: CallOptions, *, tool_choice: Any = None) -> CallResult:
+    async def call(
+        self, conversation: Conversation, options: CallOptions, *, tool_choice: Any = None, answer_schema: Any = None
+    ) -> CallResult:
         """Run one model call token-in/token-out and record it.
 
         ``tool_choice`` (``options.tool_choice`` when None) that forces a call constrains decoding to one call in
-        the tool parser's syntax (:mod:`tito_core.grammar`); the output is recorded verbatim like any other, its
-        logprobs as the engine reports them under the constraint.
+        the tool parser's syntax (:mod:`tito_core.grammar`); else ``answer_schema`` (a JSON schema: a structured
+        answer) constrains it to one canonical JSON value of that schema, or one call to the offered tools. The
+        output is recorded verbatim like any other, its logprobs as the engine reports them under the constraint.
 
         Whatever raises out of the call leaves the trajectory with a status and its reason first; a call is
         recorded whole or not at all.
         """
         choice = options.tool_choice if tool_choice is None else tool_choice
         try:
-            return await self._call(conversation, options, choice)
+            return await self._call(conversation, options, choice, answer_schema)
         except BaseException as exc:
             self.fail(exc)
             raise
@@ -136,9 +139,11 @@ class Rollout:
     def _check(self, request: GenerateRequest, result: GenerateResult) -> None:
         check_result(request, result, vocab_size=self.vocab_size, backend=self.capabilities.name)
 
-    async def _call(self, conversation: Conversation, options: CallOptions, tool_choice: Any) -> CallResult:
+    async def _call(
+        self, conversation: Conversation, options: CallOptions, tool_choice: Any, answer_schema: Any
+    ) -> CallResult:
         sync, prompts, backend = self._sync, self.prompts, self.backend
-        grammar = prompts.grammar(conversation.tool_specs, tool_choice)
+        grammar = prompts.grammar(conversation.tool_specs, tool_choice, answer_schema)
         tools = tool_specs_to_chat(conversation.tool_specs)
         plan = sync.plan(conversation, tools)
         renders = self.capabilities.renders_prompt

@@ -24,7 +24,7 @@ import msgspec
 from ..backend import GenerateResult
 from ..conversation import ChatMessage, Conversation, ToolSpec
 from ..errors import ConfigError, PrefixMismatchError, TemplateError
-from ..grammar import ToolChoiceError, forced_tools, tool_call_grammar
+from ..grammar import GrammarToolParser, ToolChoiceError, answer_grammar, forced_tools, tool_call_grammar
 from ..media import ImageError, PromptImage
 from ..render.renderer import ChatRenderer, first_difference
 from ..render.vision import VisionProcessor, chat_images
@@ -87,26 +87,51 @@ class PromptBuilder:
         self._supports_grammar = supports_grammar
         self.vision = vision
         self._supports_images = supports_images
-        self._grammars: dict[tuple[tuple[bytes, ...], int], str] = {}
+        self._grammars: dict[tuple[tuple[bytes, ...], int, bytes | None], str] = {}
         # whether the template moves its tools block, by the roles of the new messages, for the tools in _moves_for
         self._moves: dict[tuple[str, ...], bool] = {}
         self._moves_for: tuple[str | None, list[dict[str, Any]] | None] = (None, None)
 
     # ---------------------------------------------------------------------------------------------- grammar
-    def grammar(self, tool_specs: Sequence[ToolSpec] | None, tool_choice: Any) -> str | None:
-        """The grammar forcing a tool call, or None when ``tool_choice`` forces none."""
+    def grammar(self, tool_specs: Sequence[ToolSpec] | None, tool_choice: Any, answer_schema: Any = None) -> str | None:
+        """The grammar of this call's output, or None when nothing constrains it.
+
+        A ``tool_choice`` that forces a call gives the grammar of one call (a structured answer waits for a later
+        call); else an ``answer_schema`` (a JSON schema) gives the grammar of one JSON answer, or of one call to
+        the offered tools.
+        """
         forced = forced_tools(tool_specs, tool_choice)
-        if forced is None:
+        if forced is None and answer_schema is None:
             return None
         if not self._supports_grammar:
-            raise ToolChoiceError(
-                f"tool_choice {tool_choice!r} forces a tool call, but the {self._backend} backend cannot "
-                "constrain decoding (Backend.supports_grammar is False)"
+            what = (
+                f"tool_choice {tool_choice!r} forces a tool call"
+                if forced is not None
+                else "a structured answer (a JSON schema the output must follow) was asked for"
             )
-        key = (tuple(msgspec.json.encode(spec) for spec in forced), id(self.tool_parser))
+            raise ToolChoiceError(
+                f"{what}, but the {self._backend} backend cannot constrain decoding (Backend.supports_grammar is False)"
+            )
+        key = (
+            tuple(msgspec.json.encode(spec) for spec in forced or tool_specs or ()),
+            id(self.tool_parser),
+            None if forced is not None else msgspec.json.encode(answer_schema),
+        )
         cached = self._grammars.get(key)
         if cached is None:
-            cached = self._grammars[key] = tool_call_grammar(self.tool_parser, forced)
+            if forced is not None:
+                cached = tool_call_grammar(self.tool_parser, forced)
+            else:
+                if tool_specs and not isinstance(self.tool_parser, GrammarToolParser):
+                    parser = getattr(self.tool_parser, "name", type(self.tool_parser).__name__)
+                    raise ToolChoiceError(
+                        f"a structured answer was asked for with tools offered, but the {parser!r} "
+                        "tool parser gives no grammar of its calls, so the constraint cannot admit a tool call: "
+                        "leave the tools out of this call or use a parser with call_grammar()"
+                    )
+                call = tool_call_grammar(self.tool_parser, tool_specs) if tool_specs else None
+                cached = answer_grammar(answer_schema, call=call)
+            self._grammars[key] = cached
         return cached
 
     # ------------------------------------------------------------------------------------------- new prompt
