@@ -12,6 +12,9 @@ from openai import AsyncOpenAI
 
 from tests.helpers import hermes_call
 from tito_core.gateway import Gateway
+from tito_testing.families import FAMILIES, family_template
+
+from .conftest import config
 
 ADD = {
     "type": "function",
@@ -37,6 +40,57 @@ async def test_leading_system_and_developer_messages_are_joined_in_order(
     prompt = qwen3_tokenizer.decode(backend.requests[0].input_ids)
     assert "<|im_start|>system\nYou are terse.\n\nAnswer in French.<|im_end|>" in prompt
     assert gateway.registry.get(rollout.id).rollout.trajectory.branch == 0
+
+
+async def test_a_later_system_message_is_rendered_where_it_stands_without_a_fork(
+    gateway: Gateway, backend: Any, qwen3_tokenizer: Any
+) -> None:
+    backend.add("first")
+    backend.add("second")
+    rollout = gateway.open()
+    messages: list[Any] = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]
+    first = await client(rollout).chat.completions.create(model="m", messages=messages)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "developer", "content": "Validation failed: answer again."},  # pydantic-ai's retry, say
+        {"role": "user", "content": "Again"},
+    ]
+    await client(rollout).chat.completions.create(model="m", messages=messages)
+    second = qwen3_tokenizer.decode(backend.requests[1].input_ids)
+    assert second.endswith(
+        "first<|im_end|>\n<|im_start|>system\nValidation failed: answer again.<|im_end|>\n"
+        "<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n"
+    ), second
+    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    assert traj.branch == 0 and len(traj.turns) == 2
+
+
+async def test_a_template_that_cannot_place_it_gets_it_in_the_system_prompt_and_the_rollout_forks(
+    backend: Any, qwen3_tokenizer: Any, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    template = family_template(FAMILIES["qwen3_5"])  # "System message must be at the beginning."
+    gw = Gateway(config(chat_template=template), tokenizer=qwen3_tokenizer, backend=backend, output=tmp_path / "o")
+    await gw.start()
+    try:
+        backend.add("first")
+        backend.add("second")
+        rollout = gw.open()
+        messages: list[Any] = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]
+        await client(rollout).chat.completions.create(model="m", messages=messages)
+        messages += [
+            {"role": "assistant", "content": "first"},
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Again"},
+        ]
+        await client(rollout).chat.completions.create(model="m", messages=messages)
+        traj = gw.registry.get(rollout.id).rollout.trajectory
+    finally:
+        await gw.close()
+    second = qwen3_tokenizer.decode(backend.requests[1].input_ids)
+    assert second.startswith("<|im_start|>system\nYou are terse.\n\nBe brief.<|im_end|>\n"), second
+    assert "first" in second and second.count("Be brief.") == 1
+    assert traj.branch == 1 and traj.fork_reason == "the system prompt changed"
+    assert "joined into the system prompt and the rollout forks" in caplog.text
 
 
 def _turn(call_id: str) -> list[Any]:

@@ -46,7 +46,8 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True):
     """One model call's input, in tito's own form.
 
     Attributes:
-        messages: The chat messages after the system prompt (user, assistant, tool), oldest first.
+        messages: The chat messages after the system prompt (user, assistant, tool, and system messages that
+            came later in the conversation), oldest first.
         system: The system prompt, or None.
         tool_specs: The tools offered on this call: ``{"name", "description", "inputSchema": {"json": schema}}``
             (what tool parsers and grammars read); the chat template gets them as OpenAI function tools.
@@ -61,6 +62,20 @@ class Conversation(msgspec.Struct, frozen=True, kw_only=True):
         if self.system is None:
             return list(self.messages)
         return [{"role": "system", "content": self.system}, *self.messages]
+
+    def late_system_joined(self) -> Conversation:
+        """This conversation with its system messages after the first one joined into the system prompt.
+
+        For a chat template that cannot render a system message where it stands (it raises, drops or moves it):
+        each one's text is added to the system prompt, in order, after a blank line.
+        """
+        late = [m for m in self.messages if m.get("role") == "system"]
+        if not late:
+            return self
+        texts = [self.system] if self.system is not None else []
+        texts += [str(m.get("content") or "") for m in late]
+        rest = [m for m in self.messages if m.get("role") != "system"]
+        return msgspec.structs.replace(self, messages=rest, system="\n\n".join(texts))
 
 
 def tool_specs_to_chat(tool_specs: Sequence[ToolSpec] | None) -> list[dict[str, Any]] | None:

@@ -369,7 +369,8 @@ def _messages(raw: Any, book: ReplyBook, images: ImageReader) -> tuple[str | Non
     """The system prompt and the core's messages of a request's ``messages``.
 
     Leading system and developer messages (pydantic-ai's ``system_prompt`` and ``instructions``, LangChain's
-    several ``SystemMessage``s) are joined, in order, with a blank line between them. Tool messages are checked
+    several ``SystemMessage``s) are joined, in order, with a blank line between them; later ones are system
+    messages in the history (pydantic-ai's output-validator retry sends one). Tool messages are checked
     as OpenAI checks them: each answers one call of the assistant message before it, once, and every call is
     answered before the next message that is not a tool result (a 400 naming the message otherwise, with nothing
     recorded).
@@ -400,13 +401,10 @@ def _messages(raw: Any, book: ReplyBook, images: ImageReader) -> tuple[str | Non
         if role != "tool":
             calls.all_answered(where)
             flush()
-        if role in ("system", "developer"):
-            if out:
-                raise bad_request(
-                    f"{where}.role", "a system or developer message after the first user or assistant message is not "
-                    "supported yet (leading ones are joined)"
-                )  # fmt: skip
+        if role in ("system", "developer") and not out:
             systems.append(_content(message.get("content"), where))
+        elif role in ("system", "developer"):  # rendered where it stands, or joined by the gateway (service.py)
+            out.append({"role": "system", "content": _content(message.get("content"), where)})
         elif role == "user":
             out.append({"role": "user", "content": _parts(message.get("content"), where, images)})
         elif role == "assistant":

@@ -23,9 +23,10 @@ import msgspec
 
 from ..backend import Backend
 from ..config import TitoConfig
+from ..conversation import Conversation
 from ..errors import BackendConnectionError, ConfigError
 from ..grammar import tool_choice_option
-from ..render import shared_renderer
+from ..render import ChatRenderer, shared_renderer
 from ..render.vision import ProcessorSpec, VisionProcessor, vision_processor
 from ..rollout_core import CallOptions, Rollout
 from ..runner.records import RolloutRecord
@@ -319,11 +320,12 @@ class Gateway:
             except GatewayError as exc:
                 core.fail(exc)
                 raise
+            conversation = placed_system(request.conversation, core.renderer, rollout.id)
             options = msgspec.structs.replace(self._options, sampling=request.sampling)
             try:
                 result = await rollout.run_call(
                     core.call(
-                        request.conversation,
+                        conversation,
                         options,
                         tool_choice=request.tool_choice,
                         answer_schema=request.answer_schema,
@@ -350,6 +352,23 @@ class Gateway:
                 tito={"rollout_id": rollout.id, "branch": traj.branch, "turn": len(traj.turns) - 1},
             )
         return body_out, request
+
+
+def placed_system(conversation: Conversation, renderer: ChatRenderer, rollout_id: str) -> Conversation:
+    """``conversation`` with its later system messages where the chat template can render them.
+
+    In place when the template renders a system message where it stands (Qwen, Llama 3, GLM, Kimi, Gemma);
+    otherwise joined into the system prompt (:meth:`Conversation.late_system_joined`): the system prompt then
+    differs from the one the rollout's tokens began with, so the rollout forks ("the system prompt changed").
+    """
+    if renderer.renders_system_in_place or not any(m.get("role") == "system" for m in conversation.messages):
+        return conversation
+    logger.warning(
+        "rollout %s: a system message after the first user message, which the chat template cannot render where "
+        "it stands; it is joined into the system prompt and the rollout forks",
+        rollout_id,
+    )
+    return conversation.late_system_joined()
 
 
 def served_model_name(config: TitoConfig) -> str:

@@ -238,6 +238,19 @@ class ChatRenderer:
             )
         return full[len(prefix) :]
 
+    @cached_property
+    def renders_system_in_place(self) -> bool:
+        """Whether the template renders a system message after the first user message where it stands.
+
+        Some raise (Mistral's, Qwen3.5's), drop it (gpt-oss') or join it into the leading system prompt
+        (DeepSeek V3's); a front then has to put it in the system prompt itself.
+        """
+        try:
+            text = self.continuation_text([{"role": "system", "content": _PROBE_MARK}, _DUMMY_PREFIX[1]])
+        except TemplateError:
+            return False
+        return 0 <= text.find(_PROBE_MARK) < text.find(str(_DUMMY_PREFIX[1]["content"]))
+
     def tools_move(self, chat: Sequence[ChatMessage], tools: Sequence[Mapping[str, Any]] | None) -> bool:
         """Whether adding messages like ``chat`` changes the text before them once tools are rendered too.
 

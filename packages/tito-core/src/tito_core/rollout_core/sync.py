@@ -111,7 +111,12 @@ class ConversationSync:
             self._system, self._tools = system, tools
             return Plan(initial=True, count=0, chat=conversation.chat())
         if system != self._system or tools != self._tools:
-            return self._rewritten(conversation, tools, 0, "the system prompt or the tool list changed")
+            changed = [
+                what
+                for what, same in (("system prompt", system == self._system), ("tool list", tools == self._tools))
+                if not same
+            ]
+            return self._rewritten(conversation, tools, 0, f"the {' and the '.join(changed)} changed")
         n = len(self._consumed)
         agree = _common_prefix(messages, self._consumed)
         pending = self._pending
