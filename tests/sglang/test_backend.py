@@ -264,6 +264,16 @@ async def test_prompt_logprobs_misaligned_ids_rejected() -> None:
         await make_backend(FakeServer({"/generate": bad})).generate(request(return_prompt_logprobs=True))
 
 
+async def test_prompt_logprobs_take_sglangs_zero_for_the_models_last_id() -> None:
+    """SGLang 0.5 reports input ids from ``vocab_size - 1`` up as 0 (seen on the real server: the tiny Qwen3, whose
+    vocabulary of 151,669 ends with ``</think>``, had its 151668 reported as 0); the logprob is the token's."""
+    entries = [list(e) for e in PROMPT_LOGPROBS["meta_info"]["input_token_logprobs"]]
+    entries[5][1] = 0
+    clipped = dict(PROMPT_LOGPROBS, meta_info=dict(PROMPT_LOGPROBS["meta_info"], input_token_logprobs=entries))
+    result = await make_backend(FakeServer({"/generate": clipped})).generate(request(return_prompt_logprobs=True))
+    assert result.prompt_logprobs == [e[0] for e in entries]
+
+
 async def test_prompt_logprobs_wrong_count_rejected() -> None:
     entries = PROMPT_LOGPROBS["meta_info"]["input_token_logprobs"][3:]
     bad = dict(PROMPT_LOGPROBS, meta_info=dict(PROMPT_LOGPROBS["meta_info"], input_token_logprobs=entries))
