@@ -15,8 +15,7 @@ import asyncio
 import json
 import os
 
-from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
-from openai import AsyncOpenAI
+from agents import Agent, Runner, function_tool, set_tracing_disabled
 
 
 @function_tool
@@ -42,8 +41,7 @@ async def main() -> None:
         name="calculator",
         instructions="Use the add tool for every sum, then answer with the number alone.",
         tools=[add],
-        # chat completions (the gateway's API), not the Responses API the SDK uses by default
-        model=OpenAIChatCompletionsModel(model="tito", openai_client=AsyncOpenAI()),
+        model="tito",  # the SDK's default: the Responses API, on the client that reads the two variables
     )
     result = await Runner.run(agent, user_text(task["prompt"]), max_turns=6)
     print(result.final_output)

@@ -5,6 +5,7 @@
                                                ``{id, token, base_url}``
 ``POST /rollouts/<id>/v1/chat/completions``    a chat call on the rollout (JSON, or SSE with ``stream``)
 ``POST /v1/chat/completions``                  the same, the rollout named by its token alone
+``POST /rollouts/<id>/v1/responses``           a Responses API call on the rollout (``/v1/responses``: by token)
 ``GET /rollouts/<id>/v1/models``, ``/v1/models``  the served model
 ``GET /rollouts/<id>``                         the trajectory JSON (with its status)
 ``POST /rollouts/<id>/finish``                 ``{"reward"?, "metadata"?}`` → the record, written to the output
@@ -32,6 +33,7 @@ from .access import Access
 from .completion import sse_chunks
 from .errors import GatewayError, bad_request, error_body
 from .openai_chat import ChatRequest
+from .openai_responses import sse_events as response_events
 from .registry import GatewayRollout
 
 __all__ = ["Served", "build_app"]
@@ -64,6 +66,9 @@ class Served(Protocol):
 
     async def chat(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], ChatRequest]:
         """Answer a chat call."""
+
+    async def respond(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], bool]:
+        """Answer a Responses API call (the body, and whether to stream it)."""
 
     async def finish(
         self, rollout_id: str, reward: float | None = None, metadata: dict[str, Any] | None = None
@@ -178,12 +183,7 @@ async def _chat(request: web.Request, rollout_id: str) -> web.StreamResponse:
     body, chat = await gateway.chat(rollout_id, await _body(request))
     if not chat.stream:
         return _json(body)
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    for chunk in sse_chunks(body, include_usage=chat.include_usage):
-        await response.write(chunk)
-    await response.write_eof()
-    return response
+    return await _sse(request, sse_chunks(body, include_usage=chat.include_usage))
 
 
 async def _chat_on_path(request: web.Request) -> web.StreamResponse:
@@ -192,6 +192,33 @@ async def _chat_on_path(request: web.Request) -> web.StreamResponse:
 
 async def _chat_by_token(request: web.Request) -> web.StreamResponse:
     return await _chat(request, request.app[_GATEWAY].access.rollout_of(_credential(request)))
+
+
+async def _respond(request: web.Request, rollout_id: str) -> web.StreamResponse:
+    gateway = request.app[_GATEWAY]
+    gateway.authorize(rollout_id, _credential(request))
+    gateway.get(rollout_id)  # 404 / 409 before reading a large body
+    body, stream = await gateway.respond(rollout_id, await _body(request))
+    if not stream:
+        return _json(body)
+    return await _sse(request, response_events(body))
+
+
+async def _respond_on_path(request: web.Request) -> web.StreamResponse:
+    return await _respond(request, request.match_info["rollout"])
+
+
+async def _respond_by_token(request: web.Request) -> web.StreamResponse:
+    return await _respond(request, request.app[_GATEWAY].access.rollout_of(_credential(request)))
+
+
+async def _sse(request: web.Request, events: list[bytes]) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    for event in events:
+        await response.write(event)
+    await response.write_eof()
+    return response
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -236,6 +263,8 @@ def build_app(gateway: Served) -> web.Application:
     app.router.add_post("/rollouts", _open)
     app.router.add_post("/rollouts/{rollout}/v1/chat/completions", _chat_on_path)
     app.router.add_post("/v1/chat/completions", _chat_by_token)
+    app.router.add_post("/rollouts/{rollout}/v1/responses", _respond_on_path)
+    app.router.add_post("/v1/responses", _respond_by_token)
     app.router.add_get("/rollouts/{rollout}/v1/models", _models)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/rollouts/{rollout}", _trajectory)

@@ -21,6 +21,7 @@ from ..rollout_core import Rollout
 from .errors import GatewayError
 from .images import ImageReader
 from .matching import ReplyBook
+from .openai_responses import ResponseChain
 
 __all__ = ["GatewayRollout", "Registry", "new_token"]
 
@@ -45,6 +46,7 @@ class GatewayRollout:
         metadata: What the client gave when opening it (kept in the trajectory's metadata too).
         rollout: The core's rollout.
         replies: The assistant messages returned so far, for matching replays.
+        responses: The Responses API answers so far, for ``previous_response_id``.
         images: The reader of its requests' ``image_url`` parts (the last request's images kept by URL).
         started: Unix time it was opened.
         last_used: ``time.monotonic()`` of the last call's end (or the opening).
@@ -63,6 +65,7 @@ class GatewayRollout:
         self.task_id = task_id
         self.metadata = metadata
         self.replies = ReplyBook()
+        self.responses = ResponseChain()
         self.images = ImageReader()
         self.started = time.time()
         self.last_used = time.monotonic()

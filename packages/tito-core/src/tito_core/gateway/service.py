@@ -19,14 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import msgspec
-
 from ..backend import Backend
 from ..config import TitoConfig
-from ..conversation import Conversation
-from ..errors import BackendConnectionError, ConfigError
+from ..errors import ConfigError
 from ..grammar import tool_choice_option
-from ..render import ChatRenderer, shared_renderer
+from ..render import shared_renderer
 from ..render.vision import ProcessorSpec, VisionProcessor, vision_processor
 from ..rollout_core import CallOptions, Rollout
 from ..runner.records import RolloutRecord
@@ -34,9 +31,10 @@ from ..status import Closed, NoModelCall, status_of
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory
 from .access import Access, is_loopback
-from .completion import completion, message_of
-from .errors import GatewayError, error_of
-from .openai_chat import ChatRequest, parse_request
+from .calls import chat_call
+from .errors import GatewayError
+from .openai_chat import ChatRequest
+from .openai_responses import chat_body, response_of
 from .output import GatewayOutput
 from .registry import GatewayRollout, Registry
 
@@ -314,61 +312,28 @@ class Gateway:
         rollout = self.get(rollout_id)
         self._refuse_if_closing()
         with rollout.claim():
-            core = rollout.rollout
-            try:
-                request = parse_request(body, rollout.replies, self._options.sampling, rollout.images)
-            except GatewayError as exc:
-                core.fail(exc)
-                raise
-            conversation = placed_system(request.conversation, core.renderer, rollout.id)
-            options = msgspec.structs.replace(self._options, sampling=request.sampling)
-            try:
-                result = await rollout.run_call(
-                    core.call(
-                        conversation,
-                        options,
-                        tool_choice=request.tool_choice,
-                        answer_schema=request.answer_schema,
-                    )
-                )
-            except Exception as exc:  # the rollout has its status; the client gets OpenAI's error JSON
-                rollout.lost_engine |= isinstance(exc, BackendConnectionError)
-                raise error_of(exc) from exc
-            traj = core.trajectory
-            segment = traj.last_segment
-            assert segment is not None and segment.kind == "output"  # a recorded call ends with its output
-            message = message_of(result)
-            rollout.replies.remember(message, result.reply())
-            rollout.tool_calls += len(message.get("tool_calls") or ())
-            renderer = core.renderer
-            body_out = completion(
-                result,
-                message,
-                completion_id=f"chatcmpl-{traj.turns[-1].rid}",
-                model=request.model or self.model_name,
-                output_ids=traj.tokens(segment),
-                logprobs=traj.logprobs[segment.start : segment.end] if request.logprobs else None,
-                token_text=lambda token: renderer.decode([token]),
-                tito={"rollout_id": rollout.id, "branch": traj.branch, "turn": len(traj.turns) - 1},
-            )
-        return body_out, request
+            return await chat_call(rollout, body, self._options, self.model_name)
 
+    async def respond(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], bool]:
+        """Answer one Responses API request on rollout ``rollout_id``; returns the body and whether to stream it.
 
-def placed_system(conversation: Conversation, renderer: ChatRenderer, rollout_id: str) -> Conversation:
-    """``conversation`` with its later system messages where the chat template can render them.
+        The request is the chat call it stands for (:mod:`~tito_core.gateway.openai_responses`).
 
-    In place when the template renders a system message where it stands (Qwen, Llama 3, GLM, Kimi, Gemma);
-    otherwise joined into the system prompt (:meth:`Conversation.late_system_joined`): the system prompt then
-    differs from the one the rollout's tokens began with, so the rollout forks ("the system prompt changed").
-    """
-    if renderer.renders_system_in_place or not any(m.get("role") == "system" for m in conversation.messages):
-        return conversation
-    logger.warning(
-        "rollout %s: a system message after the first user message, which the chat template cannot render where "
-        "it stands; it is joined into the system prompt and the rollout forks",
-        rollout_id,
-    )
-    return conversation.late_system_joined()
+        Raises:
+            GatewayError: As :meth:`chat`; a 400 names the Responses field.
+        """
+        rollout = self.get(rollout_id)
+        try:
+            chat, items = chat_body(body, rollout.responses)
+        except GatewayError as exc:
+            rollout.rollout.fail(exc)
+            raise
+        completion_body, request = await self.chat(rollout_id, chat)
+        response_id = "resp_" + completion_body["id"].removeprefix("chatcmpl-")
+        response = response_of(completion_body, body, response_id)
+        if body.get("store") is not False:
+            rollout.responses.remember(response_id, [*items, *response["output"]])
+        return response, request.stream
 
 
 def served_model_name(config: TitoConfig) -> str:

@@ -1,0 +1,92 @@
+"""One chat-completions call on a claimed gateway rollout: the request checked, run on the core, answered.
+
+Every front ends here: the Responses API maps its request onto this one (:mod:`.openai_responses`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+
+from ..conversation import Conversation
+from ..errors import BackendConnectionError
+from ..render import ChatRenderer
+from ..rollout_core import CallOptions
+from .completion import completion, message_of
+from .errors import GatewayError, error_of
+from .openai_chat import ChatRequest, parse_request
+from .registry import GatewayRollout
+
+__all__ = ["chat_call", "placed_system"]
+
+logger = logging.getLogger("tito")
+
+
+async def chat_call(
+    rollout: GatewayRollout, body: Any, options: CallOptions, model_name: str
+) -> tuple[dict[str, Any], ChatRequest]:
+    """Answer a chat-completions ``body`` on ``rollout`` (claimed by the caller) with the model's ``options``.
+
+    Returns the ChatCompletion body and the checked request.
+
+    Raises:
+        GatewayError: 400 (a field tito cannot honour, named), or the error a failed model call maps to
+            (:func:`~tito_core.gateway.errors.error_of`); the rollout has its status.
+    """
+    core = rollout.rollout
+    try:
+        request = parse_request(body, rollout.replies, options.sampling, rollout.images)
+    except GatewayError as exc:
+        core.fail(exc)
+        raise
+    conversation = placed_system(request.conversation, core.renderer, rollout.id)
+    call_options = msgspec.structs.replace(options, sampling=request.sampling)
+    try:
+        result = await rollout.run_call(
+            core.call(
+                conversation,
+                call_options,
+                tool_choice=request.tool_choice,
+                answer_schema=request.answer_schema,
+            )
+        )
+    except Exception as exc:  # the rollout has its status; the client gets OpenAI's error JSON
+        rollout.lost_engine |= isinstance(exc, BackendConnectionError)
+        raise error_of(exc) from exc
+    traj = core.trajectory
+    segment = traj.last_segment
+    assert segment is not None and segment.kind == "output"  # a recorded call ends with its output
+    message = message_of(result)
+    rollout.replies.remember(message, result.reply())
+    rollout.tool_calls += len(message.get("tool_calls") or ())
+    renderer = core.renderer
+    body_out = completion(
+        result,
+        message,
+        completion_id=f"chatcmpl-{traj.turns[-1].rid}",
+        model=request.model or model_name,
+        output_ids=traj.tokens(segment),
+        logprobs=traj.logprobs[segment.start : segment.end] if request.logprobs else None,
+        token_text=lambda token: renderer.decode([token]),
+        tito={"rollout_id": rollout.id, "branch": traj.branch, "turn": len(traj.turns) - 1},
+    )
+    return body_out, request
+
+
+def placed_system(conversation: Conversation, renderer: ChatRenderer, rollout_id: str) -> Conversation:
+    """``conversation`` with its later system messages where the chat template can render them.
+
+    In place when the template renders a system message where it stands (Qwen, Llama 3, GLM, Kimi, Gemma);
+    otherwise joined into the system prompt (:meth:`Conversation.late_system_joined`): the system prompt then
+    differs from the one the rollout's tokens began with, so the rollout forks ("the system prompt changed").
+    """
+    if renderer.renders_system_in_place or not any(m.get("role") == "system" for m in conversation.messages):
+        return conversation
+    logger.warning(
+        "rollout %s: a system message after the first user message, which the chat template cannot render where "
+        "it stands; it is joined into the system prompt and the rollout forks",
+        rollout_id,
+    )
+    return conversation.late_system_joined()
