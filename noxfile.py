@@ -69,6 +69,7 @@ def _python312() -> str:
 
 
 OPENAI_SDK = "openai>=2.0"  # the client the gateway's tests use (tests only: tito-core does not depend on it)
+ANTHROPIC_SDK = "anthropic>=2.10"  # the client of the gateway's Messages API tests (tests only, likewise)
 
 
 def install_core(session: nox.Session, *extra_paths: str) -> None:
@@ -95,7 +96,7 @@ def tests_core(session: nox.Session) -> None:
     servers), plugin discovery with the example third-party adapter."""
     install_core(session, EXAMPLE, ADAPTERS["sglang"])
     session.install("-e", f"{CORE}[parquet,vision]")  # vision: Pillow, for the image tests
-    session.install(OPENAI_SDK)  # the gateway's tests drive it with the real OpenAI SDK (and Strands' OpenAIModel)
+    session.install(OPENAI_SDK, ANTHROPIC_SDK)  # the gateway's tests drive the real SDKs (and Strands' OpenAIModel)
     session.run(
         "pytest",
         "tests/core",
@@ -112,9 +113,10 @@ def tests_core(session: nox.Session) -> None:
 def agents(session: nox.Session) -> None:
     """`tito rollout` with a `[rollout.agent]`: agent processes and callables through the runner's gateway, on the
     scripted backend; a plain `openai` SDK script and the OpenAI Agents SDK example (examples/openai_agents_rollout),
-    the second framework. openai-agents adds five small packages (openai among them) to the core's."""
+    the second framework, and an `anthropic` SDK tool loop. openai-agents adds five small packages (openai among
+    them) to the core's."""
     install_core(session)
-    session.install("openai-agents==0.24.0")
+    session.install("openai-agents==0.24.0", ANTHROPIC_SDK)  # anthropic: the Messages API agent
     session.run("pytest", "tests/gateway_runner", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 

@@ -58,6 +58,23 @@ def test_an_openai_sdk_script_runs_per_rollout_with_groups_rewards_and_resume(tm
     assert again.written == 0 and len([r for r in lines(out) if r.get("kind") != "advantages"]) == 6
 
 
+def test_an_anthropic_sdk_script_records_its_tool_loop_through_the_messages_api(tmp_path: Path) -> None:
+    pytest.importorskip("anthropic", reason="the anthropic SDK is installed by the nox session `agents`")
+    out = tmp_path / "out.jsonl"
+    cfg = agent_config({"command": script("anthropic_sdk_agent.py"), "timeout_s": 300}, reward=REWARD)
+    summary = rollout(cfg, add_tasks(2), out)
+    assert summary.statuses == {"completed": 2}
+    tokenizer = load_tokenizer(tokenizer_dir())
+    for key, traj in _trajectories(out).items():
+        record = next(r for r in read_records(out) if r.key == key)
+        assert record.reward == 1.0 and (record.tokens.model_calls, record.tokens.tool_calls) == (2, 1)
+        assert traj.branch == 0 and not traj.branches  # the replayed blocks matched the replies: no fork
+        first, second = traj.turns
+        prompt = tokenizer.decode(traj.token_ids[second.prompt_start : second.prompt_start + second.prompt_len])
+        assert f"<tool_response>\n{2 + int(key[0][1:])}\n</tool_response>" in prompt  # the tool's result
+        assert "Use the add tool for every sum." in tokenizer.decode(traj.token_ids[: traj.prompt_length])
+
+
 def test_a_crashing_agent_gives_a_failed_record_with_its_exit_code_and_stderr_tail(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     rollout(agent_config({"command": script("misbehaving.py")}, answer_with("4")), add_tasks(1, mode="crash"), out)

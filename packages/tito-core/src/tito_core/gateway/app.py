@@ -6,6 +6,8 @@
 ``POST /rollouts/<id>/v1/chat/completions``    a chat call on the rollout (JSON, or SSE with ``stream``)
 ``POST /v1/chat/completions``                  the same, the rollout named by its token alone
 ``POST /rollouts/<id>/v1/responses``           a Responses API call on the rollout (``/v1/responses``: by token)
+``POST /rollouts/<id>/v1/messages``            an Anthropic Messages call (``/v1/messages``: by token); its
+                                               ``/count_tokens`` counts a prompt; errors in Anthropic's shape
 ``GET /rollouts/<id>/v1/models``, ``/v1/models``  the served model
 ``GET /rollouts/<id>``                         the trajectory JSON (with its status)
 ``POST /rollouts/<id>/finish``                 ``{"reward"?, "metadata"?}`` → the record, written to the output
@@ -30,6 +32,7 @@ from aiohttp import web
 
 from ..runner.records import RolloutRecord
 from .access import Access
+from .anthropic_messages import sse_events as message_events
 from .completion import sse_chunks
 from .errors import GatewayError, bad_request, error_body
 from .openai_chat import ChatRequest
@@ -70,6 +73,12 @@ class Served(Protocol):
     async def respond(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], bool]:
         """Answer a Responses API call (the body, and whether to stream it)."""
 
+    async def message(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], bool]:
+        """Answer an Anthropic Messages call (the body, and whether to stream it)."""
+
+    async def count_tokens(self, rollout_id: str, body: Any) -> int:
+        """A Messages body's prompt token count."""
+
     async def finish(
         self, rollout_id: str, reward: float | None = None, metadata: dict[str, Any] | None = None
     ) -> RolloutRecord:
@@ -89,8 +98,9 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=_ENCODER.encode(data), status=status, content_type="application/json")
 
 
-def _error(error: GatewayError) -> web.Response:
-    response = _json(error_body(error), error.status)
+def _error(error: GatewayError, *, anthropic: bool = False) -> web.Response:
+    body = error_body(error)
+    response = _json({"type": "error", **body} if anthropic else body, error.status)  # Anthropic's shape
     # an unknown, finished or busy rollout, a gateway shutting down: retrying the same request cannot help
     if error.status in (404, 409) or error.code == "shutting_down":
         response.headers["x-should-retry"] = "false"
@@ -111,24 +121,29 @@ def _credential(request: web.Request) -> str | None:
 @web.middleware
 async def _errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
     try:
+        return await _checked(request, handler)
+    except GatewayError as exc:
+        return _error(exc, anthropic="/v1/messages" in request.path)
+
+
+async def _checked(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    try:
         headers = request.headers
         request.app[_GATEWAY].access.check_browser_rules(
             headers.get("Host", ""), headers.get("Origin"), request.method, request.content_type
         )
         return await handler(request)
-    except GatewayError as exc:
-        return _error(exc)
     except web.HTTPRequestEntityTooLarge as exc:
         message = f"the request body is larger than the gateway's limit ({exc.text or 'max_body_bytes'})"
-        return _error(GatewayError(413, message, code="body_too_large"))
+        raise GatewayError(413, message, code="body_too_large") from None
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         if exc.status == 404:  # no such route: say where the routes are
             message = (f"no route {request.method} {request.path[:200]}: open a rollout with POST /rollouts and point "
                        "an OpenAI client at its base_url with its token as the api key (docs/gateway.md)")  # fmt: skip
-            return _error(GatewayError(404, message, code="no_such_route"))
-        return _error(GatewayError(exc.status, exc.reason, code="http_error"))
+            raise GatewayError(404, message, code="no_such_route") from None
+        raise GatewayError(exc.status, exc.reason, code="http_error") from None
 
 
 async def _body(request: web.Request, *, optional: bool = False) -> Any:
@@ -212,6 +227,31 @@ async def _respond_by_token(request: web.Request) -> web.StreamResponse:
     return await _respond(request, request.app[_GATEWAY].access.rollout_of(_credential(request)))
 
 
+async def _message(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[_GATEWAY]
+    rollout_id = _rollout_of(request)
+    gateway.get(rollout_id)  # 404 / 409 before reading a large body
+    body, stream = await gateway.message(rollout_id, await _body(request))
+    if not stream:
+        return _json(body)
+    return await _sse(request, message_events(body))
+
+
+async def _count_tokens(request: web.Request) -> web.Response:
+    gateway = request.app[_GATEWAY]
+    rollout_id = _rollout_of(request)
+    return _json({"input_tokens": await gateway.count_tokens(rollout_id, await _body(request))})
+
+
+def _rollout_of(request: web.Request) -> str:
+    """The authorized rollout of a request: the one in its path, or the one its token names."""
+    gateway = request.app[_GATEWAY]
+    if "rollout" not in request.match_info:
+        return gateway.access.rollout_of(_credential(request))
+    gateway.authorize(request.match_info["rollout"], _credential(request))
+    return request.match_info["rollout"]
+
+
 async def _sse(request: web.Request, events: list[bytes]) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
@@ -265,6 +305,9 @@ def build_app(gateway: Served) -> web.Application:
     app.router.add_post("/v1/chat/completions", _chat_by_token)
     app.router.add_post("/rollouts/{rollout}/v1/responses", _respond_on_path)
     app.router.add_post("/v1/responses", _respond_by_token)
+    for prefix in ("/rollouts/{rollout}", ""):
+        app.router.add_post(f"{prefix}/v1/messages", _message)
+        app.router.add_post(f"{prefix}/v1/messages/count_tokens", _count_tokens)
     app.router.add_get("/rollouts/{rollout}/v1/models", _models)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/rollouts/{rollout}", _trajectory)

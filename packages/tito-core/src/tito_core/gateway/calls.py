@@ -1,16 +1,18 @@
 """One chat-completions call on a claimed gateway rollout: the request checked, run on the core, answered.
 
-Every front ends here: the Responses API maps its request onto this one (:mod:`.openai_responses`).
+Every front ends here: the Responses and Messages APIs map their requests onto this one
+(:mod:`.openai_responses`, :mod:`.anthropic_messages`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgspec
 
-from ..conversation import Conversation
+from ..conversation import Conversation, tool_specs_to_chat
 from ..errors import BackendConnectionError
 from ..render import ChatRenderer
 from ..rollout_core import CallOptions
@@ -19,9 +21,10 @@ from .errors import GatewayError, error_of
 from .openai_chat import ChatRequest, parse_request
 from .registry import GatewayRollout
 
-__all__ = ["chat_call", "placed_system"]
+__all__ = ["chat_call", "count_tokens", "placed_system", "translated"]
 
 logger = logging.getLogger("tito")
+T = TypeVar("T")
 
 
 async def chat_call(
@@ -73,6 +76,29 @@ async def chat_call(
         tito={"rollout_id": rollout.id, "branch": traj.branch, "turn": len(traj.turns) - 1},
     )
     return body_out, request
+
+
+def translated(rollout: GatewayRollout, translate: Callable[[], T]) -> T:
+    """``translate()``: a front's request as the chat-completions body it stands for.
+
+    Its 400 sets the rollout's status, as a chat request's does.
+    """
+    try:
+        return translate()
+    except GatewayError as exc:
+        rollout.rollout.fail(exc)
+        raise
+
+
+async def count_tokens(rollout: GatewayRollout, body: Any, options: CallOptions) -> int:
+    """How many tokens the prompt of a chat-completions ``body`` renders to on ``rollout``, with nothing recorded.
+
+    The whole conversation is rendered (an image counts as the template's placeholder, not its expansion).
+    """
+    request = parse_request(body, rollout.replies, options.sampling, None)
+    conversation = placed_system(request.conversation, rollout.rollout.renderer, rollout.id)
+    tools = tool_specs_to_chat(conversation.tool_specs)
+    return len(await rollout.rollout.renderer.initial_ids(conversation.chat(), tools))
 
 
 def placed_system(conversation: Conversation, renderer: ChatRenderer, rollout_id: str) -> Conversation:

@@ -39,6 +39,7 @@ _HANDLED = frozenset(
         "max_completion_tokens",
         "temperature",
         "top_p",
+        "top_k",
         "stop",
         "seed",
         "n",
@@ -164,7 +165,7 @@ def _sampling(body: Mapping[str, Any], base: SamplingParams) -> SamplingParams:
         if type(limit) is not int or limit < 1:
             raise bad_request(field, f"must be a positive integer, got {limit!r}")
         changes["max_new_tokens"] = limit
-    for key in ("temperature", "top_p", "seed"):
+    for key in ("temperature", "top_p", "top_k", "seed"):  # top_k: vLLM's and SGLang's extension
         if body.get(key) is not None:
             changes[key] = body[key]
     stop = body.get("stop")
@@ -178,7 +179,8 @@ def _sampling(body: Mapping[str, Any], base: SamplingParams) -> SamplingParams:
     try:
         return msgspec.structs.replace(base, **changes)
     except (ConfigError, msgspec.ValidationError, TypeError) as exc:
-        field = next((k for k in ("temperature", "top_p", "seed", "stop") if k in changes and k in str(exc)), "body")
+        keys = ("temperature", "top_p", "top_k", "seed", "stop")
+        field = next((k for k in keys if k in changes and k in str(exc)), "body")
         raise bad_request(field, str(exc)) from None
 
 

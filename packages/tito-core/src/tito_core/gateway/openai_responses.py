@@ -54,11 +54,18 @@ class ResponseChain:
             raise bad_request("previous_response_id", f"{response_id!r} is not a response of this rollout")
         return list(self._items[response_id])
 
-    def remember(self, response_id: str, items: list[Any]) -> None:
-        """``items``: the response's whole input, then its output."""
-        self._items[response_id] = items
-        while len(self._items) > _KEEP_RESPONSES:
-            self._items.popitem(last=False)
+    def answer(self, completion: Mapping[str, Any], body: Mapping[str, Any], items: list[Any]) -> dict[str, Any]:
+        """The ``Response`` of a recorded call (:func:`response_of`).
+
+        Kept with its whole input ``items`` unless the request says ``store: false``.
+        """
+        response_id = "resp_" + str(completion["id"]).removeprefix("chatcmpl-")
+        response = response_of(completion, body, response_id)
+        if body.get("store") is not False:
+            self._items[response_id] = [*items, *response["output"]]
+            while len(self._items) > _KEEP_RESPONSES:
+                self._items.popitem(last=False)
+        return response
 
 
 def chat_body(body: Any, chain: ResponseChain) -> tuple[dict[str, Any], list[Any]]:

@@ -31,10 +31,12 @@ from ..status import Closed, NoModelCall, status_of
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory
 from .access import Access, is_loopback
-from .calls import chat_call
+from .anthropic_messages import chat_body as messages_chat_body
+from .anthropic_messages import message_of as anthropic_message
+from .calls import chat_call, count_tokens, translated
 from .errors import GatewayError
 from .openai_chat import ChatRequest
-from .openai_responses import chat_body, response_of
+from .openai_responses import chat_body
 from .output import GatewayOutput
 from .registry import GatewayRollout, Registry
 
@@ -318,22 +320,24 @@ class Gateway:
         """Answer one Responses API request on rollout ``rollout_id``; returns the body and whether to stream it.
 
         The request is the chat call it stands for (:mod:`~tito_core.gateway.openai_responses`).
-
-        Raises:
-            GatewayError: As :meth:`chat`; a 400 names the Responses field.
         """
         rollout = self.get(rollout_id)
-        try:
-            chat, items = chat_body(body, rollout.responses)
-        except GatewayError as exc:
-            rollout.rollout.fail(exc)
-            raise
+        chat, items = translated(rollout, lambda: chat_body(body, rollout.responses))
         completion_body, request = await self.chat(rollout_id, chat)
-        response_id = "resp_" + completion_body["id"].removeprefix("chatcmpl-")
-        response = response_of(completion_body, body, response_id)
-        if body.get("store") is not False:
-            rollout.responses.remember(response_id, [*items, *response["output"]])
-        return response, request.stream
+        return rollout.responses.answer(completion_body, body, items), request.stream
+
+    async def message(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], bool]:
+        """Answer one Anthropic Messages request on rollout ``rollout_id``; returns the body and whether to stream.
+
+        The request is the chat call it stands for (:mod:`~tito_core.gateway.anthropic_messages`).
+        """
+        chat = translated(self.get(rollout_id), lambda: messages_chat_body(body))
+        completion_body, request = await self.chat(rollout_id, chat)
+        return anthropic_message(completion_body), request.stream
+
+    async def count_tokens(self, rollout_id: str, body: Any) -> int:
+        """The prompt's token count of a Messages ``count_tokens`` body on rollout ``rollout_id``; nothing recorded."""
+        return await count_tokens(self.get(rollout_id), messages_chat_body(body, counting=True), self._options)
 
 
 def served_model_name(config: TitoConfig) -> str:

@@ -7,7 +7,8 @@ closed trajectory back, which the worker turns into the same record a Strands ro
 (:mod:`tito_core.runner.finish`).
 
 A ``command`` agent runs in a process group of its own, in the config file's directory, with ``OPENAI_BASE_URL``,
-``OPENAI_API_KEY`` and ``ANTHROPIC_API_KEY`` (the rollout's token: no agent can reach a sibling's rollout) and
+``ANTHROPIC_BASE_URL`` (the same without its ``/v1``), ``OPENAI_API_KEY`` and ``ANTHROPIC_API_KEY`` (the rollout's
+token: no agent can reach a sibling's rollout) and
 ``TITO_TASK`` (the task as JSON) in its environment. Its standard output
 and error are read as they come (a full pipe never stalls it; only their tails are kept), and the last non-empty
 line of its standard output is its answer. When it exits, what it left behind in its group is killed; past the
@@ -171,6 +172,7 @@ class AgentRunner:
             "OPENAI_BASE_URL": base_url,
             "OPENAI_API_KEY": token,
             "ANTHROPIC_API_KEY": token,
+            "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"),  # the Anthropic SDK adds /v1/messages itself
             "TITO_TASK": msgspec.json.encode(task).decode(),
         }
         return await run_command(self.settings.command, env=env, cwd=self.cwd)

@@ -1,0 +1,136 @@
+"""The Anthropic Messages API front, driven by the real ``anthropic`` SDK on the scripted backend: the same
+conversation as chat completions (thinking, tool_use and tool_result blocks), its stream, count_tokens and errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import pytest
+from anthropic import AsyncAnthropic
+
+from tests.helpers import hermes_call
+from tito_core.gateway import Gateway
+
+ADD = {
+    "name": "add",
+    "description": "Add two integers.",
+    "input_schema": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                     "required": ["a", "b"]},
+}  # fmt: skip
+SYSTEM = [{"type": "text", "text": "Use the tool."}]
+
+
+def client(rollout: Any) -> AsyncAnthropic:
+    """The SDK adds ``/v1/messages`` to its base URL: the rollout's base URL without its ``/v1``."""
+    return AsyncAnthropic(base_url=rollout.base_url.removesuffix("/v1"), api_key=rollout.token, max_retries=0)
+
+
+async def test_a_tool_loop_records_two_turns_on_one_branch(
+    gateway: Gateway, backend: Any, qwen3_tokenizer: Any
+) -> None:
+    backend.add("<think>\nadd them\n</think>\n\n" + hermes_call("add", {"a": 2, "b": 3}))
+    backend.add("The sum is 5.")
+    rollout = gateway.open()
+    sdk = client(rollout)
+    messages: list[Any] = [{"role": "user", "content": "What is 2 + 3?"}]
+    first = await sdk.messages.create(
+        model="m", max_tokens=64, system=SYSTEM, messages=messages, tools=[ADD], tool_choice={"type": "any"}
+    )
+    assert [block.type for block in first.content] == ["thinking", "tool_use"] and first.stop_reason == "tool_use"
+    use = first.content[-1]
+    assert use.type == "tool_use" and use.input == {"a": 2, "b": 3}
+    messages += [
+        {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "5"}]},
+    ]
+    second = await sdk.messages.create(model="m", max_tokens=64, system=SYSTEM, messages=messages, tools=[ADD])
+    assert [(b.type, getattr(b, "text", None)) for b in second.content] == [("text", "The sum is 5.")]
+    assert second.stop_reason == "end_turn"
+    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    assert traj.branch == 0 and not traj.branches and len(traj.turns) == 2
+    first_request, second_request = backend.requests
+    turn = traj.turns[0]
+    assert list(second_request.input_ids[: traj.turns[1].prompt_start]) == [
+        *first_request.input_ids,
+        *traj.token_ids[turn.output_start : turn.output_start + turn.output_len],
+    ]
+    prompt = qwen3_tokenizer.decode(second_request.input_ids)
+    assert "<|im_start|>system\nUse the tool." in prompt and "<tool_response>\n5\n</tool_response>" in prompt
+    assert second.usage.input_tokens == len(second_request.input_ids)
+    assert (second.model_extra or {})["tito"]["output_ids"] == traj.token_ids[traj.turns[1].output_start :]
+    counted = await sdk.messages.count_tokens(model="m", system=SYSTEM, messages=messages, tools=[ADD])
+    assert counted.input_tokens == len(second_request.input_ids)  # the whole prompt, rendered again
+    assert len(backend.requests) == 2  # counting calls no model
+
+
+async def test_the_stream_is_the_apis_events_and_its_final_message(gateway: Gateway, backend: Any) -> None:
+    backend.add("<think>\nhm\n</think>\n\n" + hermes_call("add", {"a": 1, "b": 1}))
+    rollout = gateway.open()
+    async with client(rollout).messages.stream(
+        model="m", max_tokens=64, messages=[{"role": "user", "content": "1 + 1?"}], tools=[ADD]
+    ) as stream:
+        events = [event.type async for event in stream]
+        final = await stream.get_final_message()
+    assert [block.type for block in final.content] == ["thinking", "tool_use"]
+    tool_use = final.content[1]
+    assert tool_use.type == "tool_use" and tool_use.input == {"a": 1, "b": 1} and final.stop_reason == "tool_use"
+    raw = [e for e in events if e not in ("text", "thinking", "input_json", "signature")]  # the SDK's own extras
+    assert raw == [
+        "message_start",
+        "content_block_start", "content_block_delta", "content_block_stop",
+        "content_block_start", "content_block_delta", "content_block_stop",
+        "message_delta", "message_stop",
+    ]  # fmt: skip
+
+
+async def test_max_tokens_stop_sequences_and_top_k(gateway: Gateway, backend: Any) -> None:
+    backend.add("one two three four five six")
+    rollout = gateway.open()
+    answer = await client(rollout).messages.create(
+        model="m", max_tokens=2, stop_sequences=["zz"], messages=[{"role": "user", "content": "x"}],
+        extra_body={"top_k": 5},
+    )  # fmt: skip
+    assert answer.stop_reason == "max_tokens"
+    sampling = backend.requests[0].sampling
+    assert (sampling.max_new_tokens, sampling.stop, sampling.top_k) == (2, ("zz",), 5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "text"),
+    [
+        ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
+         "messages[0].content[0].type: content block 'document' is not supported"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "bash_20250124", "name": "bash"}]},
+         "tools[0].type: only custom tools"),
+        ({"messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]},
+         "only base64 image sources"),
+        ({"messages": [{"role": "user", "content": "x"}], "extra_body": {"container": "c"}},
+         "container: this field is not supported"),
+    ],
+    ids=["document", "server-tool", "image-url", "unknown-field"],
+)  # fmt: skip
+async def test_what_cannot_be_honoured_is_a_400_in_anthropics_shape(
+    gateway: Gateway, backend: Any, kwargs: dict[str, Any], text: str
+) -> None:
+    rollout = gateway.open()
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        await client(rollout).messages.create(model="m", max_tokens=8, **kwargs)
+    body = caught.value.body
+    assert isinstance(body, dict) and body["type"] == "error", body
+    assert body["error"]["type"] == "invalid_request_error" and text in body["error"]["message"], body
+    assert not backend.requests
+
+
+async def test_the_token_alone_finds_the_rollout_in_x_api_key(gateway: Gateway, backend: Any) -> None:
+    backend.add("hi")
+    rollout = gateway.open()
+    root = rollout.base_url.split("/rollouts/")[0]
+    sdk = AsyncAnthropic(base_url=root, api_key=rollout.token, max_retries=0)  # x-api-key: the token
+    answer = await sdk.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "x"}])
+    assert answer.content[0].type == "text" and len(backend.requests) == 1
+    other = AsyncAnthropic(base_url=root, api_key="sk-ant-not-a-token", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as caught:
+        await other.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "x"}])
+    assert "sk-ant-not-a-token" not in str(caught.value.body)
