@@ -88,7 +88,7 @@ class Image:
 
     @property
     def size(self) -> tuple[int, int]:
-        """``(width, height)`` in pixels."""
+        """``(width, height)`` in pixels, upright (an EXIF orientation that turns it by 90 degrees swaps them)."""
         return self._size
 
     @property
@@ -104,10 +104,22 @@ class Image:
         return encoded
 
     def to_pil(self) -> Any:
-        """The decoded image as an RGB ``PIL.Image.Image`` (what image processors take)."""
+        """The decoded image as an RGB ``PIL.Image.Image`` (what image processors take), loaded as engines load it.
+
+        Turned upright by its EXIF orientation (transformers' ``load_image``, vLLM), and any transparency composited
+        onto white (transformers' ``convert_to_rgb``, vLLM): a transparent pixel's hidden colour is never what the
+        model sees.
+        """
         pil = _pil()
+        from PIL import ImageOps
+
         with pil.open(io.BytesIO(self._data)) as opened:
-            return opened.convert("RGB")
+            upright = ImageOps.exif_transpose(opened)
+            if "A" in upright.getbands() or upright.info.get("transparency") is not None:
+                rgba = upright.convert("RGBA")
+                white = pil.new("RGBA", rgba.size, (255, 255, 255, 255))
+                return pil.alpha_composite(white, rgba).convert("RGB")
+            return upright.convert("RGB")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Image) and other._sha256 == self._sha256
@@ -181,6 +193,8 @@ def _pil() -> Any:
     return PILImage
 
 
+_ORIENTATION = 0x0112  # the EXIF tag
+_TURNED = frozenset({5, 6, 7, 8})  # the orientations that turn the image by 90 or 270 degrees
 _PROBED = 4096  # decoded (format, size) remembered by hash; a few hundred bytes each
 _probed: dict[str, tuple[str, tuple[int, int]]] = {}
 _probed_lock = threading.Lock()
@@ -206,6 +220,8 @@ def _probe(data: bytes) -> tuple[str, tuple[int, int]]:
         with pil.open(io.BytesIO(data)) as opened:
             fmt = (opened.format or "").lower()
             size = (int(opened.width), int(opened.height))
+            if opened.getexif().get(_ORIENTATION) in _TURNED:
+                size = size[::-1]  # as exif_transpose turns it (to_pil)
             opened.load()
     except Exception as exc:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ValueError ...
         raise ImageError(f"the image bytes do not decode ({type(exc).__name__}: {exc})") from exc
