@@ -174,7 +174,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tito_testing.tokenizers import qwen_tokenizer_dir
 
     tokenizer_dir = str(qwen_tokenizer_dir("qwen3"))
-    impls = ["tito", "gateway"] + (["peer"] if args.peer_python else [])
+    fronts = [f"gateway-{front}" for front in args.fronts.split(",") if front and front != "chat"]
+    impls = ["tito", "gateway", *fronts] + (["peer"] if args.peer_python else [])
     report: dict[str, Any] = {"latency": {}, "gateway_parts": {}, "throughput": {}, "faults": None}
     with contextlib.ExitStack() as stack:
         server = Worker("fake server", [sys.executable, str(HERE / "fake_sglang.py"), "--tokenizer", tokenizer_dir],
@@ -185,14 +186,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         gateway = stack.enter_context(gateway_process(url, tokenizer_dir, profile=profile))
         workers: dict[str, Worker] = {}
         for impl in impls:
-            if impl == "gateway":
-                argv = [sys.executable, str(HERE / "gateway_client.py"), tokenizer_dir]
+            if impl.startswith("gateway"):
+                front = impl.partition("-")[2] or "chat"
+                argv = [sys.executable, str(HERE / "gateway_client.py"), tokenizer_dir, front]
             else:
                 argv = [args.peer_python if impl == "peer" else sys.executable, str(HERE / "client.py"), impl,
                         tokenizer_dir]  # fmt: skip
             workers[impl] = Worker(impl, argv, "READY")
             stack.callback(workers[impl].stop)
-        workers["gateway"].call({"op": "connect", "url": url, "gateway": gateway})
+        for impl in impls:
+            if impl.startswith("gateway"):
+                workers[impl].call({"op": "connect", "url": url, "gateway": gateway})
         for size in [int(s) for s in args.sizes.split(",") if s]:
             workload = Workload.for_size(size, args.calls)
             post_json(url + "/configure", workload.as_dict())
@@ -207,6 +211,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "chat_ms": median([1e3 * (c - s) for r in gw for c, s in zip(r["chat"], r["server"], strict=True)]),
                 "json_ms": median([1e3 * j for r in gw for j in r["json"]]),
             }
+        impls = [impl for impl in impls if impl not in fronts]  # calls/s and faults: chat completions
         for size in [int(s) for s in args.concurrency_sizes.split(",") if s]:
             workload = Workload.for_size(size, args.calls)
             post_json(url + "/configure", workload.as_dict())
@@ -261,6 +266,16 @@ def render(report: dict[str, Any]) -> str:
             f"{fmt(gw['client_ms'] - peer['client_ms']) if peer else '-'} | "
             f"{fmt(parts['chat_ms'])} | {fmt(parts['json_ms'])} |"
         )
+    fronts = sorted({impl for by in report["latency"].values() for impl in by if impl.startswith("gateway-")})
+    if fronts:
+        lines += ["", "| size | front | ms/call | front - direct | front - chat completions |", "|---|---|---|---|---|"]
+        for size, by in report["latency"].items():
+            for front in fronts:
+                ms = by[front]["client_ms"]
+                lines.append(
+                    f"| {SIZES.get(int(size), size)} | {front.partition('-')[2]} | {fmt(ms)} | "
+                    f"{fmt(ms - by['tito']['client_ms'])} | {fmt(ms - by['gateway']['client_ms'])} |"
+                )
     lines += ["", "| size | concurrent rollouts | TitoModel direct calls/s | gateway calls/s | gateway / direct | "
               "strands-sglang calls/s |", "|---|---|---|---|---|---|"]  # fmt: skip
     for size, by_level in report["throughput"].items():
@@ -301,6 +316,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,32000", help="target trajectory sizes for the per-call figures")
     parser.add_argument("--calls", type=int, default=8, help="model calls per rollout")
     parser.add_argument("--repeats", type=int, default=7, help="timed rollouts per size and client (after a warm-up)")
+    parser.add_argument("--fronts", default="chat,responses,messages", help="the gateway's fronts for ms/call")
     parser.add_argument("--concurrency", default="64", help="concurrent rollouts for calls/s")
     parser.add_argument("--concurrency-sizes", default="1000", help="sizes for the calls/s runs")
     parser.add_argument("--throughput-repeats", type=int, default=3, help="runs per calls/s figure (the median)")

@@ -1,4 +1,7 @@
-"""The gateway's benchmark client: the workload's agent as an OpenAI chat-completions client of ``tito serve``.
+"""The gateway's benchmark client: the workload's agent as a client of ``tito serve``, on one of its fronts.
+
+``gateway_client.py TOKENIZER_DIR [FRONT]``: ``chat`` (chat completions, the default), ``responses`` (the Responses
+API, the whole input replayed each call as the Agents SDK sends it) or ``messages`` (Anthropic Messages).
 
 Speaks ``client.py``'s command protocol (one JSON command per stdin line, one ``RESULT <json>`` line back), so
 ``run.py``'s helpers drive it beside the ``tito`` and ``peer`` workers. A rollout is what any OpenAI agent does:
@@ -55,6 +58,101 @@ LOOKUP = {
 }
 
 
+RESPONSES_TOOL = {"type": "function", **LOOKUP["function"]}
+MESSAGES_TOOL = {
+    "name": "lookup",
+    "description": LOOKUP["function"]["description"],
+    "input_schema": LOOKUP["function"]["parameters"],
+}
+
+
+class Chat:
+    """The agent's conversation as chat-completions messages (the OpenAI SDK's JSON)."""
+
+    path = "/chat/completions"
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": USER_PROMPT},
+        ]
+        self.calls: list[Any] = []
+
+    def request(self) -> dict[str, Any]:
+        """The next call's request body."""
+        return {"model": "tito", "messages": self.messages, "tools": [LOOKUP]}
+
+    def answered(self, answer: Any) -> list[str]:
+        """Keep the answer; the queries of its tool calls."""
+        message = {k: v for k, v in answer["choices"][0]["message"].items() if v is not None}
+        self.messages.append(message)
+        self.calls = message.get("tool_calls") or []
+        return [json.loads(call["function"]["arguments"])["query"] for call in self.calls]
+
+    def results(self, texts: list[str]) -> None:
+        """Answer the last tool calls with ``texts``."""
+        for call, text in zip(self.calls, texts, strict=True):
+            self.messages.append({"role": "tool", "tool_call_id": call["id"], "content": text})
+
+
+class Responses:
+    """The conversation as Responses API input items, replayed whole (``store: false``, as the Agents SDK does)."""
+
+    path = "/responses"
+
+    def __init__(self) -> None:
+        self.items: list[Any] = [{"role": "user", "content": USER_PROMPT}]
+        self.calls: list[Any] = []
+
+    def request(self) -> dict[str, Any]:
+        """The next call's request body."""
+        return {"model": "tito", "instructions": SYSTEM_PROMPT, "input": self.items, "tools": [RESPONSES_TOOL],
+                "store": False}  # fmt: skip
+
+    def answered(self, answer: Any) -> list[str]:
+        """Keep the answer; the queries of its tool calls."""
+        self.items += answer["output"]
+        self.calls = [item for item in answer["output"] if item["type"] == "function_call"]
+        return [json.loads(call["arguments"])["query"] for call in self.calls]
+
+    def results(self, texts: list[str]) -> None:
+        """Answer the last tool calls with ``texts``."""
+        for call, text in zip(self.calls, texts, strict=True):
+            self.items.append({"type": "function_call_output", "call_id": call["call_id"], "output": text})
+
+
+class Messages:
+    """The conversation as Anthropic Messages (the anthropic SDK's JSON)."""
+
+    path = "/messages"
+
+    def __init__(self) -> None:
+        self.messages: list[Any] = [{"role": "user", "content": USER_PROMPT}]
+        self.uses: list[Any] = []
+
+    def request(self) -> dict[str, Any]:
+        """The next call's request body."""
+        return {"model": "tito", "system": SYSTEM_PROMPT, "messages": self.messages, "tools": [MESSAGES_TOOL],
+                "max_tokens": 4096}  # fmt: skip
+
+    def answered(self, answer: Any) -> list[str]:
+        """Keep the answer; the queries of its tool calls."""
+        self.messages.append({"role": "assistant", "content": answer["content"]})
+        self.uses = [block for block in answer["content"] if block["type"] == "tool_use"]
+        return [use["input"]["query"] for use in self.uses]
+
+    def results(self, texts: list[str]) -> None:
+        """Answer the last tool calls with ``texts``."""
+        blocks = [
+            {"type": "tool_result", "tool_use_id": use["id"], "content": text}
+            for use, text in zip(self.uses, texts, strict=True)
+        ]
+        self.messages.append({"role": "user", "content": blocks})
+
+
+FRONTS: dict[str, Callable[[], Any]] = {"chat": Chat, "responses": Responses, "messages": Messages}
+
+
 class CallFailed(Exception):
     """The gateway answered a chat call with an error (its OpenAI error JSON)."""
 
@@ -66,8 +164,12 @@ class CallFailed(Exception):
 class GatewayClient:
     """Runs the workload's agent against the gateway (one shared aiohttp session)."""
 
-    def __init__(self, tokenizer_dir: str) -> None:
+    def __init__(self, tokenizer_dir: str, front: str = "chat") -> None:
         from transformers import AutoTokenizer
+
+        if front not in FRONTS:
+            raise SystemExit(f"front must be one of {sorted(FRONTS)}, not {front!r}")
+        self.front = front
 
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.url = ""  # the fake engine
@@ -109,29 +211,20 @@ class GatewayClient:
         if status != 201:
             raise CallFailed(status, body)
         base, rid, token = opened["base_url"], opened["id"], opened["token"]
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": USER_PROMPT},
-        ]
+        conversation = FRONTS[self.front]()
         try:
             for _ in range(workload.calls + 2):
-                request = {"model": "tito", "messages": messages, "tools": [LOOKUP]}
+                request = conversation.request()
                 started = time.perf_counter()
-                status, body, answer = await self._post(f"{base}/chat/completions", request, row["json"], token)
+                status, body, answer = await self._post(f"{base}{conversation.path}", request, row["json"], token)
                 row["stream"].append(time.perf_counter() - started)
                 row["statuses"].append(status)
                 if status != 200:
                     raise CallFailed(status, body)
-                message = {k: v for k, v in answer["choices"][0]["message"].items() if v is not None}
-                messages.append(message)
-                calls = message.get("tool_calls") or []
-                if not calls:
+                queries = conversation.answered(answer)
+                if not queries:
                     break
-                for call in calls:
-                    query = json.loads(call["function"]["arguments"])["query"]
-                    messages.append(
-                        {"role": "tool", "tool_call_id": call["id"], "content": f"Result for {query}: {blob}"}
-                    )
+                conversation.results([f"Result for {query}: {blob}" for query in queries])
         finally:  # every rollout is finished, failed ones included: the gateway writes its record
             status, body, record = await self._post(f"{self.gateway}/rollouts/{rid}/finish", {}, scratch, token)
             if status != 200:
@@ -213,7 +306,7 @@ def _row() -> dict[str, Any]:
 
 def main() -> None:
     """Serve commands from stdin until EOF."""
-    client = GatewayClient(sys.argv[1])
+    client = GatewayClient(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "chat")
     loop = asyncio.new_event_loop()
     print("READY", flush=True)
     handlers: dict[str, Callable[[dict[str, Any]], Any]] = {
