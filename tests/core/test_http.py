@@ -230,7 +230,7 @@ async def test_context_length_errors(status: int, body: str) -> None:
     client = make_client(lambda _: httpx.Response(status, text=body))
     with pytest.raises(ContextLengthError) as info:
         await client.post("/generate", b"{}")
-    assert isinstance(info.value, ContextWindowOverflowException)
+    assert not isinstance(info.value, ContextWindowOverflowException)  # tito's errors are free of Strands ...
     assert info.value.status == status and info.value.body == body
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .cli_serve import add_serve_command, run_serve
+from .errors import ConfigError, TitoError  # no Strands: cheap at start-up
 
 __all__ = ["main"]
 
@@ -53,8 +54,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from .errors import TitoError  # here, not at the top: an import Ctrl-C lands in is inside main's handler
-
     try:
         if args.command == "rollout":
             return _rollout(args)
@@ -216,8 +215,6 @@ def _rollout(args: argparse.Namespace) -> int:
 
 def _settings(items: Sequence[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` items as config overrides: the value read as TOML, else taken as a plain string."""
-    from .errors import ConfigError
-
     settings: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -233,8 +230,6 @@ def _settings(items: Sequence[str]) -> dict[str, Any]:
 
 def _executor(args: argparse.Namespace) -> Any:
     """None (the local executor) or a RayExecutor, from ``--executor``, ``--address`` and ``--workers``."""
-    from .errors import ConfigError
-
     if args.executor == "local":
         if args.address is not None or args.workers is not None:
             raise ConfigError("--address and --workers go with --executor ray")
@@ -258,7 +253,6 @@ class _JsonFormatter(logging.Formatter):
 
 
 def _export(args: argparse.Namespace) -> int:
-    from .errors import ConfigError
     from .runner import read_records
     from .runner.samples import training_rows
 
@@ -408,7 +402,6 @@ def _inspect_tokenizer(args: argparse.Namespace) -> Any:
 
     A config without ``tokenizer`` whose ``prepare`` hook sets it (the arithmetic example) has the hook run.
     """
-    from .errors import ConfigError
     from .tokenizers import load_tokenizer
 
     if args.tokenizer:

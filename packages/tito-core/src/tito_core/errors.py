@@ -1,9 +1,9 @@
 """Typed errors raised by tito.
 
-Every error is a :class:`TitoError`. Errors that Strands knows how to handle also inherit the Strands
-exception, so the agent loop reacts to them as it would for any other model provider: a
-:class:`ContextLengthError` is a ``ContextWindowOverflowException`` (Strands reduces the context and
-retries).
+Every error is a :class:`TitoError`, and this module imports no framework: the rollout core, the adapters and
+the gateway use it without Strands. The Strands front (:class:`~tito_core.model.TitoModel`) raises a context
+overflow (:class:`ContextLengthError`, :class:`ContextWindowFullError`) as one that is also Strands'
+``ContextWindowOverflowException``, so a Strands conversation manager reduces the context and retries.
 
 Retries of engine requests happen in one place, tito's HTTP client (:mod:`tito_core.http`), and only for
 answers that prove the engine did not start the request. A :class:`BackendThrottledError` is raised once
@@ -14,8 +14,6 @@ those retries are spent; it is deliberately *not* a Strands ``ModelThrottledExce
 from __future__ import annotations
 
 from typing import Any
-
-from strands.types.exceptions import ContextWindowOverflowException
 
 
 class TitoError(Exception):
@@ -171,15 +169,16 @@ class GenerationAbortedError(BackendError):
     """The engine aborted the generation (finish reason ``abort``); the tokens it produced are kept."""
 
 
-class ContextLengthError(BackendError, ContextWindowOverflowException):
+class ContextLengthError(BackendError):
     """The request does not fit in the model's context window."""
 
 
-class ContextWindowFullError(TitoError, ContextWindowOverflowException):
+class ContextWindowFullError(TitoError):
     """The trajectory leaves no room for a new generation in the context window; the rollout ends ``truncated``.
 
-    Raised by the rollout core before anything is sent. Like :class:`ContextLengthError` it is a Strands
-    ``ContextWindowOverflowException``, so a Strands conversation manager can reduce the context.
+    Raised by the rollout core before anything is sent. Through ``TitoModel``, like :class:`ContextLengthError`,
+    it is also a Strands ``ContextWindowOverflowException``, so a Strands conversation manager can reduce the
+    context.
     """
 
 

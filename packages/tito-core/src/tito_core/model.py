@@ -27,7 +27,7 @@ from strands.types.streaming import StreamEvent
 from strands.types.tools import ToolSpec
 
 from .backend import Backend, SamplingParams, sampling_params
-from .errors import ConfigError, TitoError
+from .errors import ConfigError, ContextLengthError, ContextWindowFullError, TitoError
 from .grammar import GrammarToolParser, tool_choice_option
 from .render import shared_renderer
 from .render.vision import DEFAULT_MAX_IMAGES, ProcessorSpec, vision_processor
@@ -46,6 +46,23 @@ logger = logging.getLogger("tito")
 T = TypeVar("T", bound=BaseModel)
 _CONFIG_KEYS = frozenset(CallOptions.__struct_fields__)
 end_with(ContextWindowOverflowException, "truncated")  # Strands' own overflow ends a rollout truncated
+
+
+class StrandsContextLengthError(ContextLengthError, ContextWindowOverflowException):
+    """A :class:`~tito_core.errors.ContextLengthError` that is also Strands' context overflow (``TitoModel``)."""
+
+
+class StrandsContextWindowFullError(ContextWindowFullError, ContextWindowOverflowException):
+    """A :class:`~tito_core.errors.ContextWindowFullError` that is also Strands' context overflow (``TitoModel``)."""
+
+
+def for_strands(exc: ContextLengthError | ContextWindowFullError) -> TitoError:
+    """``exc`` as the same error that is also Strands' ``ContextWindowOverflowException`` (same message, fields)."""
+    kind = StrandsContextLengthError if isinstance(exc, ContextLengthError) else StrandsContextWindowFullError
+    error = kind.__new__(kind)
+    error.__dict__.update(exc.__dict__)
+    error.args = exc.args
+    return error
 
 
 class TitoModel(Model):
@@ -265,7 +282,10 @@ class TitoModel(Model):
             except Exception as exc:  # content tito cannot render ends the call like any other failure
                 self._rollout.fail(exc)
                 raise
-            result = await self._rollout.call(conversation, self._options, tool_choice=tool_choice)
+            try:
+                result = await self._rollout.call(conversation, self._options, tool_choice=tool_choice)
+            except (ContextLengthError, ContextWindowFullError) as exc:  # the rollout has its status already
+                raise for_strands(exc) from exc
         finally:
             self._busy = False
         for call in result.malformed_calls:

@@ -17,15 +17,44 @@ command line over them. Modules, one job each:
 
 from __future__ import annotations
 
-from .dataset import Task, load_tasks
-from .executor import Executor, LocalExecutor, WorkItem
-from .progress import JsonReporter, QuietReporter, Reporter, RichReporter
-from .records import RolloutRecord, Timings, TokenCounts, open_writer, read_records
-from .rewards import Sample, group_normalized
-from .run import arollout, rollout
-from .servers import ServerPool
-from .summary import RunSummary
-from .worker import RolloutWorker
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Exports load on first use: the gateway and the agent path take records and tasks from here without importing
+# the Strands worker (tests/core/test_without_strands.py).
+_EXPORTS = {
+    "Task": "dataset", "load_tasks": "dataset",
+    "Executor": "executor", "LocalExecutor": "executor", "WorkItem": "executor",
+    "JsonReporter": "progress", "QuietReporter": "progress", "Reporter": "progress", "RichReporter": "progress",
+    "RolloutRecord": "records", "Timings": "records", "TokenCounts": "records", "open_writer": "records",
+    "read_records": "records",
+    "Sample": "rewards", "group_normalized": "rewards",
+    "arollout": "run", "rollout": "run",
+    "ServerPool": "servers",
+    "RunSummary": "summary",
+    "RolloutWorker": "worker",
+}  # fmt: skip
+
+if TYPE_CHECKING:
+    from .dataset import Task, load_tasks
+    from .executor import Executor, LocalExecutor, WorkItem
+    from .progress import JsonReporter, QuietReporter, Reporter, RichReporter
+    from .records import RolloutRecord, Timings, TokenCounts, open_writer, read_records
+    from .rewards import Sample, group_normalized
+    from .run import arollout, rollout
+    from .servers import ServerPool
+    from .summary import RunSummary
+    from .worker import RolloutWorker
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Executor",

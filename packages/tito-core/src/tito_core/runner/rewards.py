@@ -14,13 +14,14 @@ import math
 import statistics
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from strands.types.content import Messages
+from typing import TYPE_CHECKING, Any
 
 from ..trajectory import Trajectory
 from .dataset import Task
 from .records import FinalStatus
+
+if TYPE_CHECKING:
+    from strands.types.content import Messages  # a type only: the agent path runs without Strands
 
 __all__ = ["GroupRewardFn", "RewardFn", "Sample", "call_maybe_async", "group_normalized"]
 
