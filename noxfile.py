@@ -27,6 +27,7 @@ nox.options.sessions = [
     "typecheck",
     "tests_core",
     "agents",  # ~1 minute: `tito rollout` driving agent processes (openai SDK, OpenAI Agents SDK) through the gateway
+    "harness_codex",  # ~1 minute: Codex CLI (npm) through the gateway's Responses API, on the scripted backend
     "tests_adapter",
     "tests_families",
     "faults",
@@ -118,6 +119,23 @@ def agents(session: nox.Session) -> None:
     install_core(session)
     session.install("openai-agents==0.24.0", ANTHROPIC_SDK)  # anthropic: the Messages API agent
     session.run("pytest", "tests/gateway_runner", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+
+
+CODEX_CLI = "@openai/codex@0.169.0"
+
+
+@nox.session(python=PYTHON, tags=["tests"])
+def harness_codex(session: nox.Session) -> None:
+    """A coding harness through the gateway: Codex CLI (npm; it speaks only the Responses API) runs a shell tool loop
+    on the scripted backend. Needs `npm` on PATH (Node 18+); the CLI goes into the session's folder."""
+    if shutil.which("npm") is None:
+        session.skip("npm is not on PATH: Codex CLI is an npm package (install Node 18+ to run this session)")
+    install_core(session)
+    prefix = Path(session.virtualenv.location) / "npm"
+    session.run("npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), CODEX_CLI,
+                external=True)  # fmt: skip
+    codex = prefix / "node_modules" / ".bin" / "codex"
+    session.run("pytest", "tests/harnesses", *session.posargs, env={"TITO_CODEX": str(codex)})
 
 
 @nox.session(python=PYTHON, tags=["tests"])

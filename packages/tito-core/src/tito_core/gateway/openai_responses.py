@@ -28,7 +28,7 @@ __all__ = ["ResponseChain", "chat_body", "response_of", "sse_events"]
 # Accepted and without effect on tokens: what the SDKs send by default.
 _IGNORED = frozenset(
     {"model", "user", "metadata", "store", "include", "reasoning", "service_tier", "prompt_cache_key",
-     "safety_identifier", "prompt_cache_retention", "stream_options"}
+     "safety_identifier", "prompt_cache_retention", "stream_options", "client_metadata"}
 )  # fmt: skip
 _MAPPED = frozenset(
     {"input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens", "temperature",
