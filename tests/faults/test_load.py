@@ -92,7 +92,9 @@ def control(url: str, path: str, payload: dict[str, Any] | None = None) -> Any:
 async def run_rollouts(url: str, tokenizer: Any, n: int, timeout: float) -> tuple[list[Trajectory], float]:
     """``n`` concurrent agent invocations (a tool call, then a final answer) on one shared backend."""
     retry = RetryPolicy(max_attempts=3, initial_delay=0.05, max_delay=0.5, max_total=10.0)
-    backend = get_backend("sglang", base_url=url, timeout=timeout, retry=retry)
+    # connecting has the same limit: 1,000 connections opened at once on a busy machine took over 5 s (223 rollouts
+    # failed "Connection timeout" beside a CPU-heavy neighbour in a fresh-clone run)
+    backend = get_backend("sglang", base_url=url, timeout=timeout, connect_timeout=timeout, retry=retry)
 
     async def one() -> Trajectory:
         model = TitoModel(backend, tokenizer, tool_parser="hermes", sampling={"max_new_tokens": 64})
