@@ -27,7 +27,7 @@ nox.options.sessions = [
     "typecheck",
     "tests_core",
     "agents",  # ~1 minute: `tito rollout` driving agent processes (openai SDK, OpenAI Agents SDK) through the gateway
-    "harness_codex",  # ~1 minute: Codex CLI (npm) through the gateway's Responses API, on the scripted backend
+    "harnesses",  # ~2 minutes: Codex CLI and Claude Code (npm) through the gateway, on the scripted backend
     "tests_adapter",
     "tests_families",
     "faults",
@@ -121,21 +121,23 @@ def agents(session: nox.Session) -> None:
     session.run("pytest", "tests/gateway_runner", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 
-CODEX_CLI = "@openai/codex@0.169.0"
+HARNESSES = ["@openai/codex@0.169.0", "@anthropic-ai/claude-code@2.1.328"]
 
 
 @nox.session(python=PYTHON, tags=["tests"])
-def harness_codex(session: nox.Session) -> None:
-    """A coding harness through the gateway: Codex CLI (npm; it speaks only the Responses API) runs a shell tool loop
-    on the scripted backend. Needs `npm` on PATH (Node 18+); the CLI goes into the session's folder."""
+def harnesses(session: nox.Session) -> None:
+    """Coding harnesses through the gateway, each running a shell tool loop on the scripted backend: Codex CLI (it
+    speaks only the Responses API) and Claude Code (Messages; the CLI the Claude Agent SDK drives). Needs `npm` on
+    PATH (Node 18+); the CLIs go into the session's folder."""
     if shutil.which("npm") is None:
-        session.skip("npm is not on PATH: Codex CLI is an npm package (install Node 18+ to run this session)")
+        session.skip("npm is not on PATH: the harnesses are npm packages (install Node 18+ to run this session)")
     install_core(session)
     prefix = Path(session.virtualenv.location) / "npm"
-    session.run("npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), CODEX_CLI,
+    session.run("npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), *HARNESSES,
                 external=True)  # fmt: skip
-    codex = prefix / "node_modules" / ".bin" / "codex"
-    session.run("pytest", "tests/harnesses", *session.posargs, env={"TITO_CODEX": str(codex)})
+    bin_dir = prefix / "node_modules" / ".bin"
+    env = {"TITO_CODEX": str(bin_dir / "codex"), "TITO_CLAUDE": str(bin_dir / "claude")}
+    session.run("pytest", "tests/harnesses", *session.posargs, env=env)
 
 
 @nox.session(python=PYTHON, tags=["tests"])

@@ -3,7 +3,7 @@
 ``codex exec`` runs with a model provider whose base URL is a gateway rollout's and whose key is its token; the
 model is the scripted backend: a call to Codex's own ``exec_command`` tool, then an answer. Codex runs the command
 itself, sends its output back, and both calls must be recorded on one branch with the command's output in the
-second prompt. The nox session ``harness_codex`` installs the CLI (``TITO_CODEX``: its executable).
+second prompt. The nox session ``harnesses`` installs the CLI (``TITO_CODEX``: its executable).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tito_testing.tokenizers import qwen_tokenizer_dir
 
 CODEX = os.environ.get("TITO_CODEX", "")
 pytestmark = pytest.mark.skipif(
-    not (CODEX and Path(CODEX).exists()), reason="Codex CLI not installed: run `nox -s harness_codex`"
+    not (CODEX and Path(CODEX).exists()), reason="Codex CLI not installed: run `nox -s harnesses`"
 )
 CALL = '<tool_call>\n{"name": "exec_command", "arguments": {"cmd": "echo $((20 + 22))"}}\n</tool_call>'
 

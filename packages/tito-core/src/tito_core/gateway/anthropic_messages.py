@@ -5,7 +5,8 @@ field in its 400s: ``system`` (a string or text blocks) leads; a user message's 
 messages (text or image content) and its ``text`` and base64 ``image`` blocks a user message; an assistant
 message's ``thinking``, ``text`` and ``tool_use`` blocks are one assistant turn; ``tools`` (``input_schema``),
 ``tool_choice`` (``auto``, ``any``, ``tool``, ``none``), ``max_tokens``, ``stop_sequences``, ``temperature``,
-``top_p``, ``top_k`` and ``output_format`` (structured outputs) map one to one.
+``top_p``, ``top_k`` and ``output_format`` / ``output_config.format`` (structured outputs) map one to one; a
+``system`` message in ``messages`` (Claude Code sends them) is a system message where it stands.
 
 :func:`message_of` writes the recorded call back as a ``Message`` (``thinking``, ``text``, ``tool_use`` blocks,
 ``stop_reason`` ``end_turn`` / ``tool_use`` / ``max_tokens``), and :func:`sse_events` replays it as the API's
@@ -26,7 +27,7 @@ __all__ = ["chat_body", "message_of", "sse_events"]
 _IGNORED = frozenset({"model", "metadata", "thinking", "service_tier", "context_management"})
 _MAPPED = frozenset(
     {"messages", "system", "tools", "tool_choice", "max_tokens", "stop_sequences", "temperature", "top_p",
-     "top_k", "stream", "output_format"}
+     "top_k", "stream", "output_format", "output_config"}
 )  # fmt: skip
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "stop": "end_turn"}
 
@@ -65,7 +66,10 @@ def chat_body(body: Any, *, counting: bool = False) -> dict[str, Any]:
     for key in ("temperature", "top_p", "top_k", "stream"):
         if body.get(key) is not None:
             chat[key] = body[key]
-    fmt = body.get("output_format")
+    config = body.get("output_config")
+    if config is not None and not isinstance(config, Mapping):
+        raise bad_request("output_config", "must be an object")
+    fmt = body.get("output_format") or (config or {}).get("format")  # output_config.effort: without effect
     if fmt is not None:
         if not isinstance(fmt, Mapping) or fmt.get("type") != "json_schema":
             raise bad_request("output_format.type", "must be 'json_schema'")
@@ -92,10 +96,12 @@ def _message(message: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(message, Mapping):
         raise bad_request(where, "must be a message object")
     role, content = message.get("role"), message.get("content")
-    if role not in ("user", "assistant"):
-        raise bad_request(f"{where}.role", f"must be 'user' or 'assistant', got {role!r}")
+    if role not in ("user", "assistant", "system"):
+        raise bad_request(f"{where}.role", f"must be 'user', 'assistant' or 'system', got {role!r}")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
+    if role == "system":  # Claude Code sends these in the history: a system message where it stands
+        return [{"role": "system", "content": "\n\n".join(_system(content))}]
     if not isinstance(content, list):
         raise bad_request(f"{where}.content", "must be a string or a list of content blocks")
     return _assistant(content, where) if role == "assistant" else _user(content, where)
