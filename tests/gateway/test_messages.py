@@ -11,6 +11,7 @@ from anthropic import AsyncAnthropic
 
 from tests.helpers import hermes_call
 from tito_core.gateway import Gateway
+from tito_core.grammar import answer_grammar
 
 ADD = {
     "name": "add",
@@ -134,3 +135,25 @@ async def test_the_token_alone_finds_the_rollout_in_x_api_key(gateway: Gateway, 
     with pytest.raises(anthropic.AuthenticationError) as caught:
         await other.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "x"}])
     assert "sk-ant-not-a-token" not in str(caught.value.body)
+
+
+async def test_claude_codes_system_message_and_output_config_are_taken(
+    gateway: Gateway, backend: Any, qwen3_tokenizer: Any
+) -> None:
+    backend.add('{"sum": 5}')
+    rollout = gateway.open()
+    schema = {"type": "object", "properties": {"sum": {"type": "integer"}}, "required": ["sum"]}
+    messages: Any = [
+        {"role": "user", "content": [{"type": "text", "text": "2 + 3?"}]},
+        {"role": "system", "content": [{"type": "text", "text": "Answer in JSON.", "cache_control": {"type": "x"}}]},
+    ]
+    answer = await client(rollout).messages.create(
+        model="m", max_tokens=32, messages=messages,
+        extra_body={"output_config": {"effort": "high", "format": {"type": "json_schema", "schema": schema}},
+                    "context_management": {"edits": []}, "thinking": {"type": "adaptive"}},
+    )  # fmt: skip
+    assert answer.content[0].type == "text" and answer.content[0].text == '{"sum": 5}'
+    (request,) = backend.requests
+    assert request.grammar == answer_grammar(schema)
+    prompt = qwen3_tokenizer.decode(request.input_ids)
+    assert "<|im_start|>user\n2 + 3?<|im_end|>\n<|im_start|>system\nAnswer in JSON.<|im_end|>" in prompt
