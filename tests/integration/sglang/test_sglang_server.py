@@ -634,6 +634,10 @@ async def test_the_weight_probe_passes_the_pushed_checkpoint_and_catches_a_wrong
         assert score.passed and score.mean_diff < BF16_MEAN, score
         lines.append(f"B pushed, B loaded: passed, {score.describe()}")
         for name, wrong in (("A (the old checkpoint)", sglang_model_dir), ("B with layer 1 of A", half)):
+            # the last request (the passing probe, or the held one) has answered, but a busy machine can leave it in
+            # SGLang's running batch a moment longer, and the keep-mode pause below freezes it there: the load's
+            # flush is then refused (seen in a fresh-clone run). Each update starts on an engine that settled.
+            assert await asyncio.to_thread(left_busy, sglang_url, "sglang") is None
             with pytest.raises(WeightUpdateError) as caught:
                 async with weight_update([backend], version="2", probe=probe):
                     await load(wrong)
