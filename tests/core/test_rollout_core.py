@@ -221,6 +221,28 @@ def test_rollout_runs_on_a_conversation_without_strands(qwen25_tokenizer) -> Non
     assert second_req.sequence == first_req.sequence and backend.ended == []
 
 
+def test_a_call_result_carries_what_was_recorded_so_no_front_reads_the_trajectory(qwen25_tokenizer) -> None:
+    backend = _Counting(qwen25_tokenizer, ["one", "two"])
+    rollout = Rollout(backend, ChatRenderer(qwen25_tokenizer), get_tool_parser("hermes"))
+    user = {"role": "user", "content": "hi"}
+
+    async def run() -> list:
+        first = await rollout.call(Conversation(messages=[user]), CallOptions())
+        rewritten = {"role": "user", "content": "hello"}  # another first message: the second call forks
+        return [first, await rollout.call(Conversation(messages=[rewritten]), CallOptions())]
+
+    results = asyncio.run(run())
+    traj = rollout.trajectory
+    assert traj.branch == 1 and [r.branch for r in results] == [0, 1]
+    last = results[1]
+    turn = traj.turns[-1]
+    end = turn.output_start + turn.output_len
+    assert (last.turn, last.rid) == (turn.index, turn.rid) == (0, backend.requests[1].rid)
+    assert list(last.output_ids) == traj.token_ids[turn.output_start : end]
+    assert qwen25_tokenizer.decode(last.output_ids).startswith("two")
+    assert list(last.output_logprobs) == traj.logprobs[turn.output_start : end]
+
+
 def test_a_failed_call_ends_its_sequence_exactly_once(qwen25_tokenizer) -> None:
     backend = _Counting(qwen25_tokenizer, [None])  # None: the scripted engine raises a BackendError
     rollout = Rollout(backend, ChatRenderer(qwen25_tokenizer), get_tool_parser("hermes"))

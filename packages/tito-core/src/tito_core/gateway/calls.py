@@ -58,9 +58,6 @@ async def chat_call(
     except Exception as exc:  # the rollout has its status; the client gets OpenAI's error JSON
         rollout.lost_engine |= isinstance(exc, BackendConnectionError)
         raise error_of(exc) from exc
-    traj = core.trajectory
-    segment = traj.last_segment
-    assert segment is not None and segment.kind == "output"  # a recorded call ends with its output
     message = message_of(result)
     rollout.replies.remember(message, result.reply())
     rollout.tool_calls += len(message.get("tool_calls") or ())
@@ -68,12 +65,12 @@ async def chat_call(
     body_out = completion(
         result,
         message,
-        completion_id=f"chatcmpl-{traj.turns[-1].rid}",
+        completion_id=f"chatcmpl-{result.rid}",
         model=request.model or model_name,
-        output_ids=traj.tokens(segment),
-        logprobs=traj.logprobs[segment.start : segment.end] if request.logprobs else None,
+        output_ids=result.output_ids,
+        logprobs=result.output_logprobs if request.logprobs else None,
         token_text=lambda token: renderer.decode([token]),
-        tito={"rollout_id": rollout.id, "branch": traj.branch, "turn": len(traj.turns) - 1},
+        tito={"rollout_id": rollout.id, "branch": result.branch, "turn": result.turn},
     )
     return body_out, request
 

@@ -24,12 +24,31 @@ __all__ = ["CallResult", "parse_output", "parse_text", "record_call", "stop_reas
 
 
 class CallResult(msgspec.Struct, frozen=True, kw_only=True):
-    """What one recorded model call gives the front: the parsed output and its accounting."""
+    """What one recorded model call gives the front: the parsed output, its tokens as recorded, its accounting.
+
+    A front answers from this alone; it never reads the trajectory back.
+
+    Attributes:
+        parsed: The output's content, reasoning and tool calls.
+        stop_reason: Why it ended (Strands' names: ``end_turn``, ``tool_use``, ``max_tokens``, ...).
+        usage: Prompt, completion and cached token counts.
+        latency_ms: The engine call's time.
+        output_ids: The output's token ids, as recorded (the engine's, verbatim).
+        output_logprobs: Their logprobs, as recorded (empty when the engine returned none).
+        rid: The request id of the call (the first one when a weight update cut and continued it).
+        turn: The call's index among the branch's turns.
+        branch: The branch it was recorded on.
+    """
 
     parsed: ParsedOutput
     stop_reason: str
     usage: Usage
     latency_ms: int
+    output_ids: tuple[int, ...] = ()
+    output_logprobs: tuple[float | None, ...] = ()
+    rid: str = ""
+    turn: int = 0
+    branch: int = 0
 
     @property
     def malformed_calls(self) -> list[ToolCall]:
@@ -144,4 +163,14 @@ def record_call(
             traj.add_images(images)
         for call in bad:
             traj.tool_parse_errors[call.name] = traj.tool_parse_errors.get(call.name, 0) + 1
-    return CallResult(parsed=parsed, stop_reason=stop, usage=usage, latency_ms=latency_ms)
+    return CallResult(
+        parsed=parsed,
+        stop_reason=stop,
+        usage=usage,
+        latency_ms=latency_ms,
+        output_ids=tuple(result.output_ids),
+        output_logprobs=tuple(result.output_logprobs or ()),
+        rid=request.rid,
+        turn=turn_index,
+        branch=traj.branch,
+    )
