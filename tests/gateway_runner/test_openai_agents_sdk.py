@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from pydantic import BaseModel
 
 from tito_core import Trajectory, rollout
 from tito_core.config import load_config
@@ -81,3 +82,47 @@ def test_an_sdk_agent_stuck_in_a_tool_times_out(tmp_path: Path) -> None:
 
 def _fetch() -> list[dict[str, str]]:
     return [{"id": "fetch", "prompt": "Fetch example.com."}]
+
+
+class Sum(BaseModel):
+    total: int
+
+
+async def test_the_sdk_default_model_with_an_output_type_gets_the_structured_answer(tmp_path: Path) -> None:
+    """The Agents SDK on its default model (the Responses API) with ``output_type``: it asks for
+    ``text.format`` json_schema, the engine decodes under the schema's grammar, the SDK parses the answer; one
+    branch, the tool's result in the second prompt."""
+    from agents import Agent, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    from tito_core.config import TitoConfig
+    from tito_core.gateway import Gateway
+    from tito_testing.scripted import ScriptedBackend
+    from tito_testing.tokenizers import load_qwen_tokenizer
+
+    class GrammarBackend(ScriptedBackend):
+        supports_grammar = True  # the script follows the grammar
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    tokenizer = load_qwen_tokenizer("qwen3")
+    backend = GrammarBackend(tokenizer, [call("add", a=17, b=25), '{"total": 42}'])
+    config = TitoConfig(backend="scripted", tokenizer=str(tokenizer_dir()), tool_parser="hermes")
+    gateway = Gateway(config, tokenizer=tokenizer, backend=backend)
+    await gateway.start()
+    try:
+        rollout = gateway.open()
+        set_tracing_disabled(True)
+        set_default_openai_client(AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, max_retries=0))
+        agent = Agent(name="calc", instructions="Use the tool.", tools=[add], model="tito", output_type=Sum)
+        result = await Runner.run(agent, "What is 17 + 25?", max_turns=4)
+        traj = await gateway.take(rollout.id)
+    finally:
+        await gateway.close()
+    assert result.final_output == Sum(total=42)
+    assert traj.branch == 0 and not traj.branches and len(traj.turns) == 2
+    assert all(r.grammar is not None for r in backend.requests)  # the answer's schema (or a call) constrained both
+    assert traj.turns[1].constrained
