@@ -27,7 +27,7 @@ nox.options.sessions = [
     "typecheck",
     "tests_core",
     "agents",  # ~1 minute: `tito rollout` driving agent processes (openai SDK, OpenAI Agents SDK) through the gateway
-    "harnesses",  # ~2 minutes: Codex CLI and Claude Code (npm) through the gateway, on the scripted backend
+    "harnesses",  # ~2 minutes: Codex CLI, Claude Code (npm) and mini-swe-agent through the gateway (scripted)
     "tests_adapter",
     "tests_families",
     "faults",
@@ -129,16 +129,19 @@ HARNESSES = ["@openai/codex@0.169.0", "@anthropic-ai/claude-code@2.1.328"]
 @nox.session(python=PYTHON, tags=["tests"])
 def harnesses(session: nox.Session) -> None:
     """Coding harnesses through the gateway, each running a shell tool loop on the scripted backend: Codex CLI (it
-    speaks only the Responses API) and Claude Code (Messages; the CLI the Claude Agent SDK drives). Needs `npm` on
-    PATH (Node 18+); the CLIs go into the session's folder."""
+    speaks only the Responses API), Claude Code (Messages; the CLI the Claude Agent SDK drives) and mini-swe-agent
+    (chat completions through LiteLLM, run by `tito rollout`). Needs `npm` on PATH (Node 18+); the CLIs go into
+    the session's folder."""
     if shutil.which("npm") is None:
         session.skip("npm is not on PATH: the harnesses are npm packages (install Node 18+ to run this session)")
     install_core(session)
+    session.install("mini-swe-agent==2.4.6")  # bash through LiteLLM: the SWE-style harness, run by `tito rollout`
     prefix = Path(session.virtualenv.location) / "npm"
     session.run("npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), *HARNESSES,
                 external=True)  # fmt: skip
     bin_dir = prefix / "node_modules" / ".bin"
-    env = {"TITO_CODEX": str(bin_dir / "codex"), "TITO_CLAUDE": str(bin_dir / "claude")}
+    mini = Path(session.virtualenv.location) / "bin" / "mini"
+    env = {"TITO_CODEX": str(bin_dir / "codex"), "TITO_CLAUDE": str(bin_dir / "claude"), "TITO_MINI": str(mini)}
     session.run("pytest", "tests/harnesses", *session.posargs, env=env)
 
 
