@@ -65,7 +65,9 @@ def gateway_process(engine: str, tokenizer_dir: str, output: str = "", profile: 
     argv += ["--profile", profile] if profile else []
     server = Worker("gateway", argv, "PORT ")
     try:
-        yield f"http://127.0.0.1:{int(server.first.split()[1])}"
+        url = f"http://127.0.0.1:{int(server.first.split()[1])}"
+        PIDS[url] = server.process.pid
+        yield url
     finally:
         server.process.send_signal(signal.SIGTERM)  # the gateway's shutdown: open rollouts written aborted
         try:
@@ -74,6 +76,16 @@ def gateway_process(engine: str, tokenizer_dir: str, output: str = "", profile: 
             server.process.kill()
             server.process.wait(timeout=10)
         server.close_pipes()
+
+
+PIDS: dict[str, int] = {}  # the gateway process of each base URL
+
+
+def process_usage(pid: int) -> dict[str, float]:
+    """A process's resident memory (MiB) and open file descriptors, from /proc."""
+    with open(f"/proc/{pid}/status") as status:
+        rss_kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    return {"rss_mb": rss_kb / 1024, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
 def get_json(url: str) -> Any:
@@ -217,6 +229,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             post_json(url + "/configure", workload.as_dict())
             for level in [int(c) for c in args.concurrency.split(",") if c]:
                 runs: dict[str, list[float]] = {impl: [] for impl in impls}
+                before = process_usage(PIDS[gateway])
+                tails: list[tuple[float, float]] = []
                 for repeat in range(args.throughput_repeats):
                     shift = repeat % len(impls)
                     for impl in impls[shift:] + impls[:shift]:
@@ -226,9 +240,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                    "rollouts": args.min_rollouts, "url": url}  # fmt: skip
                         raw = workers[impl].call(command)
                         runs[impl].append(raw["calls"] / raw["wall"])
-                report["throughput"].setdefault(str(size), {})[str(level)] = {
+                        if impl == "gateway":
+                            tails.append((raw["p50_ms"], raw["p99_ms"]))
+                by = report["throughput"].setdefault(str(size), {})[str(level)] = {
                     impl: {"calls_per_s": median(rates), "runs": rates} for impl, rates in runs.items()
                 }
+                by["gateway"]["p50_ms"] = median([p50 for p50, _ in tails])
+                by["gateway"]["p99_ms"] = median([p99 for _, p99 in tails])
+                by["gateway"]["process"] = {"before": before, "after": process_usage(PIDS[gateway])}
         if args.fault_rollouts:
             print(f"  faults: {args.fault_rollouts} rollouts at once ...", file=sys.stderr, flush=True)
             workload = Workload.for_size(args.fault_size, args.calls)
@@ -277,14 +296,18 @@ def render(report: dict[str, Any]) -> str:
                     f"{fmt(ms - by['tito']['client_ms'])} | {fmt(ms - by['gateway']['client_ms'])} |"
                 )
     lines += ["", "| size | concurrent rollouts | TitoModel direct calls/s | gateway calls/s | gateway / direct | "
-              "strands-sglang calls/s |", "|---|---|---|---|---|---|"]  # fmt: skip
+              "gateway p50 / p99 ms per call | gateway RSS MiB, fds before -> after | strands-sglang calls/s |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for size, by_level in report["throughput"].items():
         for level, by in by_level.items():
             tito, gw = by["tito"]["calls_per_s"], by["gateway"]["calls_per_s"]
             peer = by.get("peer", {}).get("calls_per_s")
+            use = by["gateway"]["process"]
+            b, a = use["before"], use["after"]
             lines.append(
                 f"| {SIZES.get(int(size), size)} | {level} | {fmt(tito, 0)} | {fmt(gw, 0)} | "
-                f"{fmt(ratio(gw, tito))} | {fmt(peer, 0)} |"
+                f"{fmt(ratio(gw, tito))} | {fmt(by['gateway']['p50_ms'])} / {fmt(by['gateway']['p99_ms'])} | "
+                f"{b['rss_mb']:.0f}, {b['fds']:.0f} -> {a['rss_mb']:.0f}, {a['fds']:.0f} | {fmt(peer, 0)} |"
             )
     faults = report["faults"]
     if faults is not None:

@@ -263,10 +263,13 @@ class GatewayClient:
         self.drain()
         gc.collect()
         per_lane = max(1, -(-rollouts // concurrency))
+        times: list[float] = []  # every call's POST wall time
 
         async def lane() -> None:
             for _ in range(per_lane):
-                await self.rollout(workload, _row())
+                row = _row()
+                await self.rollout(workload, row)
+                times.extend(row["stream"])
 
         lags: list[float] = [0.0]
         monitor = asyncio.ensure_future(loop_lag(lags))
@@ -277,7 +280,10 @@ class GatewayClient:
             monitor.cancel()
         wall = time.perf_counter() - started
         server, _chat = self.drain()
-        return {"wall": wall, "calls": concurrency * per_lane * workload.calls, "server": sum(server), "lag": max(lags)}
+        times.sort()
+        p50, p99 = (1e3 * times[min(len(times) - 1, int(q * len(times)))] for q in (0.5, 0.99))
+        return {"wall": wall, "calls": concurrency * per_lane * workload.calls, "server": sum(server), "lag": max(lags),
+                "p50_ms": p50, "p99_ms": p99}  # fmt: skip
 
     async def faults(self, workload: Workload, rollouts: int) -> dict[str, Any]:
         """The ``faults`` command: ``rollouts`` rollouts at once, each to its end or its first error answer."""
