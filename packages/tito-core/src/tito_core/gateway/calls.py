@@ -1,7 +1,7 @@
 """One chat-completions call on a claimed gateway rollout: the request checked, run on the core, answered.
 
 Every front ends here: the Responses and Messages APIs map their requests onto this one
-(:mod:`.openai_responses`, :mod:`.anthropic_messages`).
+(:mod:`~tito_core.gateway.openai_responses`, :mod:`~tito_core.gateway.anthropic_messages`).
 """
 
 from __future__ import annotations
