@@ -13,7 +13,6 @@ would give the trainer pixel rows that do not fit the recorded placeholder runs,
 
 from __future__ import annotations
 
-import base64
 import os
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -46,7 +45,7 @@ def image_values(traj: Trajectory, form: ImageForm = "pil") -> list[Any]:
 
 def data_url(item: PromptImage) -> str:
     """The image as a ``data:image/<format>;base64,...`` URL (OpenAI's ``image_url`` content part)."""
-    return f"data:image/{item.image.format};base64,{base64.b64encode(item.image.data).decode('ascii')}"
+    return item.image.data_url
 
 
 def _image_processor(processor: Any) -> Any:

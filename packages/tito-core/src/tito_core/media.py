@@ -103,6 +103,14 @@ class Image:
             encoded = self._base64 = base64.b64encode(self._data).decode("ascii")
         return encoded
 
+    @property
+    def data_url(self) -> str:
+        """The image as a ``data:image/<format>;base64,...`` URL (OpenAI's ``image_url``; what SGLang and vLLM load).
+
+        The one place tito writes one, from the cached :attr:`base64`.
+        """
+        return f"data:image/{self._format};base64,{self.base64}"
+
     def to_pil(self) -> Any:
         """The decoded image as an RGB ``PIL.Image.Image`` (what image processors take), loaded as engines load it.
 

@@ -77,7 +77,7 @@ def collapse_placeholders(
 
 def image_data(images: Sequence[PromptImage]) -> list[str]:
     """The request's images as ``data:`` URLs, in token order (SGLang decodes them with its own image loader)."""
-    return [f"data:image/{image.image.format};base64,{image.image.base64}" for image in images]
+    return [image.image.data_url for image in images]
 
 
 def logit_bias(request: GenerateRequest, user_bias: Any) -> dict[str, float]:

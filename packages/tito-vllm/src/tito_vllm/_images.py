@@ -32,7 +32,6 @@ __all__ = ["RENDER_PATH", "ImageFeatures", "Rendered"]
 
 RENDER_PATH = "/v1/chat/completions/render"
 _MODALITY = "image"
-_MIME = {"png": "image/png", "jpeg": "image/jpeg", "gif": "image/gif", "webp": "image/webp"}
 
 
 class _Placeholder(msgspec.Struct, kw_only=True):
@@ -120,7 +119,7 @@ class ImageFeatures:
     async def render(self, image: PromptImage, model: str | None) -> Rendered:
         """Ask the server to render a message holding only ``image``; read the image's features from it."""
         data = image.image
-        url = f"data:{_MIME[data.format]};base64,{data.base64}"
+        url = data.data_url
         body = {
             "model": model,
             "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
