@@ -8,10 +8,11 @@ text that spells a control token (``<|im_end|>`` in a tool result) becomes that 
 from __future__ import annotations
 
 import asyncio
+import unicodedata
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from strands import tool
 
@@ -80,6 +81,7 @@ def test_escape_changes_the_ids_exactly_at_the_spelled_text_and_the_rollout_stay
         max_size=4,
     ).map("".join)
 )
+@example("\U0002f800")  # a CJK compatibility ideograph: the tokenizer's NFC normalizer makes it U+4E3D
 def test_escaped_encoding_keeps_the_template_ids_and_the_text(content):
     tok = load_qwen_tokenizer("qwen3")
     renderer = shared_renderer(tok, escape_special_text=True)
@@ -88,7 +90,8 @@ def test_escaped_encoding_keeps_the_template_ids_and_the_text(content):
     text = plain.turn_tail[1] + plain.continuation_text(chat)
     ids, _ = asyncio.run(renderer.continuation_ids(chat, close_turn=False))
     default, _ = asyncio.run(plain.continuation_ids(chat, close_turn=False))
-    assert tok.decode(ids) == tok.decode(default) == text
+    # the text as the tokenizer normalizes it (Qwen's: NFC), as the engines' own tokenizers do
+    assert tok.decode(ids) == tok.decode(default) == unicodedata.normalize("NFC", text)
     added = set(tok.added_tokens_decoder)
     if not any(t in content for t in tok.get_added_vocab()):
         assert ids == default
