@@ -247,7 +247,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
                 by["gateway"]["p50_ms"] = median([p50 for p50, _ in tails])
                 by["gateway"]["p99_ms"] = median([p99 for _, p99 in tails])
-                by["gateway"]["process"] = {"before": before, "after": process_usage(PIDS[gateway])}
+                after = process_usage(PIDS[gateway])
+                time.sleep(5)  # the engine-side connections close after 2 s idle; the clients' stay while they live
+                by["gateway"]["process"] = {"before": before, "after": after, "after_5s": process_usage(PIDS[gateway])}
         if args.fault_rollouts:
             print(f"  faults: {args.fault_rollouts} rollouts at once ...", file=sys.stderr, flush=True)
             workload = Workload.for_size(args.fault_size, args.calls)
@@ -303,11 +305,12 @@ def render(report: dict[str, Any]) -> str:
             tito, gw = by["tito"]["calls_per_s"], by["gateway"]["calls_per_s"]
             peer = by.get("peer", {}).get("calls_per_s")
             use = by["gateway"]["process"]
-            b, a = use["before"], use["after"]
+            b, a, later = use["before"], use["after"], use["after_5s"]
             lines.append(
                 f"| {SIZES.get(int(size), size)} | {level} | {fmt(tito, 0)} | {fmt(gw, 0)} | "
                 f"{fmt(ratio(gw, tito))} | {fmt(by['gateway']['p50_ms'])} / {fmt(by['gateway']['p99_ms'])} | "
-                f"{b['rss_mb']:.0f}, {b['fds']:.0f} -> {a['rss_mb']:.0f}, {a['fds']:.0f} | {fmt(peer, 0)} |"
+                f"{b['rss_mb']:.0f}, {b['fds']:.0f} -> {a['rss_mb']:.0f}, {a['fds']:.0f} (5 s later "
+                f"{later['rss_mb']:.0f}, {later['fds']:.0f}) | {fmt(peer, 0)} |"
             )
     faults = report["faults"]
     if faults is not None:
