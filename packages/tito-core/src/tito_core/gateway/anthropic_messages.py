@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import bad_request
+from .errors import bad_request, known_fields
 
 __all__ = ["chat_body", "message_of", "sse_events"]
 
@@ -30,6 +30,7 @@ _MAPPED = frozenset(
      "top_k", "stream", "output_format", "output_config"}
 )  # fmt: skip
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "stop": "end_turn"}
+_KNOWN = _MAPPED | _IGNORED
 
 
 def chat_body(body: Any, *, counting: bool = False) -> dict[str, Any]:
@@ -40,11 +41,7 @@ def chat_body(body: Any, *, counting: bool = False) -> dict[str, Any]:
     Raises:
         GatewayError: 400 naming the Messages field tito cannot honour.
     """
-    if not isinstance(body, Mapping):
-        raise bad_request("body", "the request body must be a JSON object")
-    for key in body:
-        if key not in _MAPPED and key not in _IGNORED:
-            raise bad_request(str(key), "this field is not supported by the tito gateway's Messages API")
+    body = known_fields(body, _KNOWN, "Messages API")
     messages: list[dict[str, Any]] = [{"role": "system", "content": text} for text in _system(body.get("system"))]
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:

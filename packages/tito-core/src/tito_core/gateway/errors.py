@@ -8,6 +8,7 @@ an error body, so an engine failure reaches the client as JSON and never as a ma
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import (
@@ -24,7 +25,7 @@ from ..errors import (
     UnsupportedContentError,
 )
 
-__all__ = ["GatewayError", "bad_request", "error_body", "error_of"]
+__all__ = ["GatewayError", "bad_request", "error_body", "error_of", "known_fields"]
 
 
 class GatewayError(TitoError):
@@ -64,6 +65,16 @@ _TYPES = {
 def bad_request(param: str, message: str, *, code: str | None = None) -> GatewayError:
     """A 400 naming ``param``: ``"<param>: <message>"``."""
     return GatewayError(400, f"{param}: {message}", param=param, code=code or "unsupported_value")
+
+
+def known_fields(body: Any, known: frozenset[str], api: str) -> Mapping[str, Any]:
+    """``body`` when it is a JSON object of ``known`` fields only; else a 400 naming the first other one."""
+    if not isinstance(body, Mapping):
+        raise bad_request("body", "the request body must be a JSON object")
+    for key in body:
+        if key not in known:
+            raise bad_request(str(key), f"this field is not supported by the tito gateway's {api}")
+    return body
 
 
 def error_body(error: GatewayError) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from ..backend import SamplingParams
 from ..conversation import ChatMessage, Conversation, ToolSpec
 from ..errors import ConfigError
 from ..media import Image
-from .errors import bad_request
+from .errors import bad_request, known_fields
 from .images import ImageReader, message_content
 from .matching import ReplyBook
 
@@ -61,6 +61,7 @@ _MESSAGE_KEYS = {
     "assistant": frozenset({"role", "content", "name", "tool_calls", "reasoning_content", "refusal", "annotations"}),
     "tool": frozenset({"role", "content", "tool_call_id", "name"}),
 }
+_KNOWN = _HANDLED | _IGNORED
 
 
 class ChatRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,11 +102,7 @@ def parse_request(
     Raises:
         GatewayError: 400 naming the first field tito cannot honour exactly.
     """
-    if not isinstance(body, Mapping):
-        raise bad_request("body", "the request body must be a JSON object")
-    for key in body:
-        if key not in _HANDLED and key not in _IGNORED:
-            raise bad_request(str(key), "this field is not supported by the tito gateway")
+    body = known_fields(body, _KNOWN, "chat completions API")
     _check_unsupported(body)
     tools = _tool_specs(body.get("tools"))
     if images is not None:

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import bad_request
+from .errors import bad_request, known_fields
 
 __all__ = ["ResponseChain", "chat_body", "response_of", "sse_events"]
 
@@ -36,6 +36,7 @@ _MAPPED = frozenset(
 )  # fmt: skip
 _ASSISTANT_ORDER = {"reasoning": 0, "message": 1, "function_call": 2}
 _KEEP_RESPONSES = 64  # per rollout: previous_response_id reaches this far back
+_KNOWN = _MAPPED | _IGNORED
 
 
 class ResponseChain:
@@ -74,11 +75,7 @@ def chat_body(body: Any, chain: ResponseChain) -> tuple[dict[str, Any], list[Any
     Raises:
         GatewayError: 400 naming the Responses field tito cannot honour.
     """
-    if not isinstance(body, Mapping):
-        raise bad_request("body", "the request body must be a JSON object")
-    for key in body:
-        if key not in _MAPPED and key not in _IGNORED:
-            raise bad_request(str(key), "this field is not supported by the tito gateway's Responses API")
+    body = known_fields(body, _KNOWN, "Responses API")
     if body.get("background"):
         raise bad_request("background", "background responses are not supported (a rollout's calls are awaited)")
     if body.get("truncation") not in (None, "disabled"):
