@@ -209,32 +209,27 @@ async def _chat_by_token(request: web.Request) -> web.StreamResponse:
     return await _chat(request, request.app[_GATEWAY].access.rollout_of(_credential(request)))
 
 
-async def _respond(request: web.Request, rollout_id: str) -> web.StreamResponse:
-    gateway = request.app[_GATEWAY]
-    gateway.authorize(rollout_id, _credential(request))
-    gateway.get(rollout_id)  # 404 / 409 before reading a large body
-    body, stream = await gateway.respond(rollout_id, await _body(request))
-    if not stream:
-        return _json(body)
-    return await _sse(request, response_events(body))
-
-
-async def _respond_on_path(request: web.Request) -> web.StreamResponse:
-    return await _respond(request, request.match_info["rollout"])
-
-
-async def _respond_by_token(request: web.Request) -> web.StreamResponse:
-    return await _respond(request, request.app[_GATEWAY].access.rollout_of(_credential(request)))
-
-
-async def _message(request: web.Request) -> web.StreamResponse:
+async def _front(
+    request: web.Request,
+    answer: Callable[[Served, str, Any], Awaitable[tuple[dict[str, Any], bool]]],
+    events: Callable[[dict[str, Any]], list[bytes]],
+) -> web.StreamResponse:
+    """A call on another front (Responses, Messages): its answer as JSON, or as ``events`` when streamed."""
     gateway = request.app[_GATEWAY]
     rollout_id = _rollout_of(request)
     gateway.get(rollout_id)  # 404 / 409 before reading a large body
-    body, stream = await gateway.message(rollout_id, await _body(request))
+    body, stream = await answer(gateway, rollout_id, await _body(request))
     if not stream:
         return _json(body)
-    return await _sse(request, message_events(body))
+    return await _sse(request, events(body))
+
+
+async def _respond(request: web.Request) -> web.StreamResponse:
+    return await _front(request, lambda gateway, rid, body: gateway.respond(rid, body), response_events)
+
+
+async def _message(request: web.Request) -> web.StreamResponse:
+    return await _front(request, lambda gateway, rid, body: gateway.message(rid, body), message_events)
 
 
 async def _count_tokens(request: web.Request) -> web.Response:
@@ -303,9 +298,8 @@ def build_app(gateway: Served) -> web.Application:
     app.router.add_post("/rollouts", _open)
     app.router.add_post("/rollouts/{rollout}/v1/chat/completions", _chat_on_path)
     app.router.add_post("/v1/chat/completions", _chat_by_token)
-    app.router.add_post("/rollouts/{rollout}/v1/responses", _respond_on_path)
-    app.router.add_post("/v1/responses", _respond_by_token)
-    for prefix in ("/rollouts/{rollout}", ""):
+    for prefix in ("/rollouts/{rollout}", ""):  # a rollout by its path, or by its token alone
+        app.router.add_post(f"{prefix}/v1/responses", _respond)
         app.router.add_post(f"{prefix}/v1/messages", _message)
         app.router.add_post(f"{prefix}/v1/messages/count_tokens", _count_tokens)
     app.router.add_get("/rollouts/{rollout}/v1/models", _models)
