@@ -90,7 +90,8 @@ def translated(rollout: GatewayRollout, translate: Callable[[], T]) -> T:
 async def count_tokens(rollout: GatewayRollout, body: Any, options: CallOptions) -> int:
     """How many tokens the prompt of a chat-completions ``body`` renders to on ``rollout``, with nothing recorded.
 
-    The whole conversation is rendered (an image counts as the template's placeholder, not its expansion).
+    The whole conversation is rendered; it takes text only (an image part is a 400: no image reader is used, so
+    counting never touches the rollout's kept images).
     """
     request = parse_request(body, rollout.replies, options.sampling, None)
     conversation = placed_system(request.conversation, rollout.rollout.renderer, rollout.id)
