@@ -288,8 +288,9 @@ def test_create_model_passes_every_setting(fake_model_module: list[Any], tiny_to
     [(args, kwargs)] = fake_model_module
     assert type(args[0]).__name__ == "EchoBackend"
     assert args[1] is load_tokenizer(tiny_tokenizer_dir)  # loaded through the process-wide cache
-    assert isinstance(kwargs.pop("tool_parser"), _Parser)
     assert kwargs == {
+        "tool_parser": "cfgtest",  # the model's setup (ModelSetup) looks it up, with its options
+        "tool_parser_options": {"flag": True},
         "sampling": SamplingParams(temperature=0.6),
         "chat_template": "T",
         "chat_template_kwargs": {"enable_thinking": True},

@@ -31,6 +31,7 @@ from strands.agent.conversation_manager import NullConversationManager
 from strands.hooks import AfterToolCallEvent
 
 from . import TitoModel
+from .status import CallLimit, replaces, status_of
 from .trajectory import Trajectory
 
 SYSTEM = "You are a helpful assistant. Use the tools to compute."
@@ -124,8 +125,9 @@ async def run(model: TitoModel, question: str) -> tuple[Agent, Trajectory]:
 
     agent.hooks.add_callback(AfterToolCallEvent, after_tool)
     await agent.invoke_async(question)
-    if model.trajectory.status == "running":  # stopped by the call limit, not by the model
-        model.trajectory.set_status("truncated", f"the demo stops after {MAX_MODEL_CALLS} model calls")
+    stopped = CallLimit(MAX_MODEL_CALLS)
+    if replaces(stopped, model.trajectory.status):  # stopped by the call limit, not by the model
+        model.trajectory.close(*status_of(stopped))
     return agent, model.reset()
 
 

@@ -18,7 +18,6 @@ import weakref
 from collections.abc import AsyncGenerator, AsyncIterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import msgspec
 from pydantic import BaseModel
 from strands.models.model import Model
 from strands.types.content import Messages
@@ -28,13 +27,13 @@ from strands.types.tools import ToolSpec
 
 from .backend import Backend, SamplingParams, sampling_params
 from .errors import ConfigError, ContextLengthError, ContextWindowFullError, TitoError
-from .grammar import GrammarToolParser, tool_choice_option
-from .render import shared_renderer
-from .render.vision import DEFAULT_MAX_IMAGES, ProcessorSpec, vision_processor
-from .rollout_core import CallOptions, CallResult, PrefixPolicy, RenderMode, Rollout
+from .grammar import GrammarToolParser
+from .model_setup import ModelSetup, call_options
+from .render.vision import DEFAULT_MAX_IMAGES, ProcessorSpec
+from .rollout_core import CallOptions, CallResult, PrefixPolicy, RenderMode
 from .status import end_with
 from .strands_messages import to_conversation
-from .tokenizers import aload_tokenizer, is_tokenizer_cached, load_tokenizer
+from .tokenizers import aload_tokenizer, is_tokenizer_cached
 from .tool_parsers.base import ToolParser
 from .trajectory import Trajectory
 
@@ -80,6 +79,7 @@ class TitoModel(Model):
         tool_parser: A :class:`ToolParser`, a registered parser name (``"hermes"``, ``"qwen_xml"``,
             ``"llama3_json"``, ``"mistral"``, ...), or ``"auto"`` to infer it from the chat template and the
             tokenizer's special tokens (a :class:`ConfigError` when it cannot be inferred).
+        tool_parser_options: Keyword arguments for a tool parser given by name.
         sampling: Sampling parameters (a :class:`SamplingParams` or a dict of its fields).
         chat_template: A chat template overriding the tokenizer's (e.g. a prefix-preserving variant).
         chat_template_kwargs: Extra template variables (e.g. ``{"enable_thinking": False}``).
@@ -116,6 +116,7 @@ class TitoModel(Model):
         tokenizer: PreTrainedTokenizerBase | str,
         *,
         tool_parser: ToolParser | str = "hermes",
+        tool_parser_options: Mapping[str, Any] | None = None,
         sampling: SamplingParams | Mapping[str, Any] | None = None,
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
@@ -140,46 +141,36 @@ class TitoModel(Model):
             raise ConfigError("backend_options are only used when the backend is given by name")
         if not isinstance(backend, Backend):
             raise ConfigError(f"backend must be a tito Backend or a backend name, got {type(backend).__name__}")
-        if isinstance(tokenizer, (str, os.PathLike)):
-            if _in_event_loop() and not is_tokenizer_cached(tokenizer):
-                logger.warning(
-                    "loading tokenizer %s on the event loop (seconds); in async code use `await TitoModel.create(...)`"
-                    " or `await aload_tokenizer(...)` first",
-                    tokenizer,
-                )
-            tokenizer = load_tokenizer(tokenizer)  # once per process per path, shared by every model
-        if on_prefix_mismatch not in ("fork", "warn", "error"):
-            raise ConfigError(f"on_prefix_mismatch must be 'fork', 'warn' or 'error', not {on_prefix_mismatch!r}")
-        self.backend: Backend = backend
-        self.tokenizer = tokenizer
-        if tool_parser == "auto":
-            from .tool_parsers.infer import infer_tool_parser
-
-            tool_parser = infer_tool_parser(tokenizer, chat_template)
-        self.tool_parser: ToolParser = plugins.get_tool_parser(tool_parser)
-        self.renderer = shared_renderer(
+        if isinstance(tokenizer, (str, os.PathLike)) and _in_event_loop() and not is_tokenizer_cached(tokenizer):
+            logger.warning(
+                "loading tokenizer %s on the event loop (seconds); in async code use `await TitoModel.create(...)`"
+                " or `await aload_tokenizer(...)` first",
+                tokenizer,
+            )
+        self.setup = ModelSetup.build(
             tokenizer,
+            tool_parser=tool_parser,
+            tool_parser_options=tool_parser_options,
             chat_template=chat_template,
-            template_kwargs=chat_template_kwargs,
+            chat_template_kwargs=chat_template_kwargs,
             escape_special_text=escape_special_text,
-        )
-        self._options = self._checked_options(
-            sampling=sampling_params(sampling),
+            processor=processor,
+            max_images=max_images,
+            sampling=sampling,
             context_window_limit=context_window_limit,
             return_logprobs=return_logprobs,
             return_prompt_logprobs=return_prompt_logprobs,
             return_routed_experts=return_routed_experts,
             tool_choice=tool_choice,
-        )
-        self._rollout = Rollout(
-            backend,
-            self.renderer,
-            self.tool_parser,
-            on_prefix_mismatch=on_prefix_mismatch,
-            rollout_id=rollout_id,
             render_mode=render_mode,
-            vision=vision_processor(processor, tokenizer, max_images=max_images),
+            on_prefix_mismatch=on_prefix_mismatch,
         )
+        self.backend: Backend = backend
+        self.tokenizer = self.setup.tokenizer
+        self.tool_parser: ToolParser = self.setup.tool_parser
+        self.renderer = self.setup.renderer
+        self._options = self.setup.options
+        self._rollout = self.setup.rollout(backend, rollout_id)
         self._malformed: dict[str, str] = {}
         self._guarded_agents: weakref.WeakSet[Any] = weakref.WeakSet()
         self._busy = False
@@ -197,18 +188,6 @@ class TitoModel(Model):
         return cls(backend, tokenizer, **options)
 
     # ------------------------------------------------------------------------------ configuration
-    @staticmethod
-    def _checked_options(**values: Any) -> CallOptions:
-        if "tool_choice" in values:
-            values["tool_choice"] = tool_choice_option(values["tool_choice"])
-        limit = values.get("context_window_limit")
-        if limit is not None and (type(limit) is not int or limit <= 0):
-            raise ConfigError(f"context_window_limit must be a positive integer or None, got {limit!r}")
-        try:
-            return msgspec.convert(values, CallOptions, from_attributes=True)
-        except msgspec.ValidationError as exc:
-            raise ConfigError(f"invalid TitoModel option: {exc}") from exc
-
     def update_config(self, **model_config: Any) -> None:
         """Update sampling / limits / logprob options (unknown keys are an error)."""
         unknown = set(model_config) - _CONFIG_KEYS
@@ -218,7 +197,7 @@ class TitoModel(Model):
             model_config["sampling"] = sampling_params(model_config["sampling"])
         values = {key: getattr(self._options, key) for key in _CONFIG_KEYS}
         values.update(model_config)
-        self._options = self._checked_options(**values)
+        self._options = call_options(**values)
 
     def get_config(self) -> dict[str, Any]:
         """The current configuration (a copy)."""

@@ -1,9 +1,11 @@
 """How a rollout ends: the one function that decides a trajectory's status and its reason.
 
 Every way out of a model call, a closed trajectory, the runner's own ends (a timeout, a loop limit, an agent
-that raised) and a reward function that failed ask :func:`status_of`, so a trajectory and the record written
-for it never disagree. A front whose framework has exceptions of its own (Strands' context-window overflow)
-tells this module how they end a rollout with :func:`end_with`.
+that raised), a gateway that stops a rollout, a front's call limit, a discarded branch and a reward function
+that failed ask :func:`status_of`, so a trajectory and the record written for it never disagree; which of those
+ends may replace the status a model call left is :func:`replaces`'s one rule. Nothing else writes a status
+(``tests/core/test_status_owner.py`` checks the source). A front whose framework has exceptions of its own
+(Strands' context-window overflow) tells this module how they end a rollout with :func:`end_with`.
 """
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ from .errors import ContextLengthError, ContextWindowFullError, GenerationAborte
 
 __all__ = [
     "CallEnd",
+    "CallLimit",
     "Closed",
+    "Discarded",
     "FinalStatus",
+    "GroupFailed",
     "NoModelCall",
+    "Outcome",
     "RewardFailed",
     "RolloutTimedOut",
     "Status",
+    "Stopped",
     "end_with",
+    "replaces",
     "status_of",
 ]
 
@@ -62,7 +70,40 @@ class RewardFailed(msgspec.Struct, frozen=True, gc=False):
     error: BaseException
 
 
-Outcome = BaseException | CallEnd | Closed | NoModelCall | RolloutTimedOut | RewardFailed
+class GroupFailed(msgspec.Struct, frozen=True, gc=False):
+    """The group reward function (advantages) failed for the rollout's group, for ``reason``."""
+
+    reason: str
+
+
+class Stopped(msgspec.Struct, frozen=True, gc=False):
+    """The rollout was stopped from outside before its agent ended it (a server shutting down, an idle timeout)."""
+
+    reason: str
+
+
+class CallLimit(msgspec.Struct, frozen=True, gc=False):
+    """A front stopped the agent after ``calls`` model calls, its own limit (the demo's)."""
+
+    calls: int
+
+
+class Discarded(msgspec.Struct, frozen=True, gc=False):
+    """The client discarded the branch's last output (it retried the call): the branch ends there."""
+
+
+Outcome = (
+    BaseException
+    | CallEnd
+    | Closed
+    | NoModelCall
+    | RolloutTimedOut
+    | RewardFailed
+    | GroupFailed
+    | Stopped
+    | CallLimit
+    | Discarded
+)
 
 _TRUNCATING: tuple[type[BaseException], ...] = (ContextWindowFullError, ContextLengthError, LoopLimitError)
 _extra: dict[type[BaseException], Status] = {}
@@ -82,7 +123,9 @@ def status_of(outcome: Outcome) -> tuple[Status, str | None]:
       ``aborted`` when cancelled, interrupted or aborted by the engine, else ``failed``;
     - :class:`Closed`: a still-running trajectory is ``aborted``; any other keeps its status;
     - :class:`RolloutTimedOut`: ``aborted``; :class:`RewardFailed`: ``failed``;
-    - :class:`NoModelCall`: ``failed`` (nothing the engine produced: the rollout is no sample to learn from).
+    - :class:`NoModelCall`: ``failed`` (nothing the engine produced: the rollout is no sample to learn from);
+    - :class:`GroupFailed`: ``failed``; :class:`Stopped` and :class:`Discarded`: ``aborted``;
+      :class:`CallLimit`: ``truncated``.
     """
     if isinstance(outcome, CallEnd):
         if outcome.finish_reason == "length":
@@ -98,7 +141,36 @@ def status_of(outcome: Outcome) -> tuple[Status, str | None]:
         return "failed", "the rollout ended without any model call: it holds no output"
     if isinstance(outcome, RewardFailed):
         return "failed", f"reward function raised {type(outcome.error).__name__}: {outcome.error}"
+    if isinstance(outcome, GroupFailed):
+        return "failed", outcome.reason
+    if isinstance(outcome, Stopped):
+        return "aborted", outcome.reason
+    if isinstance(outcome, CallLimit):
+        return "truncated", f"stopped after {outcome.calls} model calls (the front's call limit)"
+    if isinstance(outcome, Discarded):
+        return "aborted", "the client discarded the last output (it retried the call)"
     return _exception_status(outcome)
+
+
+def replaces(ended: Outcome, status: Status) -> bool:
+    """Whether a rollout that ``ended`` this way takes its status from that end rather than from its last call.
+
+    The one rule for the runner and the gateway, which see a rollout end after its calls did:
+
+    - a time limit replaces ``running``, ``completed`` and ``aborted`` (the agent gave no answer in time: the
+      call the limit cancelled says only "cancelled", so say why);
+    - a limit on the loop (:class:`~tito_core.errors.LoopLimitError`, :class:`CallLimit`) replaces ``running``
+      only: it cuts a loop that was going on, not an answer the model had given;
+    - anything else (an agent that raised, a gateway that stops the rollout) replaces ``running`` and
+      ``completed`` (the calls went well, the agent around them did not end well).
+
+    A status a model call set (``truncated``, ``failed``, an engine's abort) stands.
+    """
+    if isinstance(ended, RolloutTimedOut):
+        return status in ("running", "completed", "aborted")
+    if isinstance(ended, (LoopLimitError, CallLimit)):
+        return status == "running"
+    return status in ("running", "completed")
 
 
 def _exception_status(exc: BaseException) -> tuple[Status, str]:

@@ -1,18 +1,20 @@
 """The gateway's Python API: :class:`Gateway` opens rollouts, answers chat calls on them, and ends and writes them.
 
-One :class:`~tito_core.rollout_core.call.Rollout` per gateway rollout, built from a :class:`~tito_core.config.
-TitoConfig` as :meth:`TitoConfig.create_model` builds a :class:`~tito_core.model.TitoModel` (the same renderer,
-tool parser, sampling and options): the gateway is a second front on the core, with nothing Strands-specific. A
-chat call converts the request (:mod:`~tito_core.gateway.openai_chat`), calls the rollout, and answers with the
-recorded output (:mod:`~tito_core.gateway.completion`); the rollout remembers what it returned so the replayed
-message reaches the core as the exact reply. Ending a rollout (``finish``, ``take``, the idle timeout, ``close``)
-closes its trajectory with a status and, with an output, writes it with the runner's writer.
+One :class:`~tito_core.rollout_core.call.Rollout` per gateway rollout, built from the config's
+:class:`~tito_core.model_setup.ModelSetup`, the setup :meth:`TitoConfig.create_model` builds a
+:class:`~tito_core.model.TitoModel` from (the same renderer, tool parser, vision, sampling and options): the
+gateway is a second front on the core, with nothing Strands-specific. A chat call converts the request
+(:mod:`~tito_core.gateway.openai_chat`), calls the rollout, and answers with the recorded output
+(:mod:`~tito_core.gateway.completion`); the rollout remembers what it returned so the replayed message reaches the
+core as the exact reply. Ending a rollout (``finish``, ``take``, the idle timeout, ``close``) closes its trajectory
+with a status and, with an output, writes it with the runner's writer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,12 +24,11 @@ from urllib.parse import quote
 from ..backend import Backend
 from ..config import TitoConfig
 from ..errors import ConfigError
-from ..grammar import tool_choice_option
-from ..render import shared_renderer
-from ..render.vision import ProcessorSpec, VisionProcessor, vision_processor
-from ..rollout_core import CallOptions, Rollout
+from ..model_setup import ModelSetup
+from ..render.vision import ProcessorSpec, VisionProcessor
+from ..rollout_core import CallOptions
 from ..runner.records import RolloutRecord
-from ..status import Closed, NoModelCall, status_of
+from ..status import Closed, NoModelCall, Outcome, Stopped, replaces, status_of
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory
 from .access import Access, is_loopback
@@ -103,10 +104,8 @@ class Gateway:
         self.model_name = served_model_name(config)
         self.base_url = ""
         self.registry = Registry(idle_timeout, self._end_idle)
-        self._options = call_options(config)
-        self._parts: tuple[Any, Any] | None = None  # renderer, tool parser: built once the tokenizer is loaded
-        self._processor = processor if processor is not None else config.processor
-        self.vision: VisionProcessor | None = None
+        self.setup: ModelSetup | None = None  # built once the tokenizer is loaded (prepare)
+        self._processor = processor
         self._image_refusal: str | None = None
         self.records = GatewayOutput(output)
         self._finished: OrderedDict[str, bytes] = OrderedDict()
@@ -117,19 +116,15 @@ class Gateway:
 
     # ------------------------------------------------------------------------------------------- lifecycle
     async def prepare(self) -> None:
-        """Load the tokenizer, build the renderer and the tool parser, open the output (once)."""
-        if self._parts is not None:
+        """Load the tokenizer, build the :class:`~tito_core.model_setup.ModelSetup`, open the output (once)."""
+        if self.setup is not None:
             return
-        config = self.config
-        if self.tokenizer is None:
-            if config.tokenizer is None:
-                raise ConfigError("`tokenizer` is not set: give its path or name in the config, or pass one")
-            self.tokenizer = await aload_tokenizer(config.tokenizer)
-        self._parts = model_parts(config, self.tokenizer)
-        self.vision = await asyncio.to_thread(
-            vision_processor, self._processor, self.tokenizer, max_images=config.max_images
-        )
-        self._image_refusal = image_refusal(self.vision, self.backend)
+        tokenizer = self.config.setup_options(self.tokenizer)["tokenizer"]
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = await aload_tokenizer(tokenizer)
+        self.tokenizer = tokenizer
+        self.setup = await asyncio.to_thread(self.config.model_setup, tokenizer, processor=self._processor)
+        self._image_refusal = image_refusal(self.setup.vision, self.backend)
         self.records.open()
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -184,7 +179,7 @@ class Gateway:
         await self.registry.finish_calls(drain_s, self._hurry)
         runner, self._runner = self._runner, None
         for rollout in self.registry.drain():
-            traj = self._end(rollout, "shutdown", "the gateway shut down before the rollout was finished")
+            traj = self._end(rollout, "shutdown", Stopped("the gateway shut down before the rollout was finished"))
             self._write(rollout, traj, None)
         if runner is not None:
             await runner.cleanup()
@@ -210,19 +205,15 @@ class Gateway:
                 would drop them as dot segments).
             ConfigError: The gateway was not prepared (:meth:`start` or :meth:`prepare`).
         """
-        if self._parts is None:
+        if self.setup is None:
             raise ConfigError("the gateway is not prepared: await start() (or prepare()) first")
         self._refuse_if_closing()
-        renderer, parser = self._parts
         rid = rollout_id or self.registry.new_id()
         if rid in (".", ".."):
             raise GatewayError(400, f"id: {rid!r} cannot be a rollout id (a URL path segment)", param="id")
         if rid in self._finished:
             raise GatewayError(409, f"rollout {rid!r} was finished already", code="rollout_exists")
-        config = self.config
-        core = Rollout(
-            self.backend, renderer, parser, rollout_id=rid, render_mode=config.render_mode, vision=self.vision
-        )
+        core = self.setup.rollout(self.backend, rid)
         task = task_id if task_id is not None else rid
         url = f"{self.base_url}/rollouts/{quote(rid, safe=':@')}/v1"  # the routes match the id back unquoted
         rollout = GatewayRollout(rid, url, core, task, dict(metadata or {}))
@@ -239,6 +230,12 @@ class Gateway:
         if rollout_id not in self._finished:
             self.registry.get(rollout_id)
         self.access.authorize(rollout_id, credential)
+
+    @property
+    def _call_options(self) -> CallOptions:
+        if self.setup is None:
+            raise ConfigError("the gateway is not prepared: await start() (or prepare()) first")
+        return self.setup.options
 
     def _refuse_if_closing(self) -> None:
         if self._closing:
@@ -260,11 +257,15 @@ class Gateway:
             return done
         return self.registry.get(rollout_id).rollout.trajectory.to_json()
 
-    async def take(self, rollout_id: str) -> Trajectory:
-        """Close rollout ``rollout_id`` (a status set), remove it, and return its trajectory; later calls get 409."""
+    async def take(self, rollout_id: str, ended: Outcome | None = None) -> Trajectory:
+        """Close rollout ``rollout_id`` (a status set), remove it, and return its trajectory; later calls get 409.
+
+        ``ended`` is how the rollout's agent ended when its caller knows (a time limit, an exception): it decides
+        the status where :func:`~tito_core.status.replaces` says so.
+        """
         self.get(rollout_id)
         rollout = self.registry.remove(rollout_id)
-        return self._end(rollout, "finish", None)
+        return self._end(rollout, "finish", ended)
 
     async def finish(
         self, rollout_id: str, reward: float | None = None, metadata: dict[str, Any] | None = None
@@ -279,12 +280,12 @@ class Gateway:
         rollout.metadata.update(metadata or {})
         return self._write(rollout, self._end(rollout, "finish", None), reward)
 
-    def _end(self, rollout: GatewayRollout, why: str, forced: str | None) -> Trajectory:
-        """Close the rollout's trajectory; ``forced`` (a reason) ends a running or completed one ``aborted``."""
+    def _end(self, rollout: GatewayRollout, why: str, ended: Outcome | None) -> Trajectory:
+        """Close the rollout's trajectory (:func:`close_ended`) and keep its JSON for ``GET /rollouts/<id>``."""
         core = rollout.rollout
         traj = core.trajectory
         traj.metadata.update({**rollout.metadata, "task_id": rollout.task_id, "gateway_end": why})
-        close_ended(traj, forced)
+        close_ended(traj, ended)
         core.reset()  # ends the backend sequence; the new empty trajectory is never used
         self._finished[rollout.id] = traj.to_json()
         while len(self._finished) > _KEEP_FINISHED:
@@ -297,7 +298,7 @@ class Gateway:
 
     async def _end_idle(self, rollout: GatewayRollout) -> None:
         timeout = self.registry.idle_timeout
-        traj = self._end(rollout, "idle_timeout", f"no call for {timeout:g} s: the gateway's idle timeout")
+        traj = self._end(rollout, "idle_timeout", Stopped(f"no call for {timeout:g} s: the gateway's idle timeout"))
         self._write(rollout, traj, None)
         logger.info("rollout %s ended after %g s idle", rollout.id, timeout)
 
@@ -314,7 +315,7 @@ class Gateway:
         rollout = self.get(rollout_id)
         self._refuse_if_closing()
         with rollout.claim():
-            return await chat_call(rollout, body, self._options, self.model_name)
+            return await chat_call(rollout, body, self._call_options, self.model_name)
 
     async def respond(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], bool]:
         """Answer one Responses API request on rollout ``rollout_id``; returns the body and whether to stream it.
@@ -337,7 +338,7 @@ class Gateway:
 
     async def count_tokens(self, rollout_id: str, body: Any) -> int:
         """The prompt's token count of a Messages ``count_tokens`` body on rollout ``rollout_id``; nothing recorded."""
-        return await count_tokens(self.get(rollout_id), messages_chat_body(body, counting=True), self._options)
+        return await count_tokens(self.get(rollout_id), messages_chat_body(body, counting=True), self._call_options)
 
 
 def served_model_name(config: TitoConfig) -> str:
@@ -353,17 +354,17 @@ def served_model_name(config: TitoConfig) -> str:
     return path.name if path.is_absolute() or path.exists() or name.startswith(".") else name
 
 
-def close_ended(traj: Trajectory, forced: str | None) -> None:
+def close_ended(traj: Trajectory, ended: Outcome | None) -> None:
     """Close the trajectory of a rollout the gateway ends, with the status :func:`~tito_core.status.status_of` gives.
 
-    ``forced`` (why the gateway ended it: shutdown, idle timeout) ends a running or completed one ``aborted``; a
-    rollout the client finished is ``failed`` without any model call, ``aborted`` with the last output's tool
-    calls unanswered, and otherwise keeps the status of its last call.
+    ``ended`` (the gateway stopped it: shutdown, idle timeout; or how its agent ended) decides the status where
+    :func:`~tito_core.status.replaces` says so; otherwise a rollout the client finished is ``failed`` without any
+    model call, ``aborted`` with the last output's tool calls unanswered, and keeps the status of its last call.
     """
     if traj.closed:
         return
-    if forced is not None and traj.status in ("running", "completed"):
-        traj.close(*status_of(Closed("aborted", forced)))
+    if ended is not None and replaces(ended, traj.status):
+        traj.close(*status_of(ended))
     elif traj.status == "running" and not traj.turns and not traj.branches:
         traj.close(*status_of(NoModelCall()))
     elif traj.status == "running":
@@ -371,36 +372,6 @@ def close_ended(traj: Trajectory, forced: str | None) -> None:
         traj.close(*status_of(Closed("running", reason)))
     else:
         traj.close()
-
-
-def call_options(config: TitoConfig) -> CallOptions:
-    """The per-call options of the configured model (logprobs always: the answer carries them)."""
-    return CallOptions(
-        sampling=config.sampling_params(),
-        context_window_limit=config.context_window_limit,
-        return_logprobs=True,
-        return_prompt_logprobs=config.return_prompt_logprobs,
-        return_routed_experts=config.return_routed_experts,
-        tool_choice=tool_choice_option(config.tool_choice),
-    )
-
-
-def model_parts(config: TitoConfig, tokenizer: Any) -> tuple[Any, Any]:
-    """The configured model's renderer and tool parser (the tool parser inferred from the template for ``auto``)."""
-    from ..plugins import get_tool_parser
-
-    parser_name: Any = config.tool_parser
-    if parser_name == "auto":
-        from ..tool_parsers.infer import infer_tool_parser
-
-        parser_name = infer_tool_parser(tokenizer, config.chat_template)
-    renderer = shared_renderer(
-        tokenizer,
-        chat_template=config.chat_template,
-        template_kwargs=dict(config.chat_template_kwargs),
-        escape_special_text=config.escape_special_text,
-    )
-    return renderer, get_tool_parser(parser_name, **config.tool_parser_options)
 
 
 def image_refusal(vision: VisionProcessor | None, backend: Backend) -> str | None:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import msgspec
 
 from ..conversation import ChatMessage, Conversation, canonical
-from ..status import Status
+from ..status import Discarded, Status, status_of
 from ..trajectory import Trajectory
 
 __all__ = ["ConversationSync", "Plan"]
@@ -166,7 +166,7 @@ class ConversationSync:
                     continue  # the prompt chunk already ends with the generation header
                 keep = mark
                 break
-        status: Status | None = "aborted" if discarded else None
+        status = status_of(Discarded())[0] if discarded else None
         if keep is None:
             self.fork(0, reason, messages=0, status=status)
             self._system, self._tools = system, tools

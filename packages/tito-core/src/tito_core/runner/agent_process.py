@@ -33,7 +33,7 @@ import msgspec
 
 from ..config import AgentSettings, TitoConfig
 from ..errors import ConfigError, TitoError
-from ..status import RolloutTimedOut, status_of
+from ..status import RolloutTimedOut
 from ..trajectory import Trajectory
 from .dataset import Task
 from .finish import Ran
@@ -246,17 +246,11 @@ async def _take(gateway: Any, rollout_id: str, ended: BaseException | RolloutTim
     """Take the rollout's trajectory from the gateway, closed with the status of how its agent ended.
 
     A call the agent left in flight (it was killed mid-call) ends first and is recorded as the engine answered it.
-    Then a time limit overrides a running, completed or aborted status (the agent gave no answer in time), and an
-    agent that failed a running or completed one; a status a model call set (truncated, failed, an engine's abort)
-    stands. An agent that ended well leaves the closing to the gateway (aborted when tool calls were left unanswered).
+    Then how the agent ended replaces the status its calls left where :func:`~tito_core.status.replaces` says so.
+    An agent that ended well leaves the closing to the gateway (aborted when tool calls were left unanswered).
     """
-    rollout = gateway.get(rollout_id)
-    await rollout.idle()
-    live: Trajectory = rollout.rollout.trajectory
-    overrides = ("running", "completed", "aborted") if isinstance(ended, RolloutTimedOut) else ("running", "completed")
-    if ended is not None and live.status in overrides:
-        live.close(*status_of(ended))
-    traj: Trajectory = await gateway.take(rollout_id)
+    await gateway.get(rollout_id).idle()
+    traj: Trajectory = await gateway.take(rollout_id, ended)
     return traj
 
 

@@ -80,12 +80,14 @@ async def rewarded_record(
 def failed_record(task: Task, sample: int, server: str, started: float, exc: Exception) -> RolloutRecord:
     """The record of a rollout that could not run at all."""
     status, reason = status_of(exc)
+    if status == "running":
+        raise AssertionError(f"status_of gave a failed rollout the status running: {exc!r}")
     traj = Trajectory(f"{task.id}:{sample}").close(status, reason)
     return RolloutRecord(
         task_id=task.id,
         sample=sample,
         group=task.index,
-        status="failed",
+        status=status,
         status_reason=reason,
         reward=None,
         server=server,

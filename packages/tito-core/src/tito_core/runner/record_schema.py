@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from ..status import GroupFailed, status_of
 from ..trajectory import TrajectoryRecord
 
 __all__ = [
@@ -122,7 +123,11 @@ class GroupAdvantages(msgspec.Struct, frozen=True, kw_only=True, tag="advantages
     def apply(self, record: RolloutRecord) -> RolloutRecord:
         """``record`` with this entry's advantage (or, for a failed entry, status ``failed`` and the reason)."""
         if self.error is not None:
-            return msgspec.structs.replace(record, status="failed", status_reason=self.error, advantage=None)
+            status, reason = status_of(GroupFailed(self.error))
+            trajectory = msgspec.structs.replace(record.trajectory, status=status, status_reason=reason)
+            return msgspec.structs.replace(
+                record, status=status, status_reason=reason, advantage=None, trajectory=trajectory
+            )
         try:
             value = self.values[self.samples.index(record.sample)]
         except ValueError:

@@ -27,7 +27,7 @@ from strands.types.content import Messages
 from ..backend import Backend, GenerateRequest, GenerateResult
 from ..config import TitoConfig
 from ..errors import BackendConnectionError, ConfigError, LoopLimitError, TitoError
-from ..status import RolloutTimedOut, status_of
+from ..status import RolloutTimedOut, replaces, status_of
 from ..tokenizers import aload_tokenizer
 from .agent_process import AgentRunner
 from .dataset import Task
@@ -219,14 +219,7 @@ class RolloutWorker:
                 await self.pool.suspect(server)
         agent_s = time.perf_counter() - t0
         live = model.trajectory
-        overrides: tuple[str, ...] = ("running", "completed")
-        if isinstance(ended, LoopLimitError):
-            overrides = ("running",)
-        elif isinstance(ended, RolloutTimedOut):
-            overrides = ("running", "aborted")  # the call the timeout cancelled says "cancelled"; say why
-        # A loop limit or a timeout overrides a running status; an agent error also a completed one (the model call
-        # itself succeeded, the agent around it failed). A status the model call set (truncated, failed) stands.
-        if ended is not None and live.status in overrides:
+        if ended is not None and replaces(ended, live.status):
             live.close(*status_of(ended))
         traj = model.reset()
         ran = Ran(
