@@ -32,7 +32,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tito_core.chat import ChatRenderer, tool_specs_to_chat
+from tito_core.conversation import tool_specs_to_chat
 from tito_core.drift import (
     DRIFT_CATEGORIES,
     compare_ids,
@@ -43,6 +43,7 @@ from tito_core.drift import (
 )
 from tito_core.errors import TitoError
 from tito_core.plugins import get_tool_parser
+from tito_core.render.renderer import ChatRenderer
 from tito_core.runner import read_records, rollout
 from tito_core.runner.run import prepare_config
 from tito_core.runner.worker import import_object

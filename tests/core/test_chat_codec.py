@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tito_core.chat import ChatRenderer
 from tito_core.render import shared_renderer
 from tito_core.render.codec import BUSY_TOKENIZER_MESSAGES, is_busy_tokenizer
+from tito_core.render.renderer import ChatRenderer
 
 SPECIALS = ["<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "<|endoftext|>", "\n", " ", "\t"]
 texts = st.lists(st.one_of(st.text(max_size=40), st.sampled_from(SPECIALS)), max_size=12).map("".join)
@@ -94,16 +94,10 @@ def test_models_share_one_renderer_per_tokenizer_and_template(qwen3_tokenizer: A
         first.template_kwargs["enable_thinking"] = True  # type: ignore[index]
 
 
-def test_chat_renderer_shared_still_works_and_names_its_replacement(qwen3_tokenizer: Any) -> None:
-    with pytest.warns(DeprecationWarning, match=r"tito_core\.render\.shared_renderer\(\)"):
-        old = ChatRenderer.shared(qwen3_tokenizer, template_kwargs={"enable_thinking": False})
-    assert old is shared_renderer(qwen3_tokenizer, template_kwargs={"enable_thinking": False})
-
-
 async def test_long_texts_are_tokenized_on_a_worker_thread(qwen3_tokenizer: Any) -> None:
     import threading
 
-    from tito_core import chat
+    from tito_core.render import codec as chat
 
     renderer = ChatRenderer(qwen3_tokenizer)
     threads: list[str] = []
@@ -129,7 +123,7 @@ async def test_long_texts_are_tokenized_on_a_worker_thread(qwen3_tokenizer: Any)
 
 
 async def test_a_busy_tokenizer_falls_back_to_the_calling_thread(qwen3_tokenizer: Any) -> None:
-    from tito_core import chat
+    from tito_core.render import codec as chat
 
     renderer = ChatRenderer(qwen3_tokenizer)
 
@@ -142,7 +136,7 @@ async def test_a_busy_tokenizer_falls_back_to_the_calling_thread(qwen3_tokenizer
 
 
 async def test_other_runtime_errors_of_the_worker_are_not_taken_for_a_busy_tokenizer(qwen3_tokenizer: Any) -> None:
-    from tito_core import chat
+    from tito_core.render import codec as chat
 
     renderer = ChatRenderer(qwen3_tokenizer)
 
@@ -201,7 +195,7 @@ async def test_a_pool_stopped_by_interpreter_shutdown_falls_back_to_the_calling_
 ) -> None:
     import concurrent.futures.thread
 
-    from tito_core import chat
+    from tito_core.render import codec as chat
 
     with pytest.raises(RuntimeError) as stopped:  # the standard library's own message, as the table spells it
         monkeypatch.setattr(concurrent.futures.thread, "_shutdown", True)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tito_core.chat import ChatRenderer, tool_specs_to_chat
+from tito_core.conversation import tool_specs_to_chat
 from tito_core.drift import (
     TextStackView,
     compare_ids,
@@ -22,6 +22,7 @@ from tito_core.drift import (
     text_stack_messages,
     text_stack_view,
 )
+from tito_core.render.renderer import ChatRenderer
 from tito_core.tool_parsers.hermes import HermesToolParser
 from tito_core.trajectory import Trajectory, Turn, Usage
 

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from strands import tool
 
 from tests.helpers import scripted_agent
-from tito_core.chat import ChatRenderer, first_difference
 from tito_core.config import load_config
 from tito_core.errors import ConfigError, TemplateError
 from tito_core.render import shared_renderer
+from tito_core.render.renderer import ChatRenderer, first_difference
 from tito_testing.scripted import ScriptedBackend
 from tito_testing.tokenizers import load_qwen_tokenizer
 

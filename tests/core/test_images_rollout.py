@@ -19,11 +19,11 @@ pytest.importorskip("PIL")
 from PIL import Image as PILImage
 
 from tito_core.backend import GenerateResult
-from tito_core.chat import ChatRenderer
 from tito_core.conversation import Conversation
 from tito_core.errors import BackendResponseError, ContextWindowFullError
 from tito_core.media import Image, ImageError, image_part
 from tito_core.plugins import get_tool_parser
+from tito_core.render.renderer import ChatRenderer
 from tito_core.render.vision import VisionProcessor
 from tito_core.rollout_core import CallOptions, Rollout
 from tito_core.trajectory import Trajectory

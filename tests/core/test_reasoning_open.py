@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from tito_core.chat import ChatRenderer
 from tito_core.conversation import Conversation
 from tito_core.plugins import get_tool_parser
+from tito_core.render.renderer import ChatRenderer
 from tito_core.rollout_core import CallOptions, Rollout
 from tito_testing.scripted import ScriptedBackend
 from tito_testing.vision import vl_chat_template

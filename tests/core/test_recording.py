@@ -23,7 +23,7 @@ from tito_core.errors import (
     TitoError,
     UnsupportedContentError,
 )
-from tito_core.recording import exit_status
+from tito_core.status import status_of
 from tito_core.trajectory import Trajectory
 from tito_core.versions import VersionSpan
 from tito_testing.scripted import ScriptedBackend
@@ -327,8 +327,8 @@ async def _stream_all(model: TitoModel, messages, tool_specs) -> None:
         (KeyboardInterrupt(), "aborted"),
     ],
 )
-def test_exit_status_of_each_exception(exc, status):
-    got, reason = exit_status(exc)
+def test_status_of_each_exception(exc, status):
+    got, reason = status_of(exc)
     assert got == status and reason
 
 

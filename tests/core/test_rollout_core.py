@@ -12,7 +12,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tito_core.backend import GenerateRequest, SamplingParams
-from tito_core.chat import ChatRenderer
 from tito_core.conversation import Conversation, canonical, reply_message
 from tito_core.errors import (
     BackendError,
@@ -24,6 +23,7 @@ from tito_core.errors import (
 )
 from tito_core.http.ids_json import IdsJson
 from tito_core.plugins import get_tool_parser
+from tito_core.render.renderer import ChatRenderer
 from tito_core.rollout_core import CallOptions, Rollout
 from tito_core.rollout_core.sequence import SequenceTracker
 from tito_core.rollout_core.sync import ConversationSync

@@ -27,7 +27,8 @@ from tito_core.errors import (
 )
 from tito_core.http import HttpClient, RetryPolicy
 from tito_core.http import _aiohttp as aiohttp_compat
-from tito_core.transport import AiohttpTransport, BodyTooLargeError, FramingError, MaybeSentError, NotSentError
+from tito_core.http.aiohttp_transport import AiohttpTransport
+from tito_core.http.transport import BodyTooLargeError, FramingError, MaybeSentError, NotSentError
 
 Script = Callable[["RawServer", asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 

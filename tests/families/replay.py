@@ -15,8 +15,8 @@ from strands.types.content import Message, Messages
 from strands.types.tools import ToolSpec
 
 from tito_core.backend import Backend, GenerateRequest, GenerateResult
-from tito_core.chat import ChatRenderer
 from tito_core.plugins import get_tool_parser
+from tito_core.render import shared_renderer
 from tito_core.rollout_core import CallOptions, RenderMode, Rollout
 from tito_core.strands_messages import to_conversation
 from tito_core.tool_parsers.base import ParsedOutput
@@ -79,7 +79,7 @@ def replay(
     """
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     backend = IdsBackend([output_ids(i) for i in turns])
-    renderer = ChatRenderer.shared(tokenizer, escape_special_text=escape_special_text)
+    renderer = shared_renderer(tokenizer, escape_special_text=escape_special_text)
     rollout = Rollout(backend, renderer, get_tool_parser(parser), render_mode=render_mode)
     history: Messages = []
 

@@ -26,10 +26,13 @@ from hypothesis import strategies as st
 from strands.types.content import Messages
 from strands.types.tools import ToolSpec
 
-from tito_core.chat import ChatRenderer, first_difference, to_chat_messages, tool_specs_to_chat
+from tito_core.conversation import tool_specs_to_chat
 from tito_core.errors import TemplateError
 from tito_core.plugins import get_tool_parser
 from tito_core.prefix_check import PrefixReport, check_prefix_preservation
+from tito_core.render import shared_renderer
+from tito_core.render.renderer import ChatRenderer, first_difference
+from tito_core.strands_messages import to_chat_messages
 from tito_testing.families import FAMILIES, llama_cpp_sdist, load_family_tokenizer
 from tito_testing.tokenizers import chat_template
 
@@ -133,7 +136,7 @@ def has_tool_results(messages: Messages) -> bool:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_separator_after_end_of_turn(family: str) -> None:
     spec = FAMILIES[family]
-    assert ChatRenderer.shared(load_family_tokenizer(family)).turn_tail == (spec.end_of_turn, spec.separator)
+    assert shared_renderer(load_family_tokenizer(family)).turn_tail == (spec.end_of_turn, spec.separator)
 
 
 def test_gguf_vocabularies_reproduce_llama_cpp_reference_ids() -> None:

@@ -17,12 +17,12 @@ np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
 from PIL import Image as PILImage  # noqa: E402
 
-from tito_core.chat import ChatRenderer  # noqa: E402
 from tito_core.conversation import Conversation  # noqa: E402
 from tito_core.export import to_slime, to_trl, to_verl, training_branches, verl_multi_modal_inputs  # noqa: E402
 from tito_core.export_images import pixel_inputs  # noqa: E402
 from tito_core.media import Image, ImageError, image_part  # noqa: E402
 from tito_core.plugins import get_tool_parser  # noqa: E402
+from tito_core.render.renderer import ChatRenderer  # noqa: E402
 from tito_core.render.vision import VisionProcessor  # noqa: E402
 from tito_core.rollout_core import CallOptions, Rollout  # noqa: E402
 from tito_core.trainers.agentlightning import model_request_events  # noqa: E402

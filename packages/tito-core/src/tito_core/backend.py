@@ -210,9 +210,6 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
         return_routed_experts: Ask for MoE routing decisions (for routing replay).
         messages: Chat-template messages, set only for backends with ``renders_prompt = True``.
         tools: OpenAI-style tool schemas, set only for backends with ``renders_prompt = True``.
-        input_ids_json: Deprecated, always None: the core no longer encodes wire formats. An HTTP adapter that
-            sends the ids as JSON keeps the JSON of each sequence itself (:class:`tito_core.http.ids_json.IdsJson`,
-            O(new tokens) per call).
         grammar: A grammar the output must follow (constrained decoding, e.g. a forced tool call from
             Strands' ``tool_choice``), or None. EBNF in the dialect of xgrammar and llama.cpp's GBNF
             (``root ::= call ...``), which vLLM's ``structured_outputs.grammar`` and SGLang's
@@ -239,7 +236,6 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     return_routed_experts: bool = False
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
-    input_ids_json: bytes | None = None
     grammar: str | None = None
     sequence: str | None = None
     images: tuple[PromptImage, ...] = ()
@@ -307,8 +303,6 @@ class Backend(abc.ABC):
     renders_prompt: ClassVar[bool] = False
     """True for backends that send chat messages and let the server render the prompt (e.g. an
     OpenAI chat endpoint). The core then checks the echoed ``prompt_ids`` against the trajectory."""
-    json_input_ids: ClassVar[bool] = False
-    """Deprecated and ignored: the core no longer builds :attr:`GenerateRequest.input_ids_json`."""
     supports_grammar: ClassVar[bool] = False
     """True for backends that apply :attr:`GenerateRequest.grammar` with the engine's constrained decoding.
     A call that needs a grammar (a forced tool call) on a backend without it fails with a clear error."""

@@ -10,11 +10,10 @@ otherwise). Assistant turns are never re-rendered: the model's own tokens are th
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from tito_core.conversation import ChatMessage
 from tito_core.errors import TemplateError, UnsupportedContentError
@@ -72,35 +71,6 @@ class ChatRenderer:
         self.escape_special_text = escape_special_text
         self._rust_encode, self._rust_decode = rust_codec(tokenizer)
         self._escaper = SpecialTextEscaper(tokenizer) if escape_special_text else None
-
-    _shared_factory: ClassVar[Callable[..., ChatRenderer] | None] = None
-    """Set by ``tito_core.render.shared`` when it is imported (always, with this package): it imports this
-    module, so this module cannot import it."""
-
-    @classmethod
-    def shared(
-        cls,
-        tokenizer: PreTrainedTokenizerBase,
-        *,
-        chat_template: str | None = None,
-        template_kwargs: Mapping[str, Any] | None = None,
-        escape_special_text: bool = False,
-    ) -> ChatRenderer:
-        """Deprecated: use :func:`tito_core.render.shared_renderer`, which this calls with the same arguments."""
-        warnings.warn(
-            "ChatRenderer.shared() is deprecated; use tito_core.render.shared_renderer() (same arguments)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        factory = cls._shared_factory
-        if factory is None:  # pragma: no cover - the package's __init__ imports tito_core.render.shared
-            raise RuntimeError("tito_core.render.shared is not imported")
-        return factory(
-            tokenizer,
-            chat_template=chat_template,
-            template_kwargs=template_kwargs,
-            escape_special_text=escape_special_text,
-        )
 
     def render(
         self,

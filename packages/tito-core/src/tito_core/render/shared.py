@@ -3,7 +3,7 @@
 :func:`shared_renderer` gives a Hugging Face tokenizer a :class:`~tito_core.render.renderer.ChatRenderer`
 and a mistral-common one (transformers' ``MistralCommonBackend``) a
 :class:`~tito_core.mistral.MistralCommonRenderer`; it is the one place that knows both, so the base class
-never names its subclass. ``ChatRenderer.shared`` (deprecated) calls it.
+never names its subclass.
 """
 
 from __future__ import annotations
@@ -82,6 +82,3 @@ def shared_renderer(
         while len(_shared) > _SHARED_RENDERERS:
             _shared.popitem(last=False)
     return renderer
-
-
-ChatRenderer._shared_factory = shared_renderer  # the deprecated ChatRenderer.shared calls it
