@@ -518,6 +518,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/weight_update.py")  # pause -> relabel -> resume with 256 rollouts in flight
     session.install("-e", f"{CORE}[vision]")
     session.run("python", "benchmarks/images.py")  # an 8-call agent with a 448x448 picture per tool result vs without
+    # a 64-call computer-use agent, one screenshot per call, SGLang sessions: call 64 within 2x call 2
+    session.run("python", "benchmarks/images.py", "--calls", "64", "--repeats", "3", "--session", "on", "--no-profile")
     session.install("-e", f"{CORE}[ray]")
     session.run("python", "benchmarks/ray_rollouts.py")  # local vs Ray with 1 and 2 workers (docs/scaling.md)
     if os.environ.get("TITO_BENCH_REAL", "1") != "0":

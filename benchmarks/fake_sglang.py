@@ -86,6 +86,7 @@ class _Session(msgspec.Struct):
     rid: str | None = None
     tokens: array = msgspec.field(default_factory=lambda: array("i"))
     tool_responses: int = 0
+    image_tokens: int = 0  # what the session's images added to its sequence, past one placeholder each
 
 
 class _Canned(msgspec.Struct):
@@ -221,9 +222,7 @@ class FakeSGLang:
         images = request.image_data or []
         if not images:
             return 0
-        if request.session_params is not None:
-            return "the fake server keeps no images in sessions"
-        placeholders = request.input_ids.count(IMAGE_PAD)
+        placeholders = request.input_ids.count(IMAGE_PAD)  # in a session: the sent ids carry the new images
         if placeholders != len(images):
             return f"Prompt has {placeholders} image placeholders but {len(images)} image inputs were provided"
         for url in images:
@@ -257,13 +256,15 @@ class FakeSGLang:
                 fault = self.fault_rng.choice(FAULTS)
             digest = hashlib.sha1(array("i", ids).tobytes()).hexdigest()
             self.log.append((request.rid or "", fault or "ok", digest, turn))
+        earlier = session.image_tokens if session is not None else 0
         if session is not None and not fault:
             session.rid, session.tool_responses = request.rid, int(count)
+            session.image_tokens += extra
             session.tokens = ids + array("i", canned.output_ids)  # a new array: ``ids`` is this prompt
         meta: dict[str, Any] = {
             "id": request.rid or f"fake-{self.requests}",
             "finish_reason": {"type": "stop", "matched": IM_END},
-            "prompt_tokens": len(ids) + extra,
+            "prompt_tokens": len(ids) + earlier + extra,
             "completion_tokens": len(canned.output_ids),
             "cached_tokens": 0,
             "e2e_latency": 0.0,

@@ -10,9 +10,11 @@ call and per rollout, as screenshots are; generated before the timed rollouts); 
 
 The engine is the fake SGLang server (``fake_sglang.py``, its own process): it takes images as SGLang does (one
 placeholder per image plus base64 ``data:`` URLs in ``image_data``), decodes them and counts the expanded prompt.
-tito sends through ``SGLangBackend`` with ``session="off"`` (every call sends the whole prompt and every image
-so far). An ``SGLangBackend`` without ``supports_images`` (before the SGLang image adapter) falls back to the
-scripted backend in-process: no HTTP, no base64, no JSON (the row says which).
+tito sends through ``SGLangBackend`` with ``--session off`` (the default: every call sends the whole prompt and
+every image so far, so the bytes on the wire grow with every picture) or ``--session on`` (SGLang sessions: a
+call sends only its new ids and its new images, so what still grows is the agent framework's own work). An
+``SGLangBackend`` without ``supports_images`` (before the SGLang image adapter) falls back to the scripted backend
+in-process: no HTTP, no base64, no JSON (the row says which).
 
 Figures per call: ``stream()`` wall time (first event asked for to the last consumed) minus the server's handler
 time; medians over the calls of ``--repeats`` rollouts of each agent, run in turn. ``--profile`` adds a cProfile
@@ -102,7 +104,7 @@ def picture(seed: int, size: int) -> bytes:
 class Agents:
     """Builds the agent of one rollout; keeps the tokenizer, the processor and the HTTP backend for the run."""
 
-    def __init__(self, workload: Workload, size: int, url: str | None) -> None:
+    def __init__(self, workload: Workload, size: int, url: str | None, session: str = "off") -> None:
         from tito_core.render.vision import VisionProcessor
         from tito_testing.tokenizers import load_qwen_tokenizer
         from tito_testing.vision import tiny_image_processor
@@ -117,7 +119,7 @@ class Agents:
             from tito_sglang import SGLangBackend
 
             if getattr(SGLangBackend, "supports_images", False):
-                self.shared = SGLangBackend(url, timeout=600.0, session="off")
+                self.shared = SGLangBackend(url, timeout=600.0, session=session)
         self.engine = "fake SGLang server (HTTP)" if self.shared is not None else "scripted backend (in-process)"
         self._pictures: list[list[bytes]] = []
 
@@ -223,7 +225,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     _grid, tokens = _count(tiny_image_processor(), Image(picture(0, args.size)))
     figures: dict[str, Any] = {"size": args.size, "image_tokens": tokens, "png_bytes": len(picture(0, args.size))}
     with engine(args, workload, tokenizer_dir, tokens) as url:
-        agents = Agents(workload, args.size, url)
+        agents = Agents(workload, args.size, url, args.session)
         figures["engine"] = agents.engine
         try:
             agents.pictures(1 + args.repeats + (args.profile_rollouts if args.profile else 0))
@@ -306,6 +308,9 @@ def render(figures: dict[str, Any], args: argparse.Namespace) -> str:
     extra = images["client_ms_per_call"] - text["client_ms_per_call"]
     ratio = images["client_ms_per_call"] / text["client_ms_per_call"]
     lines += ["", f"image_extra_ms_per_call={extra:.2f} image_over_text={ratio:.2f}"]
+    by_call = images["by_call_ms"]
+    if len(by_call) >= 3:  # one new picture per call: the extra is the cost of a new image; does it stay flat?
+        lines.append(f"last_call_over_call_2={by_call[-1] / by_call[1]:.2f} (call {len(by_call)} vs call 2)")
     return "\n".join(lines)
 
 
@@ -318,6 +323,7 @@ def main() -> None:
     parser.add_argument("--think", type=int, default=60, help="tokens of thought before each tool call")
     parser.add_argument("--tool", type=int, default=120, help="text tokens of each tool result")
     parser.add_argument("--scripted", action="store_true", help="the scripted backend in-process, no server")
+    parser.add_argument("--session", choices=("off", "on"), default="off", help="SGLang sessions (see above)")
     parser.add_argument("--no-profile", dest="profile", action="store_false")
     parser.add_argument("--profile-rollouts", type=int, default=5)
     parser.add_argument("--profile-out", default="", help="also write the .pstats (and a .txt of the top 40)")

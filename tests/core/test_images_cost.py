@@ -98,6 +98,26 @@ def test_bytes_that_do_not_decode_are_refused_every_time():
             Image(data)
 
 
+def test_an_image_already_in_the_conversation_is_not_hashed_again(monkeypatch):
+    """Strands keeps each image's bytes object from call to call: the front's second conversion costs a lookup."""
+    from tito_core.strands_messages import to_conversation
+
+    data = png(64, 48, seed=5)
+    hashed: list[int] = []
+    sha256 = media.hashlib.sha256
+    monkeypatch.setattr(media.hashlib, "sha256", lambda d: (hashed.append(len(d)), sha256(d))[1])
+    message = {"role": "user", "content": [{"image": {"format": "png", "source": {"bytes": data}}}]}
+    images = []
+    for _ in range(3):
+        content = to_conversation([message], None, None, None).messages[0]["content"]
+        images += [part["image"] for part in content if part["type"] == "image"]
+    assert images[0] is images[1] is images[2] and hashed == [len(data)]
+    with pytest.raises(ImageError, match="declared 'jpeg'"):  # the declared format is still checked
+        Image.of(data, "jpeg")
+    copy = Image.of(bytes(bytearray(data)))  # equal bytes in another object: hashed (not decoded) again
+    assert copy == images[0] and copy is not images[0] and len(hashed) == 2
+
+
 def test_base64_is_encoded_once():
     image = Image(png(40, 40, seed=4))
     assert image.base64 == base64.b64encode(image.data).decode("ascii")

@@ -16,6 +16,7 @@ import base64
 import hashlib
 import io
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -54,22 +55,40 @@ class Image:
         ImageError: the format is not supported, or the bytes do not decode.
     """
 
-    __slots__ = ("_base64", "_data", "_format", "_sha256", "_size")
+    __slots__ = ("__weakref__", "_base64", "_data", "_format", "_sha256", "_size")
 
     def __init__(self, data: bytes, format: str | None = None) -> None:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise ImageError(f"image data must be bytes, got {type(data).__name__}")
         data = bytes(data)
-        declared = _format_name(format) if format is not None else None
         sha256 = hashlib.sha256(data).hexdigest()
         decoded, size = _probe_once(data, sha256)
-        if declared is not None and declared != decoded:
-            raise ImageError(f"the image is declared {declared!r} but its bytes are {decoded!r}")
+        _check_declared(format, decoded)
         self._data = data
         self._format: ImageFormat = decoded  # type: ignore[assignment]
         self._size = size
         self._sha256 = sha256
         self._base64: str | None = None
+
+    @classmethod
+    def of(cls, data: bytes, format: str | None = None) -> Image:
+        """The :class:`Image` of ``data``: the one built before from this very ``bytes`` object while it lives.
+
+        What a front calls when it converts its whole conversation every call (Strands, whose messages keep each
+        image's ``bytes`` object from call to call): an image already in the conversation then costs a dict
+        lookup, not a hash (and its base64 is encoded once), so a call pays only for its new images.
+
+        Raises:
+            ImageError: as the constructor.
+        """
+        if type(data) is bytes:
+            known = _by_object.get(id(data))
+            if known is not None and known._data is data:  # the Image holds ``data``: its id is not reused
+                _check_declared(format, known._format)
+                return known
+        image = cls(data, format)
+        _by_object[id(image._data)] = image
+        return image
 
     @property
     def data(self) -> bytes:
@@ -200,6 +219,16 @@ def _pil() -> Any:
         raise ImageError('images need Pillow: pip install "tito-core[vision]"') from exc
     return PILImage
 
+
+def _check_declared(format: str | None, decoded: str) -> None:
+    declared = _format_name(format) if format is not None else None
+    if declared is not None and declared != decoded:
+        raise ImageError(f"the image is declared {declared!r} but its bytes are {decoded!r}")
+
+
+_by_object: weakref.WeakValueDictionary[int, Image] = weakref.WeakValueDictionary()
+"""The live :class:`Image` of each ``bytes`` object (by ``id``) that :meth:`Image.of` built one from; an entry goes
+when its Image does, and the Image holds the bytes, so an id in here is never a reused one."""
 
 _ORIENTATION = 0x0112  # the EXIF tag
 _TURNED = frozenset({5, 6, 7, 8})  # the orientations that turn the image by 90 or 270 degrees

@@ -54,7 +54,7 @@ def strands_image(block: Mapping[str, Any]) -> Image:
         kinds = ", ".join(sorted(source)) if isinstance(source, Mapping) else type(source).__name__
         raise ImageError(f"an image block needs its bytes in source.bytes (got source {kinds})")
     fmt = block.get("format")
-    return Image(data, fmt if isinstance(fmt, str) else None)
+    return Image.of(data, fmt if isinstance(fmt, str) else None)  # the bytes of an earlier call: no new hash
 
 
 def _content(parts: list[str | Image]) -> str | list[dict[str, Any]]:
