@@ -137,7 +137,7 @@ def fault_run(
     worker: Worker, url: str, tokenizer_dir: str, workload: Workload, args: argparse.Namespace
 ) -> dict[str, Any]:
     """``--fault-rollouts`` rollouts at once through a fresh gateway writing a rollout file, at ``--fault-rate``."""
-    from tito_core.runner.records import read_records
+    from tito_core.records import read_records
 
     post_json(url + "/configure", workload.as_dict())
     post_json(url + "/faults", {"rate": args.fault_rate, "seed": args.fault_seed})

@@ -8,7 +8,7 @@ from pathlib import Path
 import msgspec
 
 from tito_core import Trajectory
-from tito_core.runner.records import RolloutRecord, Timings, TokenCounts
+from tito_core.records import RolloutRecord, Timings, TokenCounts
 from tito_core.trajectory import Turn, Usage
 from tito_core.versions import VersionSpan
 

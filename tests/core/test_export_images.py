@@ -18,7 +18,7 @@ from tito_core import Trajectory
 from tito_core.export import to_slime, to_trl, to_verl
 from tito_core.export_images import data_url, image_values
 from tito_core.media import Image, ImageSpan, PromptImage
-from tito_core.runner.record_schema import RolloutRecord, Timings, TokenCounts
+from tito_core.records.schema import RolloutRecord, Timings, TokenCounts
 from tito_core.runner.samples import training_rows
 from tito_core.trainers.agentlightning import model_request_events
 from tito_core.trajectory import Turn, Usage

@@ -10,8 +10,8 @@ pytest.importorskip("PIL")
 from PIL import Image as PILImage
 
 from tito_core.media import Image, ImageSpan, PromptImage
-from tito_core.runner.record_schema import RolloutRecord, Timings, TokenCounts
-from tito_core.runner.records import open_writer, read_records
+from tito_core.records import open_writer, read_records
+from tito_core.records.schema import RolloutRecord, Timings, TokenCounts
 from tito_core.trajectory import Trajectory
 from tito_core.trajectory_images import images_dir
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from tito_core.errors import BackendError, LoopLimitError
+from tito_core.records.schema import GroupAdvantages
 from tito_core.runner.dataset import Task
 from tito_core.runner.finish import failed_record
-from tito_core.runner.record_schema import GroupAdvantages
 from tito_core.status import (
     CallLimit,
     Discarded,

@@ -26,7 +26,7 @@ MODULES = [
     "tito_core.gateway",
     "tito_core.gateway.server",
     "tito_core.runner.agent_process",
-    "tito_core.runner.records",
+    "tito_core.records",
     "tito_sglang",
     "tito_vllm",
     "tito_transformers",

@@ -27,8 +27,8 @@ from strands.types.content import Messages
 from strands.types.tools import ToolSpec
 
 from tito_core.errors import ConfigError, TemplateError
-from tito_core.mistral import MistralCommonRenderer
 from tito_core.plugins import get_tool_parser
+from tito_core.render.mistral import MistralCommonRenderer
 from tito_core.rollout_core import CallOptions, Rollout
 from tito_core.strands_messages import to_conversation
 from tito_testing.families import load_family_tokenizer

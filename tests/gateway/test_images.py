@@ -27,7 +27,7 @@ from PIL import Image as PILImage
 from tests.gateway.conftest import config
 from tito_core.gateway import Gateway
 from tito_core.gateway.images import ImageReader
-from tito_core.runner.records import read_records
+from tito_core.records import read_records
 from tito_testing.scripted import ScriptedBackend
 from tito_testing.vision import tiny_image_processor, vl_chat_template
 

@@ -14,7 +14,7 @@ from openai import AsyncOpenAI
 
 from tests.gateway.conftest import GrammarBackend, config
 from tito_core.gateway import Gateway, GatewayError
-from tito_core.runner.records import read_records
+from tito_core.records import read_records
 from tito_testing.tokenizers import qwen_tokenizer_dir
 
 USER = [{"role": "user", "content": "hi"}]

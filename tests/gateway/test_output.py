@@ -12,8 +12,8 @@ from openai import AsyncOpenAI
 from tests.gateway.conftest import GrammarBackend, config
 from tito_core import Trajectory
 from tito_core.gateway import Gateway
-from tito_core.runner.output_lock import OutputLockedError
-from tito_core.runner.records import read_records
+from tito_core.records import read_records
+from tito_core.records.lock import OutputLockedError
 
 pytest.importorskip("pyarrow")
 

@@ -16,7 +16,7 @@ import pytest
 from tests.gateway.conftest import config
 from tito_core.errors import ConfigError
 from tito_core.gateway import Gateway
-from tito_core.runner.records import read_records
+from tito_core.records import read_records
 from tito_testing.tokenizers import qwen_tokenizer_dir
 
 USER = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

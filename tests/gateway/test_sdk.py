@@ -10,7 +10,7 @@ from openai import AsyncOpenAI
 
 from tests.helpers import hermes_call
 from tito_core.gateway import Gateway
-from tito_core.runner.records import read_records
+from tito_core.records import read_records
 
 ADD = {
     "type": "function",

@@ -16,7 +16,7 @@ import aiohttp
 from tests.gateway.conftest import GrammarBackend, config
 from tito_core.backend import GenerateRequest, GenerateResult
 from tito_core.gateway import Gateway
-from tito_core.runner.records import read_records
+from tito_core.records import read_records
 
 USER = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

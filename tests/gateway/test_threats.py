@@ -17,7 +17,7 @@ from tests.gateway.conftest import config
 from tito_core.errors import ConfigError
 from tito_core.gateway import Gateway
 from tito_core.gateway.server import api_key_from
-from tito_core.runner.records import read_records
+from tito_core.records import read_records
 
 USER = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 EVIL = "http://evil.example"

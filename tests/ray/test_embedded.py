@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from tito_core import arollout
+from tito_core.records import record_from_row
 from tito_core.runner import LocalExecutor, read_records
 from tito_core.runner.ray_executor import RayExecutor, RolloutBatches
-from tito_core.runner.records import record_from_row
 
 from ..runner.helpers import tasks, tokenizer_dir
 from .helpers import comparable

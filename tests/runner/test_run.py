@@ -13,9 +13,9 @@ import pytest
 from tito_core import Trajectory, arollout, rollout
 from tito_core.errors import BackendConnectionError, ConfigError, DatasetError, TitoError
 from tito_core.plugins import BackendSpec, hookimpl, temporary_plugin
+from tito_core.records import OutputLockedError, open_writer
 from tito_core.runner import read_records
 from tito_core.runner.executor import Executor
-from tito_core.runner.records import OutputLockedError, open_writer
 from tito_core.runner.rewards import group_normalized
 from tito_core.runner.run import failed_keys
 from tito_core.runner.worker import RolloutWorker

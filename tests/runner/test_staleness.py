@@ -14,9 +14,9 @@ from tito_core import rollout
 from tito_core.backend import GenerateRequest
 from tito_core.config import RolloutSettings, load_config
 from tito_core.errors import ConfigError
+from tito_core.records import RolloutRecord
 from tito_core.runner import JsonReporter, read_records
 from tito_core.runner.progress import summary_table
-from tito_core.runner.records import RolloutRecord
 from tito_core.runner.samples import training_rows
 from tito_core.runner.staleness import current_int, is_stale, staleness, with_staleness
 
@@ -212,8 +212,8 @@ def test_the_cli_sets_the_current_version_and_logs_dropped_rollouts(
 
 def test_rollout_batches_mark_and_drop_as_the_runner_does() -> None:
     pa = pytest.importorskip("pyarrow")
+    from tito_core.records import record_from_row
     from tito_core.runner.ray_executor import RolloutBatches
-    from tito_core.runner.records import record_from_row
 
     batch = pa.Table.from_pylist([{**task, "group": 0} for task in tasks(1)])
     keys: dict[str, Any] = {"group_size": 2, "current_version": 7, "max_staleness": 2, "group_reward": GROUP}

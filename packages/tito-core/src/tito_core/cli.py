@@ -234,7 +234,7 @@ def _executor(args: argparse.Namespace) -> Any:
         if args.address is not None or args.workers is not None:
             raise ConfigError("--address and --workers go with --executor ray")
         return None
-    from .runner._optional import ray
+    from ._optional import ray
 
     ray()  # a clear error now, before the config and the servers are checked, when Ray is not installed
     from .runner.ray_executor import RayExecutor

@@ -33,6 +33,7 @@ from tito_core.backend import Backend, SamplingParams, sampling_params
 from tito_core.errors import ConfigError
 from tito_core.grammar import tool_choice_option
 from tito_core.model_setup import ModelSetup
+from tito_core.plugins import get_backend
 from tito_core.rollout_core import RenderMode
 from tito_core.rollout_settings import AgentSettings, RolloutSettings
 from tito_core.tokenizers import load_tokenizer
@@ -109,8 +110,6 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     def create_backend(self) -> Backend:
         """Create the configured backend through the plugin registry."""
-        from tito_core.plugins import get_backend
-
         if isinstance(self.backend_options.get("base_url"), list):
             raise ConfigError(
                 "`backend_options.base_url` lists several servers: only the rollout runner routes between them;"

@@ -25,6 +25,7 @@ from strands.types.exceptions import ContextWindowOverflowException
 from strands.types.streaming import StreamEvent
 from strands.types.tools import ToolSpec
 
+from . import plugins
 from .backend import Backend, SamplingParams, sampling_params
 from .errors import ConfigError, ContextLengthError, ContextWindowFullError, TitoError
 from .grammar import GrammarToolParser
@@ -133,8 +134,6 @@ class TitoModel(Model):
         processor: ProcessorSpec = None,
         max_images: int = DEFAULT_MAX_IMAGES,
     ) -> None:
-        from . import plugins
-
         if isinstance(backend, str):
             backend = plugins.get_backend(backend, **dict(backend_options or {}))
         elif backend_options:

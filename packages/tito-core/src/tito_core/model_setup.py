@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from . import plugins
 from .backend import Backend, sampling_params
 from .errors import ConfigError
 from .grammar import tool_choice_option
@@ -81,8 +82,6 @@ class ModelSetup:
             ConfigError: A bad option, an unknown tool parser, a tool parser ``"auto"`` cannot infer, a
                 tokenizer or image processor that cannot be loaded.
         """
-        from . import plugins
-
         if on_prefix_mismatch not in _PREFIX_POLICIES:
             raise ConfigError(f"on_prefix_mismatch must be 'fork', 'warn' or 'error', not {on_prefix_mismatch!r}")
         if isinstance(tokenizer, (str, os.PathLike)):

@@ -24,6 +24,7 @@ from strands.types.tools import ToolSpec
 
 from .conversation import tool_specs_to_chat
 from .errors import TemplateError
+from .render.mistral import is_mistral_common
 from .render.renderer import ChatRenderer, first_difference
 from .strands_messages import to_chat_messages
 
@@ -96,8 +97,6 @@ def check_prefix_preservation(
     """
     if not any(m.get("role") == "assistant" for m in messages):
         raise ValueError("the conversation needs at least one assistant message to check")
-    from .mistral import is_mistral_common
-
     if is_mistral_common(tokenizer):
         return PrefixReport(
             ok=False,

@@ -30,7 +30,8 @@ from typing import Any, Protocol
 import msgspec
 from aiohttp import web
 
-from ..runner.records import RolloutRecord
+from ..records import RolloutRecord
+from ..records.schema import ENCODER
 from .access import Access
 from .anthropic_messages import sse_events as message_events
 from .completion import sse_chunks
@@ -275,8 +276,6 @@ async def _trajectory(request: web.Request) -> web.Response:
 
 
 async def _finish(request: web.Request) -> web.Response:
-    from ..runner.record_schema import ENCODER
-
     gateway = request.app[_GATEWAY]
     gateway.authorize(request.match_info["rollout"], _credential(request))
     body = _fields(await _body(request, optional=True), frozenset({"reward", "metadata"}))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..runner.records import RecordWriter, RolloutRecord, open_writer, rollout_record
+from ..records import RecordWriter, RolloutRecord, open_writer, rollout_record
 from ..trajectory import Trajectory
 from .registry import GatewayRollout
 

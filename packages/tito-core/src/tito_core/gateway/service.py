@@ -25,9 +25,9 @@ from ..backend import Backend
 from ..config import TitoConfig
 from ..errors import ConfigError
 from ..model_setup import ModelSetup
+from ..records import RolloutRecord
 from ..render.vision import ProcessorSpec, VisionProcessor
 from ..rollout_core import CallOptions
-from ..runner.records import RolloutRecord
 from ..status import Closed, NoModelCall, Outcome, Stopped, replaces, status_of
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory

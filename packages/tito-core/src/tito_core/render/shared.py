@@ -2,7 +2,7 @@
 
 :func:`shared_renderer` gives a Hugging Face tokenizer a :class:`~tito_core.render.renderer.ChatRenderer`
 and a mistral-common one (transformers' ``MistralCommonBackend``) a
-:class:`~tito_core.mistral.MistralCommonRenderer`; it is the one place that knows both, so the base class
+:class:`~tito_core.render.mistral.MistralCommonRenderer`; it is the one place that knows both, so the base class
 never names its subclass.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tito_core.errors import ConfigError
+from tito_core.render.mistral import MistralCommonRenderer, is_mistral_common
 from tito_core.render.renderer import ChatRenderer
 
 if TYPE_CHECKING:
@@ -39,15 +40,12 @@ def shared_renderer(
     A renderer learns a few things about its template once (the dummy-prefix text, the end-of-turn
     tokens, whether the Rust shortcut is exact); sharing it spares every new rollout that work. The
     cache holds the last 16 combinations. A mistral-common tokenizer (transformers'
-    ``MistralCommonBackend``) gets a :class:`~tito_core.mistral.MistralCommonRenderer`, which encodes
+    ``MistralCommonBackend``) gets a :class:`~tito_core.render.mistral.MistralCommonRenderer`, which encodes
     with mistral-common as vLLM and SGLang do for Mistral models.
 
     Raises:
         ConfigError: ``chat_template`` given with a mistral-common tokenizer (it has no template).
     """
-    # Imported here, not at the top: tito_core.mistral imports the renderer, whose package imports this module.
-    from tito_core.mistral import MistralCommonRenderer, is_mistral_common
-
     make: Callable[[], ChatRenderer]
     if is_mistral_common(tokenizer):
         if chat_template is not None:

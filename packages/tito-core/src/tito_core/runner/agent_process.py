@@ -33,6 +33,7 @@ import msgspec
 
 from ..config import AgentSettings, TitoConfig
 from ..errors import ConfigError, TitoError
+from ..gateway import Gateway
 from ..status import RolloutTimedOut
 from ..trajectory import Trajectory
 from .dataset import Task
@@ -99,7 +100,7 @@ class AgentRunner:
         self.fn = _agent_fn(settings, fn)
         if settings.command:
             _check_command(settings.command, base_dir)
-        self._gateways: dict[str, Any] = {}
+        self._gateways: dict[str, Gateway] = {}
         self._starting = asyncio.Lock()
 
     async def run(self, server: Server, task: Task, sample: int) -> tuple[Trajectory, Ran]:
@@ -144,15 +145,13 @@ class AgentRunner:
         for gateway in gateways:
             await gateway.close()
 
-    async def _gateway(self, server: Server) -> Any:
+    async def _gateway(self, server: Server) -> Gateway:
         """``server``'s gateway, started on loopback at the first rollout that needs it."""
         gateway = self._gateways.get(server.name)
         if gateway is not None:
             return gateway
         async with self._starting:
             if server.name not in self._gateways:
-                from ..gateway import Gateway  # here, not at the top: the gateway imports the runner's writers
-
                 idle = self.limit + 60.0 if self.limit else _WEEK_S  # the runner's limit ends an agent, not the gateway
                 gateway = Gateway(self.config, tokenizer=self.tokenizer, backend=server.backend, idle_timeout=idle)
                 await gateway.start(host="127.0.0.1", port=0)
@@ -242,7 +241,7 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-async def _take(gateway: Any, rollout_id: str, ended: BaseException | RolloutTimedOut | None) -> Trajectory:
+async def _take(gateway: Gateway, rollout_id: str, ended: BaseException | RolloutTimedOut | None) -> Trajectory:
     """Take the rollout's trajectory from the gateway, closed with the status of how its agent ended.
 
     A call the agent left in flight (it was killed mid-call) ends first and is recorded as the engine answered it.
@@ -250,8 +249,7 @@ async def _take(gateway: Any, rollout_id: str, ended: BaseException | RolloutTim
     An agent that ended well leaves the closing to the gateway (aborted when tool calls were left unanswered).
     """
     await gateway.get(rollout_id).idle()
-    traj: Trajectory = await gateway.take(rollout_id, ended)
-    return traj
+    return await gateway.take(rollout_id, ended)
 
 
 def _smaller(a: float | None, b: float | None) -> float | None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
+from .._optional import pyarrow
 from ..errors import DatasetError
-from ._optional import pyarrow
 
 __all__ = ["Task", "load_tasks", "task_from_row"]
 

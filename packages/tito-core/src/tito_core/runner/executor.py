@@ -18,8 +18,8 @@ import msgspec
 
 from ..config import RolloutSettings
 from ..errors import ConfigError
+from ..records import RolloutRecord
 from .dataset import Task
-from .records import RolloutRecord
 from .worker import RolloutWorker
 
 __all__ = ["Emit", "Executor", "LocalExecutor", "WorkItem"]

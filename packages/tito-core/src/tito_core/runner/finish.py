@@ -12,10 +12,10 @@ from typing import Any
 
 import msgspec
 
+from ..records import FinalStatus, RolloutRecord, Timings, TokenCounts, rollout_record
 from ..status import RewardFailed, status_of
 from ..trajectory import Trajectory
 from .dataset import Task
-from .records import FinalStatus, RolloutRecord, Timings, TokenCounts, rollout_record
 from .rewards import RewardFn, Sample, call_maybe_async
 
 __all__ = ["Ran", "failed_record", "final_status", "rewarded_record"]
@@ -50,7 +50,7 @@ async def rewarded_record(
 ) -> RolloutRecord:
     """Reward the closed ``traj`` of ``task``'s rollout ``sample`` and build its record.
 
-    The record is :func:`~tito_core.runner.records.rollout_record`'s, which the gateway's records share. A reward
+    The record is :func:`~tito_core.records.rollout_record`'s, which the gateway's records share. A reward
     function that raises leaves the reward empty and the rollout ``failed``, in the trajectory and the record alike.
     """
     reward: float | None = None

@@ -8,7 +8,7 @@ from typing import IO, Any, Protocol
 
 import msgspec
 
-from .records import RolloutRecord
+from ..records import RolloutRecord
 from .summary import RunStats, RunSummary
 
 __all__ = ["JsonReporter", "QuietReporter", "Reporter", "RichReporter", "summary_table"]

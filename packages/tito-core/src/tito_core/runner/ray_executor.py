@@ -36,14 +36,14 @@ from typing import Any, TypeVar, get_args
 
 import msgspec
 
+from .._optional import pyarrow
+from .._optional import ray as import_ray
 from ..config import RolloutSettings, TitoConfig
 from ..errors import ConfigError, DatasetError, TitoError
-from ._optional import pyarrow
-from ._optional import ray as import_ray
+from ..records import RolloutRecord, arrow_schema, record_to_row
 from .collector import collector_for_rollouts
 from .dataset import Task, task_from_row
 from .executor import Emit, Executor, LocalExecutor, WorkItem
-from .records import RolloutRecord, arrow_schema, record_to_row
 from .run import group_advantages, prepare_config
 from .samples import ExportFormat, training_rows
 from .servers import ServerPool
@@ -354,7 +354,7 @@ class RolloutBatches:
 
     Each task row (the dataset columns of :mod:`~tito_core.runner.dataset`: ``id``, ``prompt``, ``answer``,
     ``metadata``, and any other column) becomes ``group_size`` rows with the columns of the Parquet rollout file
-    (:func:`~tito_core.runner.records.record_to_row`; ``read_records``' ``record_from_row`` turns one back into a
+    (:func:`~tito_core.records.record_to_row`; ``read_records``' ``record_from_row`` turns one back into a
     record). Rows need an ``id``; a ``group`` column, when present, gives the group id (use the dataset's row
     index to match what ``tito rollout`` writes), else it is 0. The rollouts of a batch run concurrently
     (``rollout.concurrency``) on this actor's event loop; each actor routes between the servers on its own.

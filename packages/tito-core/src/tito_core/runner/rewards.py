@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..records import FinalStatus
 from ..trajectory import Trajectory
 from .dataset import Task
-from .records import FinalStatus
 
 if TYPE_CHECKING:
     from strands.types.content import Messages  # a type only: the agent path runs without Strands

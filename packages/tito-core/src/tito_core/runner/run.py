@@ -21,12 +21,7 @@ from typing import Any
 
 from ..config import RolloutSettings, TitoConfig, load_config, with_overrides
 from ..errors import ConfigError, DatasetError
-from .collector import collector_for_rollouts
-from .dataset import Task, load_tasks, task_from_row
-from .executor import Executor, LocalExecutor, WorkItem
-from .interrupts import run_interruptible
-from .progress import QuietReporter, Reporter
-from .records import (
+from ..records import (
     GroupAdvantages,
     Key,
     Outcome,
@@ -36,6 +31,11 @@ from .records import (
     check_output,
     open_writer,
 )
+from .collector import collector_for_rollouts
+from .dataset import Task, load_tasks, task_from_row
+from .executor import Executor, LocalExecutor, WorkItem
+from .interrupts import run_interruptible
+from .progress import QuietReporter, Reporter
 from .rewards import GroupRewardFn, call_maybe_async
 from .staleness import with_staleness
 from .summary import RunStats, RunSummary

@@ -18,8 +18,8 @@ import msgspec
 from .. import export
 from ..errors import ConfigError
 from ..export import BranchReward, TrainingBranch, training_branches
+from ..records import RolloutRecord
 from ..trajectory import Trajectory
-from .records import RolloutRecord
 from .staleness import is_stale
 
 __all__ = ["ExportFormat", "GeneratedTokens", "generated_tokens", "training_rows", "verl_metrics"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import msgspec
 
+from ..records import RolloutRecord
 from ..versions import int_version
-from .records import RolloutRecord
 
 __all__ = ["current_int", "is_stale", "staleness", "with_staleness"]
 

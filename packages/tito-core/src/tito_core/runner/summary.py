@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
+from ..records import Key, Outcome, RolloutRecord
 from ..trajectory import TrajectoryRecord
 from ..versions import version_range
-from .records import Key, Outcome, RolloutRecord
 
 __all__ = ["GroupStats", "RunStats", "RunSummary"]
 

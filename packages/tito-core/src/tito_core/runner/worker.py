@@ -6,7 +6,7 @@ A ``[rollout.agent]`` config runs an agent of any framework through the gateway 
 
 :class:`RolloutWorker` is what an executor runs: built once per process from a config
 (:meth:`RolloutWorker.create` checks everything before any work), then :meth:`RolloutWorker.run` turns one
-``(task, sample)`` into a :class:`~tito_core.runner.records.RolloutRecord` whatever happens, except
+``(task, sample)`` into a :class:`~tito_core.records.RolloutRecord` whatever happens, except
 cancellation (a cancelled rollout is in flight, and is not recorded).
 """
 
@@ -27,6 +27,8 @@ from strands.types.content import Messages
 from ..backend import Backend, GenerateRequest, GenerateResult
 from ..config import TitoConfig
 from ..errors import BackendConnectionError, ConfigError, LoopLimitError, TitoError
+from ..plugins import get_backend, plugin_manager
+from ..records import RolloutRecord
 from ..status import RolloutTimedOut, replaces, status_of
 from ..tokenizers import aload_tokenizer
 from .agent_process import AgentRunner
@@ -34,7 +36,6 @@ from .dataset import Task
 from .finish import Ran, failed_record, rewarded_record
 from .forcing import ForcedToolCalls
 from .limits import LoopLimiter
-from .records import RolloutRecord
 from .rewards import GroupRewardFn, RewardFn
 from .servers import Server, ServerPool
 
@@ -267,8 +268,6 @@ def _backends(config: TitoConfig, *, routes_only: bool = False) -> list[tuple[st
     With ``routes_only``, an in-process backend is a :class:`_BuiltElsewhere` stand-in named after it.
     """
     if routes_only:
-        from ..plugins import plugin_manager
-
         spec = plugin_manager().backends().get(config.backend.lower())
         if spec is not None and spec.in_process:
             return [(config.backend, _BuiltElsewhere(config.backend))]
@@ -276,8 +275,6 @@ def _backends(config: TitoConfig, *, routes_only: bool = False) -> list[tuple[st
     if isinstance(urls, list):
         if not urls or not all(isinstance(url, str) for url in urls):
             raise ConfigError("`backend_options.base_url` must be a URL or a non-empty list of URLs")
-        from ..plugins import get_backend
-
         return [(url, get_backend(config.backend, **{**config.backend_options, "base_url": url})) for url in urls]
     backend = config.create_backend()
     return [(str(urls) if urls else config.backend, backend)]

@@ -1,7 +1,7 @@
 """Rollout records as JSON lines: the JSONL writer (torn last line cut off on open) and its reader.
 
 One JSON object per line, each written with one ``write`` call as soon as its rollout finishes; a
-:class:`~tito_core.runner.record_schema.GroupAdvantages` entry is a line of ``"kind": "advantages"``.
+:class:`~tito_core.records.schema.GroupAdvantages` entry is a line of ``"kind": "advantages"``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import msgspec
 
 from ..errors import ConfigError
-from .output_lock import OutputLock
-from .record_schema import (
+from .lock import OutputLock
+from .schema import (
     ADVANTAGES_DECODER,
     ENCODER,
     KEY_DECODER,
@@ -27,7 +27,7 @@ from .record_schema import (
     RolloutRecord,
     with_advantage,
 )
-from .record_writer import RecordWriter, fsync_dir, with_image_files
+from .writer import RecordWriter, fsync_dir, with_image_files
 
 __all__ = ["JsonlWriter", "read_jsonl"]
 
@@ -107,7 +107,7 @@ class JsonlWriter(RecordWriter):
     def write(self, record: RolloutRecord) -> None:
         """Append one line, in one ``write``, after its images' files.
 
-        (:func:`~tito_core.runner.record_writer.with_image_files`).
+        (:func:`~tito_core.records.writer.with_image_files`).
         """
         self._append(ENCODER.encode(with_image_files(record, self.path)))
         self._done.add(record.key)

@@ -24,8 +24,8 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, cast
 
-from .errors import TemplateError, UnsupportedContentError
-from .render.renderer import ChatMessage, ChatRenderer
+from ..errors import TemplateError, UnsupportedContentError
+from .renderer import ChatMessage, ChatRenderer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -16,10 +16,10 @@ from typing import Any
 
 import msgspec
 
+from .._optional import pyarrow
 from ..errors import ConfigError
-from ._optional import pyarrow
-from .output_lock import OutputLock
-from .record_schema import (
+from .lock import OutputLock
+from .schema import (
     GroupAdvantages,
     Key,
     Outcome,
@@ -29,7 +29,7 @@ from .record_schema import (
     record_to_row,
     with_advantage,
 )
-from .record_writer import RecordWriter, fsync_dir, with_image_files
+from .writer import RecordWriter, fsync_dir, with_image_files
 
 __all__ = ["ParquetWriter", "read_parquet"]
 
@@ -101,7 +101,7 @@ class ParquetWriter(RecordWriter):
     def write(self, record: RolloutRecord) -> None:
         """Buffer one record (its images' files are written now); flush a part file when the row group is full.
 
-        (:func:`~tito_core.runner.record_writer.with_image_files`).
+        (:func:`~tito_core.records.writer.with_image_files`).
         """
         self._buffer.append(with_image_files(record, self.path))
         self._done.add(record.key)

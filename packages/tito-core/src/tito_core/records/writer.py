@@ -1,8 +1,8 @@
 """The interface every record writer has: an append-only, resumable sink that holds its output's lock.
 
 :class:`RecordWriter` keeps what the output held when it was opened (keys, outcomes, advantage entries) and
-what was written since; the file formats (`tito_core.runner.jsonl_writer`,
-`tito_core.runner.parquet_writer`) implement the reading, appending and rewriting.
+what was written since; the file formats (`tito_core.records.jsonl`,
+`tito_core.records.parquet`) implement the reading, appending and rewriting.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import msgspec
 
 from ..trajectory_images import store_images
-from .output_lock import OutputLock
-from .record_schema import GroupAdvantages, Key, Outcome, RolloutRecord
+from .lock import OutputLock
+from .schema import GroupAdvantages, Key, Outcome, RolloutRecord
 
 __all__ = ["RecordWriter", "fsync_dir", "with_image_files"]
 

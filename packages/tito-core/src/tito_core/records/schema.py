@@ -1,6 +1,6 @@
 """What a rollout file holds: the record structs, their JSON codecs, and their Parquet row form and Arrow schema.
 
-The writers (:mod:`~tito_core.runner.jsonl_writer`, :mod:`~tito_core.runner.parquet_writer`) and
+The writers (:mod:`~tito_core.records.jsonl`, :mod:`~tito_core.records.parquet`) and
 :func:`~tito_core.runner.records.read_records` share these; the file layout is described in
 :mod:`tito_core.runner.records`.
 """

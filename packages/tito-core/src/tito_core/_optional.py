@@ -1,10 +1,10 @@
-"""Optional dependencies of the runner, imported on first use with an install hint."""
+"""Optional dependencies (pyarrow for Parquet, Ray), imported on first use with an install hint."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 
 def pyarrow() -> tuple[Any, Any]:
