@@ -1,7 +1,7 @@
 """One owner for status: every status a trajectory or record gets is :func:`tito_core.status.status_of`'s answer.
 
 The source check reads every package's code: no status literal is written into a trajectory, a fork, a record
-or a ``status`` variable outside ``status.py`` (the owner) and ``trajectory.py`` (whose ``close`` asks the owner).
+or a ``status`` variable outside ``status.py`` (the owner) and ``trajectory/live.py`` (whose ``close`` asks the owner).
 The other tests pin the one rule for which ending replaces which status, and that a record and its trajectory
 agree on every way the runner writes a failed one.
 """
@@ -30,7 +30,7 @@ from tito_core.status import (
 
 ROOT = Path(__file__).resolve().parents[2]
 STATUSES = {"running", "completed", "truncated", "aborted", "failed"}
-OWNERS = {"tito_core/status.py", "tito_core/trajectory.py"}
+OWNERS = {"tito_core/status.py", "tito_core/trajectory/live.py"}
 WRITERS = {"set_status", "amend_status", "close", "fork"}
 
 

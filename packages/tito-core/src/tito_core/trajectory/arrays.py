@@ -11,7 +11,7 @@ import math
 from array import array
 from collections.abc import Iterable, Sequence
 
-from .errors import TrajectoryError
+from ..errors import TrajectoryError
 
 __all__ = ["NO_LOGPROB", "append_tokens", "extend_logprobs"]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import msgspec
 
-from .errors import TrajectoryError
-from .media import Image, ImageSpan, PromptImage
-from .trajectory_record import TrajectoryRecord
+from ..errors import TrajectoryError
+from ..media import Image, ImageSpan, PromptImage
+from .record import TrajectoryRecord
 
 __all__ = ["TrajectoryImages", "images_dir", "load_images", "referenced", "store_images"]
 

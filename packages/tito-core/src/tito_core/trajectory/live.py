@@ -14,13 +14,14 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from . import trajectory_views as views
-from .errors import TrajectoryError
-from .media import Image, ImageSpan, PromptImage
-from .status import Closed, status_of
-from .token_arrays import append_tokens, extend_logprobs
-from .trajectory_images import TrajectoryImages, referenced
-from .trajectory_record import (
+from ..errors import TrajectoryError
+from ..media import Image, ImageSpan, PromptImage
+from ..status import Closed, status_of
+from ..versions import VersionSpan
+from . import views
+from .arrays import append_tokens, extend_logprobs
+from .images import TrajectoryImages, referenced
+from .record import (
     JSON_DECODER,
     JSON_ENCODER,
     MSGPACK_DECODER,
@@ -33,7 +34,6 @@ from .trajectory_record import (
     Usage,
     snapshot,
 )
-from .versions import VersionSpan
 
 __all__ = ["Segment", "SegmentKind", "Status", "Trajectory", "TrajectoryRecord", "Turn", "Usage"]
 

@@ -11,10 +11,10 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from .backend import FinishReason
-from .media import ImageSpan
-from .status import Status
-from .versions import VersionSpan
+from ..backend import FinishReason
+from ..media import ImageSpan
+from ..status import Status
+from ..versions import VersionSpan
 
 __all__ = ["Segment", "SegmentKind", "Snapshotable", "Status", "TrajectoryRecord", "Turn", "Usage", "snapshot"]
 
@@ -124,7 +124,7 @@ class TrajectoryRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     """The encoded bytes of each distinct image, by sha256 (base64 in JSON): the record stands alone."""
     image_paths: dict[str, str] = msgspec.field(default_factory=dict)
     """Instead of ``image_data``, where each image's file is, relative to the rollout file's directory (the
-    runner stores them once next to it; :mod:`tito_core.trajectory_images`)."""
+    runner stores them once next to it; :mod:`tito_core.trajectory.images`)."""
 
 
 JSON_ENCODER = msgspec.json.Encoder()

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .trajectory_record import Segment, SegmentKind, Turn
-from .versions import VersionSpan, version_range
+from ..versions import VersionSpan, version_range
+from .record import Segment, SegmentKind, Turn
 
 __all__ = [
     "add_segment",

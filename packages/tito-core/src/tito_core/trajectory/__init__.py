@@ -1,0 +1,15 @@
+"""The token-level record of one rollout, exactly as the engine consumed and produced it.
+
+One job per module: :mod:`.live` (:class:`Trajectory`, the append-only live record with its branches and
+status), :mod:`.record` (its frozen snapshot, :class:`TrajectoryRecord`, and the JSON / MessagePack forms),
+:mod:`.views` (the flat views derived from it: ids, loss mask, logprobs, versions), :mod:`.images` (its
+images: spans in token order, each distinct image's bytes once, and the image files beside an output),
+:mod:`.arrays` (the compact token and logprob arrays).
+"""
+
+from __future__ import annotations
+
+from .live import Trajectory
+from .record import Segment, SegmentKind, Status, TrajectoryRecord, Turn, Usage
+
+__all__ = ["Segment", "SegmentKind", "Status", "Trajectory", "TrajectoryRecord", "Turn", "Usage"]
