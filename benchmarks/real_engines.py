@@ -108,38 +108,17 @@ def sglang_server(python: str, context_length: int | None = None) -> Iterator[st
     """
     helpers, servers = _suite("sglang.conftest"), _suite("servers")
     flags = helpers.SERVER_FLAGS if context_length is None else with_context(helpers.SERVER_FLAGS, context_length)
-    model = tiny_model(python)
-    workdir = Path(tempfile.mkdtemp(prefix="tito-bench-sglang-"))
-    (workdir / "shim" / "sgl_kernel").mkdir(parents=True)
-    (workdir / "shim" / "sgl_kernel" / "__init__.py").write_text(helpers.SGL_KERNEL_STANDIN)
-    port = servers.free_port()
-    log = workdir / "server.log"
-    env = dict(os.environ)
-    env.update(
-        {
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(workdir / "shim"), env.get("PYTHONPATH")])),
-            "SGLANG_USE_CPU_ENGINE": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "2"),
-        }
-    )
-    if context_length is not None:
-        env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
-    command = [
-        python, "-m", "sglang.launch_server", "--model-path", str(model),
-        "--host", "127.0.0.1", "--port", str(port), *flags,
-    ]  # fmt: skip
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        servers.wait_until_healthy(url, process, log, name="sglang", timeout=300.0, warm_up=_warm_sglang)
+    extra = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"} if context_length is not None else {}
+    with servers.sglang_process(
+        python,
+        tiny_model(python),
+        Path(tempfile.mkdtemp(prefix="tito-bench-sglang-")),
+        flags=flags,
+        kernel_stand_in=helpers.SGL_KERNEL_STANDIN,
+        warm_up=_warm_sglang,
+        env=extra,
+    ) as url:
         yield url
-    finally:
-        servers.stop_process_group(process)
 
 
 @contextmanager

@@ -1,4 +1,5 @@
-"""A stand-in for slime's ``Sample`` (slime is not on the package index), shared by the tests of the slime hook.
+"""A stand-in for slime's ``Sample`` (slime is not on the package index), the invariants slime checks on it, and
+the loader of the slime example, shared by the tests of the export and of the hook.
 
 Its fields follow slime's source as quoted in research/rl_integrations.md §1.2 (slime 624b824a); slots make
 setting a field slime lacks an AttributeError.
@@ -8,7 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib.util
+from pathlib import Path
 from typing import Any
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "slime" / "generate_with_tito.py"
 
 
 @dataclasses.dataclass(slots=True)
@@ -44,3 +49,30 @@ class Sample:
     train_metadata: dict[str, Any] | None = None
     remove_sample: bool = False
     generate_function_path: str | None = None
+
+
+def check_like_slime(sample: Sample, *, layers: int | None = None, top_k: int | None = None) -> None:
+    """The invariants slime asserts on a generated sample before training."""
+    assert isinstance(sample.status, Sample.Status)
+    # slime/ray/rollout.py: loss_mask covers the response; _validate_response_metadata_lengths: so do logprobs
+    assert len(sample.loss_mask) == sample.response_length == len(sample.rollout_log_probs)
+    assert 0 < sample.response_length < len(sample.tokens)
+    assert set(sample.loss_mask) <= {0, 1}
+    # tool and environment tokens carry logprob 0.0
+    assert all(lp == 0.0 for lp, m in zip(sample.rollout_log_probs, sample.loss_mask, strict=True) if not m)
+    assert sample.rollout_id
+    if layers is not None:
+        # rollout_data_utils.validate_rollout_routed_experts_for_replay: (len(tokens) - 1, layers, top_k) int32
+        assert sample.rollout_routed_experts.shape == (len(sample.tokens) - 1, layers, top_k)
+        assert str(sample.rollout_routed_experts.dtype) == "int32"
+
+
+def load_slime_example(monkeypatch: Any, backend: Any, tokenizer: Any) -> Any:
+    """examples/slime/generate_with_tito.py as a module, on ``backend`` and ``tokenizer`` instead of slime's."""
+    spec = importlib.util.spec_from_file_location("generate_with_tito", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "backend_from_slime_args", lambda args: backend)
+    monkeypatch.setattr(module, "tokenizer_for", lambda path: tokenizer)
+    return module

@@ -8,7 +8,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,53 @@ def wait_until_healthy(
                 pass
             time.sleep(1.0)
     raise RuntimeError(f"{name} was not healthy after {timeout:.0f} s:\n{log_tail(log)}")
+
+
+@contextlib.contextmanager
+def sglang_process(
+    python: str,
+    model_dir: Path,
+    workdir: Path,
+    *,
+    flags: list[str],
+    kernel_stand_in: str,
+    warm_up: Callable[[httpx.Client], None],
+    env: dict[str, str] | None = None,
+    name: str = "sglang",
+    timeout: float = 300.0,
+) -> Iterator[str]:
+    """``python -m sglang.launch_server`` on ``model_dir`` (loopback, CPU, the ``sgl_kernel`` stand-in in
+    ``workdir``), its log in ``workdir``; yields its URL once healthy and warmed up, and stops its whole process
+    group on exit. The one launch of the SGLang suite (tests/integration/sglang/conftest.py) and the benchmarks."""
+    (workdir / "shim" / "sgl_kernel").mkdir(parents=True)
+    (workdir / "shim" / "sgl_kernel" / "__init__.py").write_text(kernel_stand_in)
+    port = free_port()
+    log = workdir / "server.log"
+    merged = dict(os.environ)
+    merged.update(
+        {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(workdir / "shim"), merged.get("PYTHONPATH")])),
+            "SGLANG_USE_CPU_ENGINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "OMP_NUM_THREADS": merged.get("OMP_NUM_THREADS", "2"),
+            **(env or {}),
+        }
+    )
+    command = [
+        python, "-m", "sglang.launch_server", "--model-path", str(model_dir),
+        "--host", "127.0.0.1", "--port", str(port), *flags,
+    ]  # fmt: skip
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, env=merged, cwd=workdir, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process, log, name=name, timeout=timeout, warm_up=warm_up)
+        yield url
+    finally:
+        stop_process_group(process)
 
 
 def engine_state(url: str, engine: str) -> dict[str, object]:

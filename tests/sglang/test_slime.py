@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from tito_sglang.slime import backend_from_slime_args, sampling_from_slime
 from tito_testing.scripted import ScriptedBackend
 
-from ..slime_stand_in import Sample
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "slime" / "generate_with_tito.py"
+from ..slime_stand_in import Sample, check_like_slime, load_slime_example
 
 
 def slime_args(**overrides: Any) -> SimpleNamespace:
@@ -30,15 +26,6 @@ def slime_args(**overrides: Any) -> SimpleNamespace:
     return SimpleNamespace(**values)
 
 
-def load_example(monkeypatch, backend, tokenizer):
-    spec = importlib.util.spec_from_file_location("generate_with_tito", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "backend_from_slime_args", lambda args: backend)
-    monkeypatch.setattr(module, "tokenizer_for", lambda path: tokenizer)
-    return module
-
-
 def call(expression: str) -> str:
     return (
         "<tool_call>\n"
@@ -49,8 +36,8 @@ def call(expression: str) -> str:
 
 def test_example_fills_the_sample_exactly(monkeypatch, qwen3_tokenizer):
     tok = qwen3_tokenizer
-    backend = ScriptedBackend(tok, [call("6 * 7"), "The answer is 42."])
-    module = load_example(monkeypatch, backend, tok)
+    backend = ScriptedBackend(tok, [call("6 * 7"), "The answer is 42."], weight_version="7")
+    module = load_slime_example(monkeypatch, backend, tok)
     sample = Sample(prompt="What is 6 times 7?")
     params = {"temperature": 1.0, "max_new_tokens": 128, "skip_special_tokens": False, "no_stop_trim": True}
     out = asyncio.run(module.generate(slime_args(), sample, params))
@@ -64,11 +51,15 @@ def test_example_fills_the_sample_exactly(monkeypatch, qwen3_tokenizer):
     ones = [lp for lp, m in zip(sample.rollout_log_probs, sample.loss_mask, strict=True) if m]
     assert all(lp < 0 for lp in ones) and sum(sample.loss_mask) == len(ones)
     assert backend.requests[0].sampling.max_new_tokens == 128
+    check_like_slime(sample)
+    assert sample.response == tok.decode(sample.tokens[first_prompt:], skip_special_tokens=False)
+    assert 0 < sum(sample.loss_mask) < sample.response_length  # the tool result is in the response, masked
+    assert sample.weight_versions == ["7", "7"]  # slime's own field: one per model call
 
 
 def test_a_failed_rollout_keeps_its_tokens_and_status(monkeypatch, qwen3_tokenizer):
     backend = ScriptedBackend(qwen3_tokenizer, [call("1 + 1")])  # no reply left for the second call
-    module = load_example(monkeypatch, backend, qwen3_tokenizer)
+    module = load_slime_example(monkeypatch, backend, qwen3_tokenizer)
     sample = Sample(prompt="1 + 1?")
     asyncio.run(module.generate(slime_args(), sample, {"max_new_tokens": 64}))
     assert sample.status is Sample.Status.FAILED

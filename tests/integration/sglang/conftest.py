@@ -29,7 +29,7 @@ import pytest
 
 from tito_sglang import SGLangBackend
 
-from ..servers import fail_if_left_busy, free_port, stop_process_group, wait_until_healthy
+from ..servers import fail_if_left_busy, sglang_process
 
 pytestmark = pytest.mark.integration
 
@@ -180,43 +180,30 @@ def sglang_vl_url(sglang_vl_model_dir: Path, tmp_path_factory: pytest.TempPathFa
 @contextlib.contextmanager
 def _serve(model_dir: Path, workdir: Path, *, name: str) -> Iterator[str]:
     """Start ``sglang.launch_server`` on ``model_dir`` (loopback, CPU, the stand-in kernels); stop it on exit."""
-    (workdir / "shim" / "sgl_kernel").mkdir(parents=True)
-    (workdir / "shim" / "sgl_kernel" / "__init__.py").write_text(SGL_KERNEL_STANDIN)
-    port = free_port()
-    log = workdir / "server.log"
-    env = dict(os.environ)
-    env.update(
-        {
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(workdir / "shim"), env.get("PYTHONPATH")])),
-            "SGLANG_USE_CPU_ENGINE": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "2"),
-            # uvicorn's keep-alive (SGLang: 5 s) closed a connection whose request was being prefilled, on a busy
-            # machine, when its timer fired 5 s after the previous answer on it (seen twice in the weight-update
-            # test's re-scoring: 'Server disconnected'; tito never re-sends a generation, so the call failed).
-            # tito keeps idle connections 2 s; a longer server keep-alive leaves that timer out of the suite.
-            "SGLANG_TIMEOUT_KEEP_ALIVE": env.get("SGLANG_TIMEOUT_KEEP_ALIVE", "60"),
-        }
-    )
-    command = [
-        SERVER_PYTHON, "-m", "sglang.launch_server",
-        "--model-path", str(model_dir),
-        "--host", "127.0.0.1", "--port", str(port),
-        *SERVER_FLAGS,
-    ]  # fmt: skip
+    keep_alive = {
+        # uvicorn's keep-alive (SGLang: 5 s) closed a connection whose request was being prefilled, on a busy
+        # machine, when its timer fired 5 s after the previous answer on it (seen twice in the weight-update
+        # test's re-scoring: 'Server disconnected'; tito never re-sends a generation, so the call failed).
+        # tito keeps idle connections 2 s; a longer server keep-alive leaves that timer out of the suite.
+        "SGLANG_TIMEOUT_KEEP_ALIVE": os.environ.get("SGLANG_TIMEOUT_KEEP_ALIVE", "60"),
+    }
     started = time.monotonic()
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            command, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True
+    with sglang_process(
+        SERVER_PYTHON,
+        model_dir,
+        workdir,
+        flags=SERVER_FLAGS,
+        kernel_stand_in=SGL_KERNEL_STANDIN,
+        warm_up=_warm_up,
+        env=keep_alive,
+        name=name,
+        timeout=START_TIMEOUT,
+    ) as url:
+        print(
+            f"\n{name} ready at {url} in {time.monotonic() - started:.1f} s (log: {workdir / 'server.log'})",
+            file=sys.stderr,
         )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(url, process, log, name=name, timeout=START_TIMEOUT, warm_up=_warm_up)
-        print(f"\n{name} ready at {url} in {time.monotonic() - started:.1f} s (log: {log})", file=sys.stderr)
         yield url
-    finally:
-        stop_process_group(process)
 
 
 @pytest.fixture
