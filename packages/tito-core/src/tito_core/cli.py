@@ -6,6 +6,7 @@
     tito export --to slime|verl|trl|agl rollouts.jsonl -o out.jsonl [--branch-reward shared|last]
         [--max-staleness N --current-version V]
     tito inspect rollouts.jsonl [--id TASK_ID [--tokenizer DIR | --config tito.toml]]
+    tito audit rollouts.jsonl --model DIR | --config tito.toml [--json OUT] [--plot OUT.png] [--max-kl X]
     tito serve --config tito.toml [--host 127.0.0.1] [--port 8100] [--output rollouts.jsonl] [--api-key KEY]
     tito demo
 
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .cli_audit import add_audit_command, run_audit
 from .cli_serve import add_serve_command, run_serve
 from .errors import ConfigError, TitoError  # no Strands: cheap at start-up
 
@@ -61,6 +63,8 @@ def _command(args: argparse.Namespace) -> int:
             return _export(args)
         if args.command == "serve":
             return run_serve(args)
+        if args.command == "audit":
+            return run_audit(args)
         return _inspect(args)
     except TitoError as exc:
         print(f"tito {args.command}: error: {exc}", file=sys.stderr)
@@ -162,6 +166,7 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("--config", help="decode the tokens as text with this TOML config's tokenizer")
 
     add_serve_command(commands)
+    add_audit_command(commands)
 
     commands.add_parser("demo", help="run the demo rollout (python -m tito_core.demo)", add_help=False)
     return parser

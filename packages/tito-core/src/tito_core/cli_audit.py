@@ -1,0 +1,177 @@
+"""``tito audit``: the mismatch ledger of a rollout file (:mod:`tito_core.audit`) on the command line.
+
+    tito audit rollouts.jsonl --model DIR [--sample 200] [--json report.json] [--plot report.png] [--max-kl 1e-3]
+    tito audit rollouts.jsonl --config tito.toml        # the config's engine scores (or its embedded model)
+
+Exits 1 when the free turns' k3 KL is above ``--max-kl`` (a CI gate), 2 on an error found before scoring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["add_audit_command", "run_audit"]
+
+
+def add_audit_command(commands: Any) -> None:
+    """Add ``tito audit`` to the ``tito`` parser's subcommands."""
+    audit = commands.add_parser(
+        "audit",
+        help="re-score a rollout file's recorded tokens and report the logprob mismatch",
+        description="Re-score every trained token of a rollout file with an independent forward pass and report "
+        "mean / max |Δlogprob|, the k3 KL estimate and importance-ratio quantiles, by turn, branch, weight "
+        "version, engine, finish reason, constrained vs free turns and images.",
+    )
+    audit.add_argument("records", help="a rollout file (.jsonl, .parquet) of `tito rollout` or `tito serve`")
+    scorer = audit.add_mutually_exclusive_group(required=True)
+    scorer.add_argument("--model", help="score with this model directory (Hugging Face, through tito-transformers)")
+    scorer.add_argument(
+        "--config",
+        help="score with the config's engine (its score route), or its embedded model (backend_options.model_path)",
+    )
+    audit.add_argument("--dtype", default="float32", help="the --model weights' dtype (default float32)")
+    audit.add_argument("--sample", type=int, metavar="N", help="audit N records drawn at random (seeded)")
+    audit.add_argument("--seed", type=int, default=0, help="the --sample draw's seed")
+    audit.add_argument("--json", dest="json_out", metavar="OUT", help="write the whole report as JSON")
+    audit.add_argument("--plot", metavar="OUT.png", help="draw |Δ|, k3 and the ratio quantiles per turn (matplotlib)")
+    audit.add_argument(
+        "--max-kl", type=float, metavar="X", help="exit 1 when the free turns' k3 KL estimate is above X"
+    )
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    """Run ``tito audit``; returns the exit status."""
+    from rich.console import Console
+
+    from .audit import audit
+    from .records import read_records
+
+    if args.max_kl is not None and not (args.max_kl >= 0 and math.isfinite(args.max_kl)):
+        raise ConfigError(f"--max-kl must be a non-negative number, got {args.max_kl}")
+    if args.sample is not None and args.sample <= 0:
+        raise ConfigError(f"--sample must be positive, got {args.sample}")
+    records = list(read_records(args.records))
+    if args.sample is not None and args.sample < len(records):
+        records = random.Random(args.seed).sample(records, args.sample)
+    console = Console(stderr=True)
+    report = asyncio.run(_audit(records, args, console, audit))
+    _print(report, Console(width=None if sys.stdout.isatty() else 120))  # a pipe: wide enough for the tables
+    if args.json_out:
+        Path(args.json_out).write_bytes(report.to_json() + b"\n")
+    if args.plot:
+        plot_report(report, args.plot)
+    free_kl = report.free.k3
+    if args.max_kl is not None and free_kl > args.max_kl:
+        print(
+            f"tito audit: free turns' k3 KL {free_kl:.3g} is above --max-kl {args.max_kl:g}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+async def _audit(records: list[Any], args: argparse.Namespace, console: Any, audit: Any) -> Any:
+    from rich.progress import Progress
+
+    scorer, closing = await _scorer(args)
+    try:
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("scoring", total=len(records))
+            return await audit(records, scorer, progress=lambda n: progress.update(task, completed=n))
+    finally:
+        if closing is not None:
+            await closing()
+
+
+async def _scorer(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The scorer, and what closes it (a backend built from the config), or None."""
+    from .audit import BackendScorer, TransformersScorer
+
+    if args.model:
+        return await asyncio.to_thread(TransformersScorer, args.model, dtype=args.dtype), None
+    from .runner.run import prepare_config
+
+    config, _ = await prepare_config(args.config, {})
+    model_path = config.backend_options.get("model_path")
+    if model_path:  # an embedded model: the trainer's forward pass on its directory
+        dtype = config.backend_options.get("dtype") or args.dtype
+        return await asyncio.to_thread(TransformersScorer, model_path, dtype=dtype), None
+    backend = config.create_backend()
+    url = config.backend_options.get("base_url")
+    return BackendScorer(backend, f"the {config.backend} engine at {url}" if url else None), backend.aclose
+
+
+def _cells(stats: Any) -> list[str]:
+    def fmt(x: float) -> str:
+        return "-" if isinstance(x, float) and math.isnan(x) else f"{x:.3g}"
+
+    return [str(stats.tokens)] + [
+        fmt(getattr(stats, name))
+        for name in ("mean_abs", "max_abs", "k3", "mean_diff", "ratio_p1", "ratio_p50", "ratio_p99")
+    ]
+
+
+_HEAD = ("tokens", "mean |Δ|", "max |Δ|", "k3 KL", "mean Δ", "ratio p1", "p50", "p99")
+
+
+def _print(report: Any, console: Any) -> None:
+    from rich.table import Table
+
+    console.print(f"[bold]tito audit[/bold]: {report.records} records, {report.branches} branches")
+    console.print(f"scored by {report.scorer}")
+    console.print("Δ = re-scored - recorded logprob of each trained token; k3 = mean(exp(Δ) - 1 - Δ); ratio = exp(Δ)")
+    table = Table("selection", *_HEAD, title="overall")
+    for name in ("all", "free", "constrained"):
+        table.add_row(name, *_cells(getattr(report, name)))
+    console.print(table)
+    for axis, values in report.by.items():
+        if len(values) < 2 and axis not in ("turn", "weight_version"):
+            continue  # one value: the overall row says it
+        table = Table(axis, *_HEAD, title=f"by {axis.replace('_', ' ')}")
+        for value, stats in values.items():
+            table.add_row(value, *_cells(stats))
+        console.print(table)
+    if report.skipped:
+        console.print("not scored: " + "; ".join(f"{why}: {n}" for why, n in report.skipped.items()))
+
+
+def plot_report(report: Any, path: str) -> None:
+    """Mean and max |Δ|, k3, and the importance-ratio quantiles per turn index, as a PNG (matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ConfigError(f'--plot needs matplotlib: pip install "tito-core[plot]" ({exc})') from exc
+    turns = report.by.get("turn", {})
+    xs = [int(turn) for turn in turns]
+    fig, (gaps, ratios) = plt.subplots(1, 2, figsize=(10, 3.6))
+    gaps.plot(xs, [s.mean_abs for s in turns.values()], "o-", label="mean |Δ|")
+    gaps.plot(xs, [s.max_abs for s in turns.values()], "s--", label="max |Δ|")
+    gaps.plot(xs, [s.k3 for s in turns.values()], "^:", label="k3 KL")
+    gaps.set_yscale("symlog", linthresh=1e-6)
+    gaps.set_xlabel("turn")
+    gaps.set_title("recorded vs re-scored logprobs")
+    gaps.legend()
+    for name, style in (("ratio_p1", "v-"), ("ratio_p50", "o-"), ("ratio_p99", "^-")):
+        ratios.plot(xs, [getattr(s, name) for s in turns.values()], style, label=name.replace("ratio_", ""))
+    ratios.axhline(1.0, color="grey", linewidth=0.8)
+    ratios.set_yscale("log")
+    for axes in (gaps, ratios):
+        axes.set_xticks(xs)
+    ratios.set_xlabel("turn")
+    ratios.set_title("importance ratio exp(Δ)")
+    ratios.legend()
+    fig.suptitle(f"{report.records} records; free k3 {report.free.k3:.3g}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,90 @@
+"""``tito audit`` on the arithmetic example's records (examples/arithmetic on the tiny random Qwen3, float32).
+
+The example's first call is a forced tool call (constrained decoding: its logprobs are the engine's
+post-constraint ones), the next ones are free. Re-scored by a plain forward pass of the same weights, the free
+turns match to float32 noise; re-scored by other weights (a checkpoint swapped under the records), they do not,
+and ``--max-kl`` exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tito_core import rollout
+from tito_core.cli import main
+from tito_testing.tokenizers import qwen_tokenizer_dir
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "arithmetic"
+
+
+@pytest.fixture(scope="module")
+def records(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """8 rollouts of the example (4 tasks x 2), seeded: a forced first call, then free calls up to 48 tokens."""
+    tmp = tmp_path_factory.mktemp("audit")
+    tasks = tmp / "tasks.jsonl"
+    tasks.write_text("".join((EXAMPLE / "tasks.jsonl").read_text().splitlines(True)[:4]))
+    overrides: dict[str, Any] = {
+        "prepare": "",  # the tiny model instead of SmolLM2, as test_rollout_example does
+        "tokenizer": str(qwen_tokenizer_dir("qwen3")),
+        "backend_options": {"model_path": str(tiny_model_dir), "num_threads": 1},  # float32, the CPU default
+        "sampling": {"temperature": 1.0, "max_new_tokens": 48, "seed": 0},
+        "group_size": 2,
+        "max_model_calls": 3,
+    }
+    out = tmp / "rollouts.jsonl"
+    summary = rollout(EXAMPLE / "tito.toml", tasks, out, **overrides)
+    assert summary.written == 8
+    return out
+
+
+def audit(records: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    report = records.with_name(f"report-{len(list(records.parent.glob('report-*')))}.json")
+    code = main(["audit", str(records), *args, "--json", str(report)])
+    return code, json.loads(report.read_text())
+
+
+def test_the_same_weights_match_to_float32_noise_and_constrained_turns_are_apart(
+    records: Path, tiny_model_dir: Path
+) -> None:
+    code, report = audit(records, "--model", str(tiny_model_dir), "--max-kl", "1e-6")
+    assert code == 0 and report["records"] == 8
+    free, constrained = report["free"], report["constrained"]
+    assert free["tokens"] > 100 and constrained["tokens"] > 100
+    assert free["max_abs"] < 1e-4 and free["k3"] < 1e-9  # float32 engine, float32 re-score
+    assert 0.999 < free["ratio_p1"] <= free["ratio_p99"] < 1.001
+    assert constrained["mean_diff"] < -1.0  # the grammar raised every forced token's recorded logprob
+    assert {"0", "1"} <= set(report["by"]["turn"])
+    assert report["by"]["turn"]["0"]["tokens"] == constrained["tokens"]  # the forced call is each first turn
+    assert set(report["by"]["constrained"]) == {"constrained", "free"}
+    assert set(report["by"]["finish_reason"]) <= {"stop", "length"}
+    assert sum(v["tokens"] for v in report["by"]["branch"].values()) == report["all"]["tokens"]
+
+
+def test_records_from_other_weights_fail_the_gate(records: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tito_testing.tiny_model import build_tiny_qwen3
+
+    swapped = build_tiny_qwen3(seed=4321)  # a checkpoint the records were not sampled from
+    code, report = audit(records, "--model", str(swapped), "--max-kl", "1e-3")
+    assert code == 1
+    assert "above --max-kl" in capsys.readouterr().err
+    assert report["free"]["k3"] > 1e-3 and report["free"]["mean_abs"] > 0.05
+
+
+def test_the_config_scores_with_its_embedded_model_and_a_sample(records: Path, tiny_model_dir: Path) -> None:
+    config = records.with_name("tito.toml")
+    config.write_text(f'backend = "transformers"\ntokenizer = "{tiny_model_dir}"\n[backend_options]\n'
+                      f'model_path = "{tiny_model_dir}"\n')  # fmt: skip
+    code, report = audit(records, "--config", str(config), "--sample", "3", "--max-kl", "1e-6")
+    assert code == 0 and report["records"] == 3
+    assert str(tiny_model_dir) in report["scorer"] and report["free"]["max_abs"] < 1e-4
+
+
+def test_the_plot_is_drawn(records: Path, tiny_model_dir: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = records.with_name("audit.png")
+    assert main(["audit", str(records), "--model", str(tiny_model_dir), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
