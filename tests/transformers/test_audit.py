@@ -88,3 +88,59 @@ def test_the_plot_is_drawn(records: Path, tiny_model_dir: Path) -> None:
     png = records.with_name("audit.png")
     assert main(["audit", str(records), "--model", str(tiny_model_dir), "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+TOOL_MODULE = '''
+from strands import tool
+
+
+@tool
+def add(a: int, b: int) -> str:
+    """Add two integers.
+
+    Args:
+        a: The first.
+        b: The second.
+    """
+    return str(a + b)
+'''
+
+
+def test_drift_rebuilds_the_text_stack_and_counts_what_changes(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """``--drift``: each rollout as a text stack holds it, re-rendered and re-tokenized, against the recorded ids."""
+    (tmp_path / "tiny_tools.py").write_text(TOOL_MODULE)
+    config = tmp_path / "tito.toml"
+    config.write_text(
+        f"""backend = "transformers"
+tokenizer = "{tiny_model_dir}"
+tool_parser = "hermes"
+
+[backend_options]
+model_path = "{tiny_model_dir}"
+dtype = "float32"
+num_threads = 1
+
+[sampling]
+temperature = 1.0
+max_new_tokens = 24
+seed = 0
+
+[rollout]
+group_size = 2
+tools = ["tiny_tools:add"]
+forced_tool_calls = 1
+max_model_calls = 2
+"""
+    )
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t0", "prompt": "Add 2 and 3.", "answer": "5"}) + "\n")
+    records = tmp_path / "rollouts.jsonl"
+    assert rollout(config, tasks, records).written == 2
+    code, report = audit(records, "--config", str(config), "--drift", "--max-kl", "1e-6")
+    assert code == 0 and report["records"] == 2
+    assert report["constrained"]["tokens"] > 0 and report["constrained"]["max_abs"] > 5.0
+    drift = report["drift"]
+    assert drift["compared"] == 2 and not drift["skipped"]
+    assert drift["mask"]["trained_tokens"] == report["all"]["tokens"]
+    # the random model's forced call is valid JSON the parser reads back: the stack writes it its own way
+    assert drift["different_ids"] == 2 and drift["spans_by_category"]

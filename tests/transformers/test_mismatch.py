@@ -1,14 +1,12 @@
 """The trainer's recompute of recorded logprobs (tito_transformers.scoring) and the mismatch script, on the tiny Qwen3.
 
 Free outputs: the recompute matches what the backend recorded. Outputs under a grammar: the recorded
-(post-constraint) logprobs are never below the recompute and differ by many nats, which is what
-``examples/train_reinforce/mismatch.py`` reports separately for forced turns.
+(post-constraint) logprobs are never below the recompute and differ by many nats, which is why ``tito audit``
+reports forced turns apart (tests/transformers/test_audit.py).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,74 +88,3 @@ async def test_constrained_logprobs_are_post_constraint(backends: dict[str, Any]
     gap = logprob_gap(zip(old, new, strict=True))
     assert gap.max_abs > 5.0  # tokens the grammar forced, which the random model finds unlikely
     assert gap.mean_diff < -1.0
-
-
-def _load_script() -> Any:
-    spec = importlib.util.spec_from_file_location("mismatch_script", ROOT / "examples/train_reinforce/mismatch.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-TOOL_MODULE = '''
-from strands import tool
-
-
-@tool
-def add(a: int, b: int) -> str:
-    """Add two integers.
-
-    Args:
-        a: The first.
-        b: The second.
-    """
-    return str(a + b)
-'''
-
-
-def test_mismatch_script_measures_forced_and_free_turns(tmp_path: Path, tiny_model_dir: Path) -> None:
-    (tmp_path / "tiny_tools.py").write_text(TOOL_MODULE)
-    config = tmp_path / "tito.toml"
-    config.write_text(
-        f"""backend = "transformers"
-tokenizer = "{tiny_model_dir}"
-tool_parser = "hermes"
-
-[backend_options]
-model_path = "{tiny_model_dir}"
-dtype = "float32"
-num_threads = 1
-
-[sampling]
-temperature = 1.0
-max_new_tokens = 24
-
-[rollout]
-group_size = 2
-tools = ["tiny_tools:add"]
-forced_tool_calls = 1
-max_model_calls = 2
-"""
-    )
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text(json.dumps({"id": "t0", "prompt": "Add 2 and 3.", "answer": "5"}) + "\n")
-    out = tmp_path / "report.json"
-    script = _load_script()
-    assert (
-        script.main([str(tmp_path / "r.jsonl"), "--config", str(config), "--collect", str(tasks), "--json", str(out)])
-        == 0
-    )
-    report = json.loads(out.read_text())
-    assert report["measured_rollouts"] == 2
-    assert report["turns"]["constrained"] == 2
-    forced = report["logprobs"]["forced"]
-    assert forced["tokens"] > 0 and forced["max_abs"] > 5.0
-    assert report["logprobs"]["tool_call_forced"]["tokens"] > 0
-    free = report["logprobs"]["free"]
-    if free["tokens"]:  # a second, unconstrained call happened: its logprobs match the recompute
-        assert free["max_abs"] < 1e-3
-    drift = report["drift"]
-    assert drift["compared_rollouts"] == 2
-    for row in report["per_rollout"]:
-        assert row["drift"]["recorded_tokens"] == row["tokens"]

@@ -2,6 +2,7 @@
 
     tito audit rollouts.jsonl --model DIR [--sample 200] [--json report.json] [--plot report.png] [--max-kl 1e-3]
     tito audit rollouts.jsonl --config tito.toml        # the config's engine scores (or its embedded model)
+    tito audit rollouts.jsonl --config tito.toml --drift   # also: what a text stack would have trained on
 
 Exits 1 when the free turns' k3 KL is above ``--max-kl`` (a CI gate), 2 on an error found before scoring.
 """
@@ -15,6 +16,8 @@ import random
 import sys
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from .errors import ConfigError
 
@@ -45,6 +48,13 @@ def add_audit_command(commands: Any) -> None:
     audit.add_argument(
         "--max-kl", type=float, metavar="X", help="exit 1 when the free turns' k3 KL estimate is above X"
     )
+    audit.add_argument(
+        "--drift",
+        action="store_true",
+        help="also rebuild each rollout as a text stack would (messages, re-rendered, re-tokenized) and report "
+        "how its ids and loss mask differ from the recorded ones (needs --config: the template, parser, tools)",
+    )
+    audit.add_argument("--examples", type=int, default=3, help="differing spans to show per --drift category")
 
 
 def run_audit(args: argparse.Namespace) -> int:
@@ -58,14 +68,21 @@ def run_audit(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-kl must be a non-negative number, got {args.max_kl}")
     if args.sample is not None and args.sample <= 0:
         raise ConfigError(f"--sample must be positive, got {args.sample}")
+    if args.drift and not args.config:
+        raise ConfigError("--drift needs --config: the chat template, tool parser and tools the rollouts ran with")
     records = list(read_records(args.records))
     if args.sample is not None and args.sample < len(records):
         records = random.Random(args.seed).sample(records, args.sample)
-    console = Console(stderr=True)
-    report = asyncio.run(_audit(records, args, console, audit))
-    _print(report, Console(width=None if sys.stdout.isatty() else 120))  # a pipe: wide enough for the tables
+    report, drift = asyncio.run(_audit(records, args, Console(stderr=True), audit))
+    out = Console(width=None if sys.stdout.isatty() else 120)  # a pipe: wide enough for the tables
+    _print(report, out)
+    if drift is not None:
+        _print_drift(drift, out)
     if args.json_out:
-        Path(args.json_out).write_bytes(report.to_json() + b"\n")
+        data = msgspec.json.decode(report.to_json())
+        if drift is not None:
+            data["drift"] = msgspec.to_builtins(drift)
+        Path(args.json_out).write_bytes(msgspec.json.encode(data) + b"\n")
     if args.plot:
         plot_report(report, args.plot)
     free_kl = report.free.k3
@@ -78,28 +95,45 @@ def run_audit(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _audit(records: list[Any], args: argparse.Namespace, console: Any, audit: Any) -> Any:
+async def _audit(records: list[Any], args: argparse.Namespace, console: Any, audit: Any) -> tuple[Any, Any]:
+    """The logprob report, and the drift report with ``--drift`` (else None)."""
     from rich.progress import Progress
 
-    scorer, closing = await _scorer(args)
+    from .runner.run import prepare_config
+
+    config, base_dir = await prepare_config(args.config, {}) if args.config else (None, None)
+    scorer, closing = await _scorer(args, config)
     try:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("scoring", total=len(records))
-            return await audit(records, scorer, progress=lambda n: progress.update(task, completed=n))
+            report = await audit(records, scorer, progress=lambda n: progress.update(task, completed=n))
     finally:
         if closing is not None:
             await closing()
+    drift = await asyncio.to_thread(_drift, records, config, base_dir, args.examples) if args.drift else None
+    return report, drift
 
 
-async def _scorer(args: argparse.Namespace) -> tuple[Any, Any]:
+def _drift(records: list[Any], config: Any, base_dir: Any, examples: int) -> Any:
+    from .conversation import tool_specs_to_chat
+    from .drift.ledger import DriftLedger
+    from .runner.worker import import_object
+
+    setup = config.model_setup()
+    specs = [import_object(path, search=base_dir).tool_spec for path in config.rollout.tools]
+    ledger = DriftLedger(setup.renderer, setup.tool_parser, tools=tool_specs_to_chat(specs), tool_specs=specs,
+                         examples=examples)  # fmt: skip
+    for record in records:
+        ledger.add(record)
+    return ledger.report()
+
+
+async def _scorer(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
     """The scorer, and what closes it (a backend built from the config), or None."""
     from .audit import BackendScorer, TransformersScorer
 
     if args.model:
         return await asyncio.to_thread(TransformersScorer, args.model, dtype=args.dtype), None
-    from .runner.run import prepare_config
-
-    config, _ = await prepare_config(args.config, {})
     model_path = config.backend_options.get("model_path")
     if model_path:  # an embedded model: the trainer's forward pass on its directory
         dtype = config.backend_options.get("dtype") or args.dtype
@@ -141,6 +175,38 @@ def _print(report: Any, console: Any) -> None:
         console.print(table)
     if report.skipped:
         console.print("not scored: " + "; ".join(f"{why}: {n}" for why, n in report.skipped.items()))
+
+
+def _print_drift(drift: Any, console: Any) -> None:
+    from rich.table import Table
+
+    from .drift import DRIFT_CATEGORIES
+
+    console.print(
+        f"[bold]drift[/bold]: re-rendered as a text stack, {drift.different_ids} of {drift.compared} rollouts get "
+        f"different ids ({drift.different_before_the_end} before their last recorded token); "
+        f"{drift.mask_mismatch} have loss-mask positions that no longer line up"
+    )
+    table = Table("category", "rollouts", "spans", "same text, other ids", title="differing spans")
+    for category in DRIFT_CATEGORIES:
+        table.add_row(category, *(str(counts.get(category, 0)) for counts in (
+            drift.rollouts_by_category, drift.spans_by_category, drift.same_text_spans_by_category)))  # fmt: skip
+    console.print(table)
+    mask = drift.mask
+    console.print(
+        f"mask: {mask.get('trained_tokens', 0)} trained tokens recorded; {mask.get('mask_raw_mismatch', 0)} positions "
+        f"disagree position by position; {mask.get('trained_lost', 0)} trained tokens the re-render changed or "
+        f"dropped; {mask.get('trained_added', 0)} tokens it would train on that the model never sampled"
+    )
+    for category, spans in drift.examples.items():
+        for span in spans:
+            console.print(
+                f"  {category} @ {span['rollout']} turn {span['turn']} ({span['where']}): "
+                f"{span['recorded_text']!r} -> {span['rerendered_text']!r}",
+                markup=False,
+            )
+    if drift.skipped:
+        console.print(f"not compared: {drift.skipped}", markup=False)
 
 
 def plot_report(report: Any, path: str) -> None:
