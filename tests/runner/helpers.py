@@ -128,3 +128,13 @@ def trained_once(traj: Any) -> int:
 async def gc_threshold(sample: Any) -> float:
     """The collector's young-generation threshold while the rollout's reward runs."""
     return float(gc.get_threshold()[0])
+
+
+def per_turn(sample: Any) -> Any:
+    """One reward per model call: 0.5 for a call that asked for a tool, 1.0 for the answer (t1: as a mapping)."""
+    rewards = [0.5 if turn.tool_calls else 1.0 for turn in sample.trajectory.turns]
+    return {"turns": rewards, "total": 10.0} if sample.task.id == "t1" else rewards
+
+
+def one_turn_short(sample: Any) -> Any:
+    return [1.0] * (len(sample.trajectory.turns) - 1)

@@ -130,6 +130,32 @@ def test_a_raising_reward_marks_only_its_rollout(tmp_path: Path) -> None:
     assert [records[t].reward for t in ("t0", "t2")] == [1.0, 1.0]
 
 
+def _call_then_answer(request: Any) -> str:
+    first = tool_turns(request, load_tokenizer(tokenizer_dir())) == 0
+    return call("add", a=1, b=2) if first else "The answer is 3."
+
+
+def test_a_reward_per_turn_is_recorded_with_its_total(tmp_path: Path) -> None:
+    cfg = config([_call_then_answer] * 10, tools=["tests.runner.helpers:add"], reward="tests.runner.helpers:per_turn")
+    rollout(cfg, tasks(2), tmp_path / "out.jsonl")
+    records = {r.task_id: r for r in read_records(tmp_path / "out.jsonl")}
+    assert records["t0"].turn_rewards == [0.5, 1.0] and records["t0"].reward == 1.5  # a list: its sum
+    assert records["t1"].turn_rewards == [0.5, 1.0] and records["t1"].reward == 10.0  # a mapping's own total
+    assert all(len(r.turn_rewards or ()) == len(r.trajectory.turns) for r in records.values())
+
+
+def test_per_turn_rewards_of_the_wrong_length_fail_the_rollout_with_the_reason(tmp_path: Path) -> None:
+    cfg = config([_call_then_answer] * 10, tools=["tests.runner.helpers:add"],
+                 reward="tests.runner.helpers:one_turn_short")  # fmt: skip
+    rollout(cfg, tasks(1), tmp_path / "out.jsonl")
+    (record,) = read_records(tmp_path / "out.jsonl")
+    assert record.status == "failed" and record.reward is None and record.turn_rewards is None
+    assert record.status_reason == (
+        "reward function raised TurnRewardError: 1 per-turn rewards for a rollout of 2 model calls: give one per "
+        "call (None for none)"
+    )
+
+
 def test_async_reward(tmp_path: Path) -> None:
     rollout(config(answer_with("four"), reward="tests.runner.helpers:async_length"), tasks(2), tmp_path / "o.jsonl")
     assert [r.reward for r in read_records(tmp_path / "o.jsonl")] == [4.0, 4.0]

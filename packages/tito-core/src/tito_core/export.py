@@ -186,8 +186,29 @@ def to_slime(
 VERL_METRICS: dict[str, float] = {"generate_sequences": 0.0, "tool_calls": 0.0, "num_preempted": -1}
 
 
+def turn_scores(item: Trajectory | TrainingBranch, turn_rewards: Sequence[float | None]) -> list[float]:
+    """Token-level scores over ``item``'s response: each turn's reward at that turn's last output token, 0 elsewhere.
+
+    ``turn_rewards`` is a record's (one per model call, by turn index; None for none). The list is aligned with
+    the response (``response_ids`` of :func:`to_verl`): what verl's agent loop makes of one ``reward_score`` at the
+    last response token (``rm_scores``), made per turn.
+    """
+    traj, start, ids, _, _ = _response(item)
+    scores = [0.0] * (len(ids) - start)
+    for turn in traj.turns:
+        reward = turn_rewards[turn.index] if turn.index < len(turn_rewards) else None
+        last = turn.output_start + turn.output_len - 1
+        if reward is not None and turn.output_len and last >= start:
+            scores[last - start] += reward
+    return scores
+
+
 def to_verl(
-    item: Trajectory | TrainingBranch, *, metrics: Mapping[str, float] | None = None, images: ImageForm = "pil"
+    item: Trajectory | TrainingBranch,
+    *,
+    metrics: Mapping[str, float] | None = None,
+    images: ImageForm = "pil",
+    turn_rewards: Sequence[float | None] | None = None,
 ) -> dict[str, Any]:
     """Fields of verl's ``AgentLoopOutput`` (before its padding), of a trajectory or one :class:`TrainingBranch`.
 
@@ -196,7 +217,8 @@ def to_verl(
     verl's ``min_global_steps`` / ``max_global_steps`` when the versions of the tokens the sample trains are
     integers. With images, ``multi_modal_data`` is ``{"images": [...]}``, verl's own field: verl's
     postprocessing runs its processor over them for ``multi_modal_inputs`` and the MRoPE positions
-    (:func:`verl_multi_modal_inputs` gives the same inputs outside verl).
+    (:func:`verl_multi_modal_inputs` gives the same inputs outside verl). With ``turn_rewards``,
+    ``extra_fields["turn_scores"]`` holds :func:`turn_scores`.
     """
     unknown = sorted(set(metrics or {}) - set(VERL_METRICS))
     if unknown:
@@ -214,6 +236,8 @@ def to_verl(
     steps = _verl_global_steps(spans) if spans is not None else {}
     if steps:  # verl's own fields for the weight versions a trajectory was generated across
         fields["extra_fields"] = steps
+    if turn_rewards is not None:
+        fields.setdefault("extra_fields", {})["turn_scores"] = turn_scores(item, turn_rewards)
     if traj.images:  # verl's own field; its agent loops fill it from the conversation's images
         fields["multi_modal_data"] = {"images": image_values(traj, images)}
     return fields

@@ -10,7 +10,10 @@
                                                ``/count_tokens`` counts a prompt; errors in Anthropic's shape
 ``GET /rollouts/<id>/v1/models``, ``/v1/models``  the served model
 ``GET /rollouts/<id>``                         the trajectory JSON (with its status)
-``POST /rollouts/<id>/finish``                 ``{"reward"?, "metadata"?}`` → the record, written to the output
+``POST /rollouts/<id>/reward``                 ``{"value", "turn"?}``: reward one model call (default: the last) →
+                                               ``{"turn", "value"}``
+``POST /rollouts/<id>/finish``                 ``{"reward"?, "turn_rewards"?, "metadata"?}`` → the record, written
+                                               to the output
 =============================================  ================================================================
 
 Every error is OpenAI's error JSON (:mod:`~tito_core.gateway.errors`) and bodies are bounded (413). Every route of
@@ -80,8 +83,15 @@ class Served(Protocol):
     async def count_tokens(self, rollout_id: str, body: Any) -> int:
         """A Messages body's prompt token count."""
 
+    def reward(self, rollout_id: str, value: Any, turn: Any = None) -> int:
+        """Reward one model call of a rollout; returns its turn index."""
+
     async def finish(
-        self, rollout_id: str, reward: float | None = None, metadata: dict[str, Any] | None = None
+        self,
+        rollout_id: str,
+        reward: float | None = None,
+        metadata: dict[str, Any] | None = None,
+        turn_rewards: Any = None,
     ) -> RolloutRecord:
         """End a rollout and write its record."""
 
@@ -278,16 +288,29 @@ async def _trajectory(request: web.Request) -> web.Response:
 async def _finish(request: web.Request) -> web.Response:
     gateway = request.app[_GATEWAY]
     gateway.authorize(request.match_info["rollout"], _credential(request))
-    body = _fields(await _body(request, optional=True), frozenset({"reward", "metadata"}))
+    body = _fields(await _body(request, optional=True), frozenset({"reward", "turn_rewards", "metadata"}))
     reward = body.get("reward")
     if reward is not None and (
         isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)
     ):
         raise bad_request("reward", f"must be a finite number, got {reward!r}")
+    turn_rewards = body.get("turn_rewards")
+    if turn_rewards is not None and not isinstance(turn_rewards, list):
+        raise bad_request("turn_rewards", f"must be a list (one reward per model call), got {turn_rewards!r}")
     record = await gateway.finish(
-        request.match_info["rollout"], None if reward is None else float(reward), body.get("metadata")
+        request.match_info["rollout"], None if reward is None else float(reward), body.get("metadata"), turn_rewards
     )
     return web.Response(body=ENCODER.encode(record), content_type="application/json")
+
+
+async def _reward(request: web.Request) -> web.Response:
+    gateway = request.app[_GATEWAY]
+    gateway.authorize(request.match_info["rollout"], _credential(request))
+    body = _fields(await _body(request), frozenset({"value", "turn"}))
+    if "value" not in body:
+        raise bad_request("value", "is required: the reward of the call")
+    turn = gateway.reward(request.match_info["rollout"], body["value"], body.get("turn"))
+    return _json({"turn": turn, "value": float(body["value"])})
 
 
 def build_app(gateway: Served) -> web.Application:
@@ -304,5 +327,6 @@ def build_app(gateway: Served) -> web.Application:
     app.router.add_get("/rollouts/{rollout}/v1/models", _models)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/rollouts/{rollout}", _trajectory)
+    app.router.add_post("/rollouts/{rollout}/reward", _reward)
     app.router.add_post("/rollouts/{rollout}/finish", _finish)
     return app

@@ -44,7 +44,14 @@ class GatewayOutput:
         self._samples[task] = sample + 1
         return sample
 
-    def write(self, rollout: GatewayRollout, traj: Trajectory, reward: float | None, server: str) -> RolloutRecord:
+    def write(
+        self,
+        rollout: GatewayRollout,
+        traj: Trajectory,
+        reward: float | None,
+        server: str,
+        turn_rewards: list[float | None] | None = None,
+    ) -> RolloutRecord:
         """The record of ``rollout``'s closed ``traj``, written to the file when there is one."""
         wall = time.time() - rollout.started
         record = rollout_record(
@@ -58,6 +65,7 @@ class GatewayOutput:
             wall_s=wall,
             agent_s=wall,
             tool_calls=rollout.tool_calls,
+            turn_rewards=turn_rewards,
         )
         if self._writer is not None:
             self._writer.write(record)

@@ -17,11 +17,12 @@ import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from ..rollout_core import Rollout
+from ..rollout_core import CallOptions, Rollout
 from .errors import GatewayError
 from .images import ImageReader
 from .matching import ReplyBook
 from .openai_responses import ResponseChain
+from .rewards import TurnRewards
 
 __all__ = ["GatewayRollout", "Registry", "new_token"]
 
@@ -53,6 +54,8 @@ class GatewayRollout:
         tool_calls: Tool calls the rollout's outputs asked for (the record's ``tokens.tool_calls``).
         sample: The rollout's sample number within its task (the record's key is ``(task_id, sample)``).
         group: The record's group id (0 unless the opener gives one).
+        options: The model's per-call options (sampling, limits, default ``tool_choice``).
+        rewards: The per-call rewards given so far (``POST /rollouts/<id>/reward``).
         lost_engine: True once a call on it failed with a :class:`~tito_core.errors.BackendConnectionError`
             (the runner then has its server checked, as for a Strands rollout).
     """
@@ -73,6 +76,8 @@ class GatewayRollout:
         self.sample = 0
         self.group = 0
         self.lost_engine = False
+        self.rewards = TurnRewards()
+        self.options = CallOptions()  # the model's per-call options (the gateway's setup), set by ``open``
         self.finished = False
         self.call: asyncio.Task[Any] | None = None  # the model call running now (a drain past its time cancels it)
         self._busy = False

@@ -27,7 +27,6 @@ from ..errors import ConfigError
 from ..model_setup import ModelSetup
 from ..records import RolloutRecord
 from ..render.vision import ProcessorSpec, VisionProcessor
-from ..rollout_core import CallOptions
 from ..status import Closed, NoModelCall, Outcome, Stopped, replaces, status_of
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory
@@ -217,7 +216,7 @@ class Gateway:
         task = task_id if task_id is not None else rid
         url = f"{self.base_url}/rollouts/{quote(rid, safe=':@')}/v1"  # the routes match the id back unquoted
         rollout = GatewayRollout(rid, url, core, task, dict(metadata or {}))
-        rollout.group = group
+        rollout.group, rollout.options = group, self.setup.options
         rollout.images.refusal = self._image_refusal
         self.registry.add(rollout)
         self.access.add(rid, rollout.token)
@@ -230,12 +229,6 @@ class Gateway:
         if rollout_id not in self._finished:
             self.registry.get(rollout_id)
         self.access.authorize(rollout_id, credential)
-
-    @property
-    def _call_options(self) -> CallOptions:
-        if self.setup is None:
-            raise ConfigError("the gateway is not prepared: await start() (or prepare()) first")
-        return self.setup.options
 
     def _refuse_if_closing(self) -> None:
         if self._closing:
@@ -267,18 +260,29 @@ class Gateway:
         rollout = self.registry.remove(rollout_id)
         return self._end(rollout, "finish", ended)
 
+    def reward(self, rollout_id: str, value: Any, turn: Any = None) -> int:
+        """Reward model call ``turn`` (None: the last so far) of an open rollout (:class:`~.rewards.TurnRewards`)."""
+        rollout = self.get(rollout_id)
+        return rollout.rewards.give(value, turn, len(rollout.rollout.trajectory.turns))
+
     async def finish(
-        self, rollout_id: str, reward: float | None = None, metadata: dict[str, Any] | None = None
+        self,
+        rollout_id: str,
+        reward: float | None = None,
+        metadata: dict[str, Any] | None = None,
+        turn_rewards: Sequence[Any] | None = None,
     ) -> RolloutRecord:
-        """:meth:`take`, then build the rollout's record and write it to the output (when there is one).
+        """:meth:`take`, then write the record; ``turn_rewards`` join the per-call ones, ``reward`` is the total.
 
         Raises:
-            GatewayError: 404 unknown, 409 busy or finished already (a second finish writes nothing).
+            GatewayError: 404 unknown, 409 busy or finished already (a second finish writes nothing); 400 for
+                per-turn rewards that do not fit the rollout's calls (nothing is ended then).
         """
-        self.get(rollout_id)  # a finished one: 409, not 404
-        rollout = self.registry.remove(rollout_id)
+        rollout = self.get(rollout_id)  # a finished one: 409, not 404
+        total, per_turn = rollout.rewards.final(reward, turn_rewards, len(rollout.rollout.trajectory.turns))
+        self.registry.remove(rollout_id)
         rollout.metadata.update(metadata or {})
-        return self._write(rollout, self._end(rollout, "finish", None), reward)
+        return self.records.write(rollout, self._end(rollout, "finish", None), total, self.base_url, per_turn)
 
     def _end(self, rollout: GatewayRollout, why: str, ended: Outcome | None) -> Trajectory:
         """Close the rollout's trajectory (:func:`close_ended`) and keep its JSON for ``GET /rollouts/<id>``."""
@@ -294,7 +298,8 @@ class Gateway:
         return traj
 
     def _write(self, rollout: GatewayRollout, traj: Trajectory, reward: float | None) -> RolloutRecord:
-        return self.records.write(rollout, traj, reward, self.base_url)
+        per_turn = rollout.rewards.so_far(len(traj.turns))  # a rollout ended without finish keeps its per-call rewards
+        return self.records.write(rollout, traj, reward, self.base_url, per_turn)
 
     async def _end_idle(self, rollout: GatewayRollout) -> None:
         timeout = self.registry.idle_timeout
@@ -315,7 +320,7 @@ class Gateway:
         rollout = self.get(rollout_id)
         self._refuse_if_closing()
         with rollout.claim():
-            return await chat_call(rollout, body, self._call_options, self.model_name)
+            return await chat_call(rollout, body, rollout.options, self.model_name)
 
     async def respond(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], bool]:
         """Answer one Responses API request on rollout ``rollout_id``; returns the body and whether to stream it.
@@ -338,7 +343,8 @@ class Gateway:
 
     async def count_tokens(self, rollout_id: str, body: Any) -> int:
         """The prompt's token count of a Messages ``count_tokens`` body on rollout ``rollout_id``; nothing recorded."""
-        return await count_tokens(self.get(rollout_id), messages_chat_body(body, counting=True), self._call_options)
+        rollout = self.get(rollout_id)
+        return await count_tokens(rollout, messages_chat_body(body, counting=True), rollout.options)
 
 
 def served_model_name(config: TitoConfig) -> str:

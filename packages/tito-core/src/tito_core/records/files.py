@@ -86,10 +86,12 @@ def rollout_record(
     agent_s: float,
     reward_s: float = 0.0,
     tool_calls: int,
+    turn_rewards: list[float | None] | None = None,
 ) -> RolloutRecord:
     """The record of a closed trajectory: its final status, token counts and weight-version range.
 
-    What the runner's worker and the gateway both write; ``tool_calls`` is the number of tools the agent ran.
+    What the runner's worker and the gateway both write; ``tool_calls`` is the number of tools the agent ran;
+    ``turn_rewards`` one reward per model call of ``traj`` when the reward came per turn.
 
     Raises:
         RuntimeError: ``traj`` is still running (close it first).
@@ -117,4 +119,5 @@ def rollout_record(
         ),
         weight_version_min=versions[0],
         weight_version_max=versions[1],
+        turn_rewards=turn_rewards,
     )

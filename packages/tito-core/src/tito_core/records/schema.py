@@ -79,6 +79,8 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
             versions are not integers.
         stale: True when ``staleness`` exceeded ``rollout.max_staleness`` and ``rollout.stale = "mark"`` kept the
             record: a trainer filters these out (with ``"drop"``, stale records are not written at all).
+        turn_rewards: One reward per model call of the latest branch, by turn index (None for a call without
+            one), when the reward came per turn (:mod:`tito_core.turn_rewards`); ``reward`` is then their total.
     """
 
     task_id: str
@@ -96,6 +98,7 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
     weight_version_max: str | None = None
     staleness: int | None = None
     stale: bool = False
+    turn_rewards: list[float | None] | None = None
 
     @property
     def key(self) -> Key:
@@ -198,5 +201,6 @@ def arrow_schema(pa: Any) -> Any:
             ("weight_version_max", pa.string()),
             ("staleness", pa.int64()),
             ("stale", pa.bool_()),
+            ("turn_rewards", pa.list_(pa.float64())),
         ]
     )

@@ -6,7 +6,6 @@ gateway), so their records are built the same way; a rollout that could not run 
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -15,6 +14,7 @@ import msgspec
 from ..records import FinalStatus, RolloutRecord, Timings, TokenCounts, rollout_record
 from ..status import RewardFailed, status_of
 from ..trajectory import Trajectory
+from ..turn_rewards import reward_of
 from .dataset import Task
 from .rewards import RewardFn, Sample, call_maybe_async
 
@@ -50,15 +50,18 @@ async def rewarded_record(
 ) -> RolloutRecord:
     """Reward the closed ``traj`` of ``task``'s rollout ``sample`` and build its record.
 
-    The record is :func:`~tito_core.records.rollout_record`'s, which the gateway's records share. A reward
+    The reward function returns a number or per-turn rewards (:func:`~tito_core.turn_rewards.reward_of`). The record
+    is :func:`~tito_core.records.rollout_record`'s, which the gateway's records share. A reward
     function that raises leaves the reward empty and the rollout ``failed``, in the trajectory and the record alike.
     """
     reward: float | None = None
+    turn_rewards: list[float | None] | None = None
     t1 = time.perf_counter()
     if reward_fn is not None:
         view = Sample(task, sample, ran.text, ran.messages, traj, final_status(traj), traj.status_reason)
         try:
-            reward = _number(await call_maybe_async(reward_fn, view, in_thread=True))
+            value = await call_maybe_async(reward_fn, view, in_thread=True)
+            reward, turn_rewards = reward_of(value, len(traj.turns))
         except Exception as exc:
             traj.amend_status(*status_of(RewardFailed(exc)))  # the trajectory and its record say the same
     now = time.perf_counter()
@@ -73,6 +76,7 @@ async def rewarded_record(
         wall_s=now - ran.t0,
         agent_s=ran.agent_s,
         reward_s=now - t1,
+        turn_rewards=turn_rewards,
         tool_calls=ran.tool_calls,
     )
 
@@ -102,12 +106,3 @@ def final_status(traj: Trajectory) -> FinalStatus:
     if traj.status == "running":
         raise RuntimeError("a closed trajectory is still running")
     return traj.status
-
-
-def _number(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"a reward must be a number, got {type(value).__name__}")
-    result = float(value)
-    if math.isnan(result):
-        raise ValueError("the reward is NaN")
-    return result

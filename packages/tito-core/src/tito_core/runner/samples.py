@@ -40,7 +40,13 @@ def _slime(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
 
 
 def _verl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
-    return export.to_verl(branch, metrics=verl_metrics(record) if branch.final else None, images="sha256")
+    final = branch.final
+    return export.to_verl(
+        branch,
+        metrics=verl_metrics(record) if final else None,
+        images="sha256",
+        turn_rewards=record.turn_rewards if final else None,  # per-turn rewards are the final branch's calls'
+    )
 
 
 def _agl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
@@ -90,6 +96,8 @@ def training_rows(
             fields.update(task_id=record.task_id, sample=record.sample, group=record.group, reward=record.reward)
             if record.advantage is not None:
                 fields["advantage"] = record.advantage
+            if record.turn_rewards is not None and branch.final:
+                fields["turn_rewards"] = record.turn_rewards
             yield fields
 
 
