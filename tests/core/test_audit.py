@@ -178,3 +178,17 @@ def test_the_command_refuses_bad_options_and_a_backend_that_cannot_score(
     assert "cannot score a token sequence" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse: one of --model and --config is required
         main(["audit", str(out)])
+
+
+def test_a_gate_with_nothing_to_check_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    import tito_core.cli_audit as cli_audit
+
+    async def no_model(args, config):  # a scorer for a file whose records have no free turn
+        return OffsetScorer({}, lambda token: 0.0), None
+
+    monkeypatch.setattr(cli_audit, "_scorer", no_model)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["audit", str(empty), "--model", "unused", "--max-kl", "1"]) == 1
+    assert "no free-turn token was scored" in capsys.readouterr().err
+    assert main(["audit", str(empty), "--model", "unused"]) == 0  # no gate: an empty report

@@ -4,7 +4,8 @@
     tito audit rollouts.jsonl --config tito.toml        # the config's engine scores (or its embedded model)
     tito audit rollouts.jsonl --config tito.toml --drift   # also: what a text stack would have trained on
 
-Exits 1 when the free turns' k3 KL is above ``--max-kl`` (a CI gate), 2 on an error found before scoring.
+Exits 1 when the free turns' k3 KL is above ``--max-kl``, or no free-turn token was scored (a CI gate that has
+nothing to check fails), 2 on an error found before scoring.
 """
 
 from __future__ import annotations
@@ -86,6 +87,9 @@ def run_audit(args: argparse.Namespace) -> int:
     if args.plot:
         plot_report(report, args.plot)
     free_kl = report.free.k3
+    if args.max_kl is not None and report.free.tokens == 0:
+        print("tito audit: no free-turn token was scored: --max-kl has nothing to check", file=sys.stderr)
+        return 1
     if args.max_kl is not None and free_kl > args.max_kl:
         print(
             f"tito audit: free turns' k3 KL {free_kl:.3g} is above --max-kl {args.max_kl:g}",
