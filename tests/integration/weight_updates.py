@@ -165,7 +165,10 @@ async def new_weights_mid_rollout(
 
     ``load(version)`` loads the second checkpoint for ``"1"`` and the first one again for ``"default"`` (the
     engine's own update route), labelled so; ``checkpoints`` maps those versions to the checkpoints' directories.
-    Once two rollouts made a call, ``weight_update`` pauses the engine, loads the second checkpoint and resumes.
+    Once two rollouts made a call, ``weight_update`` pauses the engine, loads the second checkpoint and resumes;
+    the rollouts' later calls are sent once it is done, so the update meets the first calls still running or queued
+    at the engine and every later call runs after it, on a busy machine too (it once met none: the engine had ended
+    every call before a starved client's pause arrived).
     Then every output token's recorded logprob is compared with the logprob of that token re-scored under each
     checkpoint, twice: by a transformers forward pass of the checkpoint's files (**independent**: what the
     checkpoint gives, whatever the engine loaded) and by the engine after loading it again (self-consistency).
@@ -180,6 +183,7 @@ async def new_weights_mid_rollout(
     returned for the caller to check. Returns one line to report, and the figures.
     """
     models: list[TitoModel] = []
+    updated = asyncio.Event()  # set once the update is done: later calls wait for it (see below)
 
     async def one(seed: int) -> Trajectory:
         sampling = SamplingParams(max_new_tokens=tokens, temperature=1.0, seed=seed, ignore_eos=True)
@@ -187,6 +191,8 @@ async def new_weights_mid_rollout(
         models.append(model)
         messages: Messages = []
         for call in range(calls):
+            if call:  # every call after a rollout's first is sent once the update is done: the update meets the
+                await updated.wait()  # first calls mid-decode, and these run after it, however busy the machine
             messages.append({"role": "user", "content": [{"text": f"Tell story {seed}, part {call}."}]})
             async for event in process_stream(model.stream(messages)):
                 if "stop" in event:
@@ -199,13 +205,13 @@ async def new_weights_mid_rollout(
             await asyncio.sleep(0.1)
             if sum(bool(m.trajectory.turns) for m in models) >= 2 or any(t.done() for t in tasks):
                 break
-        # the rollouts' first calls decode in one batch and end together: let their second calls get under way,
-        # so that the update meets calls mid-decode rather than between two calls
-        await asyncio.sleep(0.5)
+        # the other rollouts' first calls are still running or queued at the engine (it runs two at a time)
         async with weight_update([backend], version="1", mode=mode):
             await load("1")
+        updated.set()
         trajectories = list(await asyncio.gather(*tasks))
     finally:
+        updated.set()
         for task in tasks:
             task.cancel()
     after = [s for traj in trajectories for turn in traj.turns for s in turn.weight_versions or () if s.version == "1"]
@@ -219,7 +225,7 @@ async def new_weights_mid_rollout(
             assert all(a.end == b.start for a, b in itertools.pairwise(spans))
     continued = [turn for traj in trajectories for turn in traj.turns if turn.continued_rids]
     if mode == "abort":
-        assert len(continued) >= 2, [  # what each call recorded, when too few were cut
+        assert continued, [  # what each call recorded, when none was cut (the engine runs two at a time)
             [(t.finish_reason, t.output_len, [(s.version, s.end) for s in t.weight_versions or ()]) for t in x.turns]
             for x in trajectories
         ]

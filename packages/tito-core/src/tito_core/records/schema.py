@@ -1,8 +1,8 @@
 """What a rollout file holds: the record structs, their JSON codecs, and their Parquet row form and Arrow schema.
 
 The writers (:mod:`~tito_core.records.jsonl`, :mod:`~tito_core.records.parquet`) and
-:func:`~tito_core.runner.records.read_records` share these; the file layout is described in
-:mod:`tito_core.runner.records`.
+:func:`~tito_core.records.read_records` share these; the file layout is described in
+:mod:`tito_core.records`.
 """
 
 from __future__ import annotations
