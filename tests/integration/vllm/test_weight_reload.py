@@ -119,6 +119,7 @@ async def test_new_weights_mid_rollout_each_token_logprob_is_its_spans_checkpoin
             load,
             checkpoints=checkpoints,
             mode=mode,  # type: ignore[arg-type]
+            hold_later_calls=True,  # this module's server runs two calls at a time: the first calls queue
         )
         REPORT.append(line)
     finally:
