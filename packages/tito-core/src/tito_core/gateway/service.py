@@ -261,7 +261,7 @@ class Gateway:
         return self._end(rollout, "finish", ended)
 
     def reward(self, rollout_id: str, value: Any, turn: Any = None) -> int:
-        """Reward model call ``turn`` (None: the last so far) of an open rollout (:class:`~tito_core.gateway.rewards.TurnRewards`)."""
+        """Reward model call ``turn`` (None: the last so far) of an open rollout (see ``gateway/rewards.py``)."""
         rollout = self.get(rollout_id)
         return rollout.rewards.give(value, turn, len(rollout.rollout.trajectory.turns))
 

@@ -1,8 +1,10 @@
 """Rollout records and the append-only files that hold them (JSONL or Parquet), resumable.
 
-The package under both the rollout runner and the gateway (which write the same records): :mod:`~tito_core.records.schema`
-(:class:`RolloutRecord` and its row form), :mod:`~tito_core.records.writer` (the writer base), :mod:`~tito_core.records.jsonl` and :mod:`~tito_core.records.parquet`
-(the two formats), :mod:`~tito_core.records.lock` (one writer per output), :mod:`~tito_core.records.files` (open, read, build a record).
+The package under both the rollout runner and the gateway (which write the same records), one job per module:
+:mod:`~tito_core.records.schema` (:class:`RolloutRecord` and its row form), :mod:`~tito_core.records.writer`
+(the writer base), :mod:`~tito_core.records.jsonl` and :mod:`~tito_core.records.parquet` (the two formats),
+:mod:`~tito_core.records.lock` (one writer per output), :mod:`~tito_core.records.files` (open, read, build a
+record).
 
 One :class:`RolloutRecord` per finished rollout, keyed by ``(task_id, sample)``, written as soon as the rollout
 finishes. A writer opened on an existing output reports the keys already there (:meth:`RecordWriter.finished`),

@@ -1,10 +1,11 @@
 """The token-level record of one rollout, exactly as the engine consumed and produced it.
 
-One job per module: :mod:`~tito_core.trajectory.live` (:class:`Trajectory`, the append-only live record with its branches and
-status), :mod:`~tito_core.trajectory.record` (its frozen snapshot, :class:`TrajectoryRecord`, and the JSON / MessagePack forms),
-:mod:`~tito_core.trajectory.views` (the flat views derived from it: ids, loss mask, logprobs, versions), :mod:`~tito_core.trajectory.images` (its
-images: spans in token order, each distinct image's bytes once, and the image files beside an output),
-:mod:`~tito_core.trajectory.arrays` (the compact token and logprob arrays).
+One job per module: :mod:`~tito_core.trajectory.live` (:class:`Trajectory`, the append-only live record with
+its branches and status), :mod:`~tito_core.trajectory.record` (its frozen snapshot, :class:`TrajectoryRecord`,
+and the JSON / MessagePack forms), :mod:`~tito_core.trajectory.views` (the flat views derived from it: ids, loss
+mask, logprobs, versions), :mod:`~tito_core.trajectory.images` (its images: spans in token order, each distinct
+image's bytes once, and the image files beside an output), :mod:`~tito_core.trajectory.arrays` (the compact
+token and logprob arrays).
 """
 
 from __future__ import annotations
