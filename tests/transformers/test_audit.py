@@ -136,7 +136,7 @@ max_model_calls = 2
     tasks.write_text(json.dumps({"id": "t0", "prompt": "Add 2 and 3.", "answer": "5"}) + "\n")
     records = tmp_path / "rollouts.jsonl"
     assert rollout(config, tasks, records).written == 2
-    code, report = audit(records, "--config", str(config), "--drift", "--max-kl", "1e-6")
+    code, report = audit(records, "--config", str(config), "--drift")  # no gate: the forced call may be all there is
     assert code == 0 and report["records"] == 2
     assert report["constrained"]["tokens"] > 0 and report["constrained"]["max_abs"] > 5.0
     drift = report["drift"]
