@@ -42,4 +42,4 @@ async def test_openai_model_through_the_gateway_equals_tito_model(gateway: Gatew
     assert len(traj.turns) == len(expected.turns) == 2
     assert traj.status == expected.status == "completed"
     sent = [r.sampling.seed for r in gateway.backend.requests]  # type: ignore[attr-defined]
-    assert sent == [r.sampling.seed for r in direct_backend.requests] == [7, 7]
+    assert sent == [r.sampling.seed for r in direct_backend.requests] == [7, 8]  # call k samples with seed + k

@@ -14,7 +14,7 @@ from tito_core import Trajectory, arollout, rollout
 from tito_core.errors import BackendConnectionError, ConfigError, DatasetError, TitoError
 from tito_core.plugins import BackendSpec, hookimpl, temporary_plugin
 from tito_core.records import OutputLockedError, open_writer
-from tito_core.runner import read_records
+from tito_core.runner import read_records, rollout_seed
 from tito_core.runner.executor import Executor
 from tito_core.runner.rewards import group_normalized
 from tito_core.runner.run import failed_keys
@@ -154,6 +154,24 @@ def test_per_turn_rewards_of_the_wrong_length_fail_the_rollout_with_the_reason(t
         "reward function raised TurnRewardError: 1 per-turn rewards for a rollout of 2 model calls: give one per "
         "call (None for none)"
     )
+
+
+def test_a_seeded_run_gives_each_rollout_its_own_seed_and_each_call_the_next(tmp_path: Path) -> None:
+    seen: list[int | None] = []
+
+    def reply(request: Any) -> str:
+        seen.append(request.sampling.seed)
+        return _call_then_answer(request)
+
+    cfg = {**config([reply] * 20, tools=["tests.runner.helpers:add"], group_size=2), "sampling": {"seed": 5}}
+    rollout(cfg, tasks(2), tmp_path / "a.jsonl")
+    per_rollout = [rollout_seed(5, f"t{t}", s) for t in range(2) for s in range(2)]
+    assert sorted(seen) == sorted(seed + call for seed in per_rollout for call in (0, 1))
+    assert len(set(per_rollout)) == 4 and rollout_seed(6, "t0", 0) != per_rollout[0]
+    first = list(seen)
+    seen.clear()
+    rollout(cfg, tasks(2), tmp_path / "b.jsonl")  # a rerun: the same seeds, whatever order the rollouts ran in
+    assert sorted(seen) == sorted(first)
 
 
 def test_async_reward(tmp_path: Path) -> None:

@@ -47,7 +47,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     - ``top_k``: an int >= 1, or -1 for "no top-k" (the value vLLM and SGLang both accept; 0 is
       rejected because SGLang and older vLLM refuse it — leave ``top_k`` unset to use the engine's
       default).
-    - ``seed``: an int.
+    - ``seed``: an int. A rollout's call ``k`` (from 0) samples with ``seed + k``, so its calls never reuse one
+      random stream; the runner gives each rollout its own seed (:func:`tito_core.runner.rollout_seed`).
     - ``stop``: non-empty strings (a list or tuple, not a bare string).
     - ``stop_token_ids``: ints >= 0.
     - ``extra``: a mapping with string keys, passed through unchanged to the engine for anything

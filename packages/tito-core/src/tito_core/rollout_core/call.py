@@ -197,6 +197,8 @@ class Rollout:
         traj = self._sync.trajectory
         prefix_len = len(traj)
         sampling = options.sampling
+        if sampling.seed is not None and traj.turns:  # call k samples with seed + k: no two calls share a stream
+            sampling = msgspec.structs.replace(sampling, seed=(sampling.seed + len(traj.turns)) % 2**63)
         limit = options.context_window_limit or await self._context_limit()
         if limit is not None:
             needed = prefix_len + len(new_ids)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 # Exports load on first use: the agent path takes tasks from here without importing the Strands worker
 # (tests/core/test_without_strands.py). The record names are tito_core.records', re-exported for the runner's users.
 _EXPORTS = {
-    "Task": "dataset", "load_tasks": "dataset",
+    "Task": "dataset", "load_tasks": "dataset", "rollout_seed": "dataset",
     "Executor": "executor", "LocalExecutor": "executor", "WorkItem": "executor",
     "JsonReporter": "progress", "QuietReporter": "progress", "Reporter": "progress", "RichReporter": "progress",
     "RolloutRecord": "..records", "Timings": "..records", "TokenCounts": "..records", "open_writer": "..records",
@@ -37,7 +37,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from ..records import RolloutRecord, Timings, TokenCounts, open_writer, read_records
-    from .dataset import Task, load_tasks
+    from .dataset import Task, load_tasks, rollout_seed
     from .executor import Executor, LocalExecutor, WorkItem
     from .progress import JsonReporter, QuietReporter, Reporter, RichReporter
     from .rewards import Sample, group_normalized
@@ -78,4 +78,5 @@ __all__ = [
     "open_writer",
     "read_records",
     "rollout",
+    "rollout_seed",
 ]

@@ -6,6 +6,7 @@ with a duplicate id is a :class:`~tito_core.errors.DatasetError` naming the file
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -16,7 +17,7 @@ import msgspec
 from .._optional import pyarrow
 from ..errors import DatasetError
 
-__all__ = ["Task", "load_tasks", "task_from_row"]
+__all__ = ["Task", "load_tasks", "rollout_seed", "task_from_row"]
 
 Prompt = str | list[dict[str, Any]]
 """A user prompt as text, or chat messages ``[{"role": ..., "content": ...}, ...]`` ending with a user turn."""
@@ -61,6 +62,14 @@ def task_from_row(row: Mapping[str, Any], index: int, *, where: str = "dataset")
         raise DatasetError(f"{at}: `metadata` must be an object, got {type(metadata).__name__}")
     extra = {key: value for key, value in row.items() if key not in _KNOWN}
     return Task(id=str(raw_id), prompt=prompt, answer=row.get("answer"), metadata={**metadata, **extra}, index=index)
+
+
+def rollout_seed(seed: int, task_id: str, sample: int) -> int:
+    """The sampling seed of one rollout of a seeded run: the same for the same ``(seed, task, sample)`` in
+    any process and any order, unrelated between rollouts (a hash, so rollouts never share a random stream).
+    """
+    digest = hashlib.sha256(f"{seed}\x00{task_id}\x00{sample}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # 63 bits: every engine takes it
 
 
 def _messages(prompt: Any, at: str) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from strands import Agent
 from strands.agent.conversation_manager import NullConversationManager
 from strands.types.content import Messages
@@ -32,7 +33,7 @@ from ..records import RolloutRecord
 from ..status import RolloutTimedOut, replaces, status_of
 from ..tokenizers import aload_tokenizer
 from .agent_process import AgentRunner
-from .dataset import Task
+from .dataset import Task, rollout_seed
 from .finish import Ran, failed_record, rewarded_record
 from .forcing import ForcedToolCalls
 from .limits import LoopLimiter
@@ -187,6 +188,9 @@ class RolloutWorker:
         settings = self.settings
         started, t0 = time.time(), time.perf_counter()
         model = self.config.create_model(server.backend, tokenizer=self.tokenizer, rollout_id=f"{task.id}:{sample}")
+        if model.sampling.seed is not None:  # a seeded run: each rollout its own seed, the same on every rerun
+            seed = rollout_seed(model.sampling.seed, task.id, sample)
+            model.update_config(sampling=msgspec.structs.replace(model.sampling, seed=seed))
         limiter = LoopLimiter(
             max_model_calls=settings.max_model_calls,
             max_tool_calls=settings.max_tool_calls,
