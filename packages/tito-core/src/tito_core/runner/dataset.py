@@ -65,8 +65,10 @@ def task_from_row(row: Mapping[str, Any], index: int, *, where: str = "dataset")
 
 
 def rollout_seed(seed: int, task_id: str, sample: int) -> int:
-    """The sampling seed of one rollout of a seeded run: the same for the same ``(seed, task, sample)`` in
-    any process and any order, unrelated between rollouts (a hash, so rollouts never share a random stream).
+    """The sampling seed of one rollout of a seeded run.
+
+    The same for the same ``(seed, task, sample)`` in any process and any order, unrelated between rollouts (a
+    hash, so rollouts never share a random stream).
     """
     digest = hashlib.sha256(f"{seed}\x00{task_id}\x00{sample}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1  # 63 bits: every engine takes it
