@@ -38,7 +38,7 @@ CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}
 def _record(
     renderer: ChatRenderer,
     outputs: list[list[int] | str],
-    results: list[list[str]],
+    results: list[list[str] | str],
     *,
     closed: list[bool] | None = None,
     stop: str = "<|im_end|>",
@@ -67,8 +67,12 @@ def _record(
             )
         )
         if k < len(results):
-            tool_chat = [{"role": "tool", "tool_call_id": f"c{j}", "content": r} for j, r in enumerate(results[k])]
-            ids, nb = asyncio.run(renderer.continuation_ids(tool_chat, close_turn=not ended))
+            follow: list[Any] = (
+                [{"role": "user", "content": results[k]}]  # a str: the user's next question
+                if isinstance(results[k], str)
+                else [{"role": "tool", "tool_call_id": f"c{j}", "content": r} for j, r in enumerate(results[k])]
+            )
+            ids, nb = asyncio.run(renderer.continuation_ids(follow, close_turn=not ended))
             traj.append("boundary", ids[:nb], turn=k + 1)
             traj.append("prompt", ids[nb:], turn=k + 1)
     return traj.close("completed")
@@ -156,6 +160,20 @@ def test_think_block_is_rewritten(qwen3: ChatRenderer) -> None:
     assert messages[2]["reasoning_content"] == "add them"
     think = [s for s in cmp.spans if s.category == "think"]
     assert think and think[0].turn == 0 and think[0].where == "output"
+
+
+def test_a_second_question_drops_the_first_answers_reasoning_from_the_text_stack(qwen3: ChatRenderer) -> None:
+    # Qwen3's template keeps reasoning only after the last user question: re-rendering the whole conversation
+    # drops the think block the model wrote before its first answer, which tito recorded and trains on
+    traj = _record(qwen3, ["<think>\nadd two and three\n</think>\n\n5", "<think>\nfive plus one\n</think>\n\n6"],
+                   ["And plus one?"])  # fmt: skip
+    messages, view, cmp = _compare(qwen3, traj)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert messages[3]["content"] == "And plus one?" and messages[2]["reasoning_content"] == "add two and three"
+    assert "add two and three" not in view.text and "five plus one" in view.text
+    think = [s for s in cmp.spans if s.category == "think"]
+    assert [(s.turn, s.where) for s in think] == [(0, "output")] and not think[0].rerendered_text.strip()
+    assert cmp.trained_lost >= len(qwen3.encode("<think>\nadd two and three\n</think>\n\n"))
 
 
 def test_an_unclosed_output_gets_an_end_of_turn_token(qwen25: ChatRenderer) -> None:

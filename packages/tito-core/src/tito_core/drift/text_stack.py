@@ -61,6 +61,18 @@ def _read_tool_results(renderer: ChatRenderer, text: str, count: int) -> list[st
     return list(match.groups())
 
 
+def _read_user_message(renderer: ChatRenderer, text: str) -> str:
+    """The text of a user follow-up, read from a recorded continuation (boundary + user message + header)."""
+    mark = _MARK.format(0)
+    rendered = renderer.continuation_text([{"role": "user", "content": mark}])
+    match = _pattern_around_marks(rendered, [mark]).search(text)
+    if match is None or match.end() != len(text):
+        raise TemplateError(
+            "a recorded prompt segment after an answer does not read as a user message of this template"
+        )
+    return match.group(1)
+
+
 def _assistant_message(parsed: Any, turn: int) -> Message:
     """The Strands message tito gives the agent for one parsed output (as ``TitoModel`` streams it)."""
     content: list[ContentBlock] = []
@@ -114,7 +126,8 @@ def text_stack_messages(
     """The final conversation of a rollout as chat messages, rebuilt from its recorded tokens.
 
     Raises:
-        TemplateError: the recorded prompts do not read back as this template's system / user / tool turns.
+        TemplateError: the recorded prompts do not read back as this template's system / user / tool turns (a
+            prompt after a turn with tool calls is read as their results, after an answer as the next question).
     """
     pairs = _outputs_and_prompts(traj)
     if not pairs:
@@ -125,7 +138,11 @@ def text_stack_messages(
     messages: Messages = [{"role": "user", "content": [{"text": user}]}]
     calls = 0
     for turn, (prompt, output) in enumerate(pairs):
-        if turn > 0:
+        if turn > 0 and not calls:  # an answer, then the user's next question (a multi-question rollout)
+            messages.append(
+                {"role": "user", "content": [{"text": _read_user_message(renderer, renderer.decode(prompt))}]}
+            )
+        elif turn > 0:
             results = _read_tool_results(renderer, renderer.decode(prompt), calls)
             blocks: list[ContentBlock] = [
                 {
