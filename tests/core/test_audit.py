@@ -153,6 +153,15 @@ def test_tokens_after_an_image_are_not_scored_by_a_text_only_scorer() -> None:
     assert report.skipped == {"trained tokens after an image (the scorer takes no images)": 2}
 
 
+def test_per_token_gaps_sit_at_their_positions_for_the_viewer() -> None:
+    traj = two_turns()
+    scorer = OffsetScorer(table_of(traj), lambda token: 0.5 if token == 20 else 0.0)
+    report = asyncio.run(audit([record_of(traj)], scorer, per_token=True))
+    assert report.tokens == {"t:0": {"0": [None, None, None, 0.0, 0.0, 0.0, None, None, 0.5, 0.0]}}
+    assert json.loads(report.to_json())["tokens"]["t:0"]["0"][8] == 0.5
+    assert asyncio.run(audit([record_of(traj)], scorer)).tokens is None  # only when asked: it is large
+
+
 def test_the_report_is_json_with_null_for_an_empty_selection() -> None:
     traj = two_turns()
     ledger = Ledger(OffsetScorer(table_of(traj), lambda token: 0.0))

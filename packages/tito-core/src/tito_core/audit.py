@@ -175,6 +175,8 @@ class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
         by: For each of :data:`AXES`, the stats per value (turn index, branch, weight version, engine URL, finish
             reason, ``free`` / ``constrained``, ``with images`` / ``without images``), as strings.
         skipped: Why tokens or records were not scored, with counts.
+        tokens: With ``per_token``: per rollout (``task_id:sample``) and branch number, each token's
+            ``new - old`` logprob (None where not scored), for ``tito view --audit``.
     """
 
     scorer: str
@@ -185,6 +187,7 @@ class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
     constrained: GapStats
     by: dict[str, dict[str, GapStats]]
     skipped: dict[str, int]
+    tokens: dict[str, dict[str, list[float | None]]] | None = None
 
     def to_json(self) -> bytes:
         """The report as JSON (NaN, for an empty selection, written as null)."""
@@ -196,14 +199,17 @@ def _nan_to_none(value: Any) -> Any:
         return None if math.isnan(value) else value
     if isinstance(value, dict):
         return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_to_none(v) for v in value]
     return value
 
 
 class Ledger:
     """Collects ``r = new - old`` per trained token, keyed by every breakdown; :meth:`report` sums it up."""
 
-    def __init__(self, scorer: Scorer) -> None:
+    def __init__(self, scorer: Scorer, *, per_token: bool = False) -> None:
         self.scorer = scorer
+        self.tokens: dict[str, dict[str, list[float | None]]] | None = {} if per_token else None
         self.records = 0
         self.branches = 0
         self._all: list[float] = []
@@ -218,9 +224,9 @@ class Ledger:
             if not any(segment.kind == "output" for segment in branch.segments):
                 self.skipped["branches without output"] += 1
                 continue
-            await self._add_branch(branch, record.server)
+            await self._add_branch(branch, record.server, f"{record.task_id}:{record.sample}")
 
-    async def _add_branch(self, branch: Trajectory, server: str | None) -> None:
+    async def _add_branch(self, branch: Trajectory, server: str | None, key: str) -> None:
         ids, mask, old = branch.token_ids, branch.loss_mask, branch.logprobs
         first_image = min((span.start for span in branch.images), default=len(ids))
         if first_image < len(ids) and not self.scorer.takes_images:
@@ -242,6 +248,9 @@ class Ledger:
         for segment in branch.segments:
             turn_of[segment.start : segment.end] = [segment.turn] * segment.length
         has_images = bool(branch.images)
+        per_token: list[float | None] | None = None
+        if self.tokens is not None:
+            per_token = self.tokens.setdefault(key, {}).setdefault(str(branch.branch), [None] * len(ids))
         own = branch.fork_at or 0  # a later branch starts with a copy of its parent's tokens: filed once, there
         for i in range(own, len(ids_scored)):
             o, n = old[i], new[i]
@@ -252,6 +261,8 @@ class Ledger:
                 continue
             r = n - o
             self._all.append(r)
+            if per_token is not None:
+                per_token[i] = r
             turn = turns.get(turn_of[i])
             keys = {
                 "turn": str(turn_of[i]),
@@ -279,6 +290,7 @@ class Ledger:
             constrained=gap_stats(self._by.get(("constrained", "constrained"), [])),
             by=by,
             skipped=dict(self.skipped),
+            tokens=self.tokens,
         )
 
 
@@ -287,10 +299,17 @@ def _natural(value: str) -> tuple[int, int | str]:
 
 
 async def audit(
-    records: Iterable[RolloutRecord], scorer: Scorer, *, progress: Callable[[int], None] | None = None
+    records: Iterable[RolloutRecord],
+    scorer: Scorer,
+    *,
+    progress: Callable[[int], None] | None = None,
+    per_token: bool = False,
 ) -> AuditReport:
-    """Score ``records`` with ``scorer`` and report the gaps (``progress`` is called after each record)."""
-    ledger = Ledger(scorer)
+    """Score ``records`` with ``scorer`` and report the gaps (``progress`` is called after each record).
+
+    With ``per_token``, the report also holds every scored token's gap (:attr:`AuditReport.tokens`).
+    """
+    ledger = Ledger(scorer, per_token=per_token)
     for record in records:
         await ledger.add(record)
         if progress is not None:

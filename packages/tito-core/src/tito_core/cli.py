@@ -26,6 +26,7 @@ from typing import Any
 
 from .cli_audit import add_audit_command, run_audit
 from .cli_serve import add_serve_command, run_serve
+from .cli_view import add_view_command, decoding_tokenizer, run_view
 from .errors import ConfigError, TitoError  # no Strands: cheap at start-up
 
 __all__ = ["main"]
@@ -65,6 +66,8 @@ def _command(args: argparse.Namespace) -> int:
             return run_serve(args)
         if args.command == "audit":
             return run_audit(args)
+        if args.command == "view":
+            return run_view(args)
         return _inspect(args)
     except TitoError as exc:
         print(f"tito {args.command}: error: {exc}", file=sys.stderr)
@@ -167,6 +170,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_serve_command(commands)
     add_audit_command(commands)
+    add_view_command(commands)
 
     commands.add_parser("demo", help="run the demo rollout (python -m tito_core.demo)", add_help=False)
     return parser
@@ -320,7 +324,7 @@ def _inspect(args: argparse.Namespace) -> int:
             _print_record(console, r)
     console.print(_file_versions(records), highlight=False)
     if args.task_id is not None:
-        tokenizer = _inspect_tokenizer(args)
+        tokenizer = decoding_tokenizer(args)
         for r in records:
             _show_segments(console, r, tokenizer)
     return 0
@@ -400,29 +404,6 @@ def _file_versions(records: Sequence[Any]) -> str:
     if stale:
         line += f"; {stale} marked stale"
     return line
-
-
-def _inspect_tokenizer(args: argparse.Namespace) -> Any:
-    """The tokenizer of ``--tokenizer``, or of ``--config``'s ``tokenizer`` (loaded as the runner does); or None.
-
-    A config without ``tokenizer`` whose ``prepare`` hook sets it (the arithmetic example) has the hook run.
-    """
-    from .tokenizers import load_tokenizer
-
-    if args.tokenizer:
-        return load_tokenizer(args.tokenizer)
-    if not args.config:
-        return None
-    from .config import load_config
-    from .runner.interrupts import run_interruptible
-    from .runner.run import prepare_config
-
-    config = load_config(args.config)
-    if config.tokenizer is None and config.rollout.prepare:
-        config, _ = run_interruptible(prepare_config(args.config, {}))
-    if config.tokenizer is None:
-        raise ConfigError(f"{args.config}: no `tokenizer` to decode with (give --tokenizer)")
-    return load_tokenizer(config.tokenizer)
 
 
 def _show_segments(console: Any, record: Any, tokenizer: Any) -> None:

@@ -45,6 +45,10 @@ def add_audit_command(commands: Any) -> None:
     audit.add_argument("--sample", type=int, metavar="N", help="audit N records drawn at random (seeded)")
     audit.add_argument("--seed", type=int, default=0, help="the --sample draw's seed")
     audit.add_argument("--json", dest="json_out", metavar="OUT", help="write the whole report as JSON")
+    audit.add_argument(
+        "--per-token", action="store_true",
+        help="also write each scored token's Δlogprob into the --json report (`tito view --audit` draws them)",
+    )  # fmt: skip
     audit.add_argument("--plot", metavar="OUT.png", help="draw |Δ|, k3 and the ratio quantiles per turn (matplotlib)")
     audit.add_argument(
         "--max-kl", type=float, metavar="X", help="exit 1 when the free turns' k3 KL estimate is above X"
@@ -69,6 +73,8 @@ def run_audit(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-kl must be a non-negative number, got {args.max_kl}")
     if args.sample is not None and args.sample <= 0:
         raise ConfigError(f"--sample must be positive, got {args.sample}")
+    if args.per_token and not args.json_out:
+        raise ConfigError("--per-token writes into the --json report: give --json OUT")
     if args.drift and not args.config:
         raise ConfigError("--drift needs --config: the chat template, tool parser and tools the rollouts ran with")
     records = list(read_records(args.records))
@@ -110,7 +116,8 @@ async def _audit(records: list[Any], args: argparse.Namespace, console: Any, aud
     try:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("scoring", total=len(records))
-            report = await audit(records, scorer, progress=lambda n: progress.update(task, completed=n))
+            report = await audit(records, scorer, progress=lambda n: progress.update(task, completed=n),
+                                 per_token=args.per_token)  # fmt: skip
     finally:
         if closing is not None:
             await closing()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import secrets
 from collections.abc import Iterable, Sequence
 
 from .errors import GatewayError
@@ -65,6 +66,9 @@ class Access:
         self.allow_hosts = [h.lower() for h in allow_hosts]
         self.allow_origins = list(allow_origins)
         self.hosts: frozenset[str] | None = None  # the Host values served, set once the address is known
+        # the viewer at /ui reads every rollout: the gateway's key, or without one a secret of its own (printed
+        # by `tito serve` for its operator), never a rollout's token
+        self.viewer_key = api_key or "tito-view-" + secrets.token_urlsafe(24)
         self._tokens: dict[str, str] = {}  # rollout token -> rollout id (open and recently finished rollouts)
         self._ids: dict[str, str] = {}  # rollout id -> its token
 
@@ -100,6 +104,16 @@ class Access:
                                "--allow-origin)", code="origin_not_allowed")  # fmt: skip
         if method == "POST" and content_type != "application/json":
             raise GatewayError(415, "a POST body must be JSON: Content-Type: application/json", code="not_json")
+
+    def authorize_viewer(self, credential: str | None) -> None:
+        """Check a request of the viewer's data (``/ui``): it must carry the viewer key (the gateway's key if any).
+
+        Raises:
+            GatewayError: 401 (the credential is never in the message).
+        """
+        if not _same(credential, self.viewer_key):
+            raise GatewayError(401, "the viewer needs its key: open the /ui/#key=... address `tito serve` printed "
+                               "(the gateway's api key when it has one)", code="invalid_viewer_key")  # fmt: skip
 
     def authorize_opening(self, credential: str | None) -> None:
         """Check a request to open a rollout: with an api key, it must carry it.

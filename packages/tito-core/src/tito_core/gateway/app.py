@@ -14,6 +14,8 @@
                                                ``{"turn", "value"}``
 ``POST /rollouts/<id>/finish``                 ``{"reward"?, "turn_rewards"?, "metadata"?}`` → the record, written
                                                to the output
+``GET /ui/``                                   the viewer (:mod:`~tito_core.gateway.ui`): open and finished
+                                               rollouts, read-only; its data routes take the viewer key
 =============================================  ================================================================
 
 Every error is OpenAI's error JSON (:mod:`~tito_core.gateway.errors`) and bodies are bounded (413). Every route of
@@ -35,6 +37,7 @@ from aiohttp import web
 
 from ..records import RolloutRecord
 from ..records.schema import ENCODER
+from ..viewer import viewer_app
 from .access import Access
 from .anthropic_messages import sse_events as message_events
 from .completion import sse_chunks
@@ -42,6 +45,7 @@ from .errors import GatewayError, bad_request, error_body
 from .openai_chat import ChatRequest
 from .openai_responses import sse_events as response_events
 from .registry import GatewayRollout
+from .ui import GatewaySource
 
 __all__ = ["Served", "build_app"]
 
@@ -329,4 +333,10 @@ def build_app(gateway: Served) -> web.Application:
     app.router.add_get("/rollouts/{rollout}", _trajectory)
     app.router.add_post("/rollouts/{rollout}/reward", _reward)
     app.router.add_post("/rollouts/{rollout}/finish", _finish)
+    app.router.add_get("/ui", _to_viewer)
+    app.add_subapp("/ui/", viewer_app(GatewaySource(gateway), authorize=gateway.access.authorize_viewer))
     return app
+
+
+async def _to_viewer(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPFound("/ui/")  # the page's addresses are relative to /ui/

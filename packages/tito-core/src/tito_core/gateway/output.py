@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
 
 from ..records import RecordWriter, RolloutRecord, open_writer, rollout_record
@@ -10,6 +11,10 @@ from ..trajectory import Trajectory
 from .registry import GatewayRollout
 
 __all__ = ["GatewayOutput"]
+
+
+RECENT = 1000
+"""Finished records the gateway keeps in memory for its viewer (``/ui``); the output file keeps them all."""
 
 
 class GatewayOutput:
@@ -23,6 +28,8 @@ class GatewayOutput:
         self.path = path
         self._writer: RecordWriter | None = None
         self._samples: dict[str, int] = {}
+        self.recent: deque[tuple[int, RolloutRecord]] = deque(maxlen=RECENT)  # (number, record): the viewer's
+        self._written = 0
 
     def open(self) -> None:
         """Open the file (its lock: a second live writer is refused); a no-op without a path or when open."""
@@ -69,4 +76,6 @@ class GatewayOutput:
         )
         if self._writer is not None:
             self._writer.write(record)
+        self.recent.append((self._written, record))
+        self._written += 1
         return record

@@ -189,6 +189,10 @@ class Registry:
         del self._open[rollout_id]
         return found
 
+    def open_rollouts(self) -> list[GatewayRollout]:
+        """The open rollouts, oldest first."""
+        return list(self._open.values())
+
     def busy(self) -> list[GatewayRollout]:
         """The open rollouts answering a call now."""
         return [r for r in self._open.values() if r.busy]
