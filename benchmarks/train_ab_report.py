@@ -1,0 +1,127 @@
+"""The figures of ``benchmarks/train_ab.py``: one PNG of both arms' curves, and a table of their means."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+COLOURS = {"tito": "tab:blue", "text": "tab:orange"}
+PANELS = (
+    ("reward", "train reward (mean of the step's rollouts)"),
+    ("eval_accuracy", "held-out greedy accuracy"),
+    ("drift_changed_share", "share of tito's trained tokens the text stack changes"),
+    ("k3", "k3 KL(sampler || trainer), sampled tokens"),
+    ("ratio_p99", "importance ratio p1 .. p99"),
+    ("grad_norm", "gradient norm (before clipping)"),
+)
+
+
+def smooth(values: Sequence[float | None], width: int = 5) -> list[float | None]:
+    """A trailing mean over the last ``width`` known values (None where there is none yet)."""
+    out: list[float | None] = []
+    window: list[float] = []
+    for value in values:
+        if value is not None:
+            window = [*window[-(width - 1) :], value]
+        out.append(sum(window) / len(window) if window else None)
+    return out
+
+
+def _series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Six panels, both arms of every seed (a thin line per seed; reward also smoothed over 5 steps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(13.5, 6.6), dpi=100)
+    for ax, (key, title) in zip(axes.flat, PANELS, strict=True):
+        for run in result["runs"]:
+            for arm, data in run["arms"].items():
+                rows, colour = data["rows"], COLOURS[arm]
+                label = f"{arm} (seed {run['seed']})"
+                if key == "reward":
+                    steps, values = _series(rows, key)
+                    ax.plot(steps, values, color=colour, alpha=0.25, lw=0.8)
+                    smoothed = smooth(values)
+                    ax.plot(steps, smoothed, color=colour, lw=1.6, label=label)
+                elif key == "eval_accuracy":
+                    steps, values = _series(rows, key)
+                    ax.plot([0, *steps], [data["eval_0"], *values], "o-", color=colour, label=label)
+                elif key == "ratio_p99":
+                    for quantile, style in (("ratio_p1", "--"), ("ratio_p50", "-"), ("ratio_p99", "--")):
+                        steps, values = _series(rows, quantile)
+                        ax.plot(
+                            steps, values, style, color=colour, lw=1, label=label if quantile == "ratio_p50" else None
+                        )
+                else:
+                    steps, values = _series(rows, key)
+                    ax.plot(steps, values, color=colour, lw=1.2, label=label)
+        if key == "k3":
+            ax.set_yscale("symlog", linthresh=1e-10)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle("SmolLM2-135M + LoRA, PPO-clip: trained on tito's recorded ids vs a text stack's", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def arm_summary(data: dict[str, Any]) -> dict[str, Any]:
+    """An arm's run in a few numbers: rewards early and late, held-out before and after, the means per step."""
+    rows = data["rows"]
+    fifth = max(1, len(rows) // 5)
+    evals = [r["eval_accuracy"] for r in rows if r["eval_accuracy"] is not None]
+    return {
+        "reward_first": _mean([r["reward"] for r in rows[:fifth]]),
+        "reward_last": _mean([r["reward"] for r in rows[-fifth:]]),
+        "eval_before": data["eval_0"],
+        "eval_after": evals[-1] if evals else None,
+        "eval_best": max([data["eval_0"], *evals]),
+        "drift_changed_share": _mean([r["drift_changed_share"] for r in rows]),
+        "drift_added_share": _mean([r["drift_added_share"] for r in rows]),
+        "k3": _mean([r["k3"] for r in rows]),
+        "ratio_p1": min((r["ratio_p1"] for r in rows if r["ratio_p1"] is not None), default=None),
+        "ratio_p99": max((r["ratio_p99"] for r in rows if r["ratio_p99"] is not None), default=None),
+        "grad_norm": _mean([r["grad_norm"] for r in rows if r["groups_with_signal"]]),
+        "trained_tokens": _mean([r["trained_tokens"] for r in rows]),
+        "minutes": data["wall_s"] / 60,
+    }
+
+
+def summary_table(result: dict[str, Any]) -> str:
+    """A Markdown table, one line per arm and seed."""
+    lines = [
+        "| seed | arm | reward, first fifth -> last fifth | held-out before -> after (best) | ids changed / added "
+        "| k3 (mean per step) | ratio p1 .. p99 (all steps) | grad norm | trained tokens / step | minutes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for run in result["runs"]:
+        for arm, data in run["arms"].items():
+            s = arm_summary(data)
+            lines.append(
+                f"| {run['seed']} | {arm} | {_fmt(s['reward_first'], '.3f')} -> {_fmt(s['reward_last'], '.3f')} "
+                f"| {_fmt(s['eval_before'], '.3f')} -> {_fmt(s['eval_after'], '.3f')} ({_fmt(s['eval_best'], '.3f')}) "
+                f"| {_fmt(s['drift_changed_share'], '.1%')} / {_fmt(s['drift_added_share'], '.1%')} "
+                f"| {_fmt(s['k3'], '.2e')} | {_fmt(s['ratio_p1'], '.4f')} .. {_fmt(s['ratio_p99'], '.4f')} "
+                f"| {_fmt(s['grad_norm'], '.3f')} | {_fmt(s['trained_tokens'], '.0f')} | {s['minutes']:.1f} |"
+            )
+    return "\n".join(lines)
