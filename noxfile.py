@@ -217,7 +217,7 @@ def typecheck(session: nox.Session) -> None:
     )
 
 
-@nox.session(python=PYTHON, tags=["tests"])
+@nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
 def browser(session: nox.Session) -> None:
     """`tito view` in a real browser (tests/browser): Debian's headless Chromium, installed through apt when it is
     missing (root and apt-get needed; the session is skipped, saying why, without them), driven by Playwright's
@@ -229,12 +229,25 @@ def browser(session: nox.Session) -> None:
             session.skip(f"no Chromium at {chromium}, and no apt-get as root to install Debian's (set TITO_CHROMIUM)")
         install = "apt-get install -y -q --no-install-recommends chromium"
         session.run("bash", "-c", f"{install} || (apt-get update -q && {install})", external=True)
-    install_core(session)
+    session.install(TORCH)  # pip, not uv: the local CPU wheel; the examples' outputs come from the embedded backend
+    install_core(session, f"{EMBEDDED}[vision]")
     session.install("-e", f"{CORE}[vision]", "playwright==1.65.2")  # Pillow: the photographs are checked
     env = {"TITO_CHROMIUM": chromium}
     if os.environ.get("TITO_SCREENSHOTS"):
         env["TITO_SCREENSHOTS"] = os.environ["TITO_SCREENSHOTS"]
-    session.run("pytest", "tests/browser", *session.posargs, env=env)
+    session.run("pytest", "tests/browser", *session.posargs, env={"HF_HUB_OFFLINE": "1", **env})
+    tiny = ["--records", "50", "--tokens", "4000", "--repeats", "1", "--out", session.create_tmp()]
+    session.run("python", "benchmarks/viewer.py", *tiny, env=env)  # bench_viewer's smoke run
+    release_env(session)
+
+
+@nox.session(python=PYTHON)
+def bench_viewer(session: nox.Session) -> None:
+    """`tito view` on large inputs (docs/performance.md): a 10,000-record file and a 100,000-token trajectory,
+    drawn in headless Chromium (install it as `nox -s browser` does). Not a test; arguments go to the script."""
+    install_core(session)
+    session.install("playwright==1.65.2")
+    session.run("python", "benchmarks/viewer.py", *session.posargs)
 
 
 @nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
