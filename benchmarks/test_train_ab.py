@@ -120,7 +120,7 @@ def test_tasks_are_distinct_and_their_answers_right() -> None:
     assert sum(t["id"].startswith("w") for t in tasks) == 20
     assert tasks == ab.make_tasks(40, seed=3) and tasks != ab.make_tasks(40, seed=4)
     for task in tasks:
-        a, b, c = (int(x) for x in re.findall(r"\d+", task["prompt"])[:3] + ["0"] * 3)[:3]
+        a, b, c = [int(x) for x in (re.findall(r"\d+", task["prompt"]) + ["0"] * 3)[:3]]
         text = task["prompt"]
         expected = (
             a * b + c if "crate" in text else a - b * c if "coins" in text else (a + b) * c if "(" in text
