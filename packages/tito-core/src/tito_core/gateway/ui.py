@@ -1,7 +1,7 @@
 """The gateway's viewer (``/ui``): its open rollouts, live, and the last finished ones (:mod:`tito_core.viewer`).
 
 Read-only, under the gateway's own rules (its ``Host`` and ``Origin`` checks), and every data route takes the
-viewer key (:meth:`~tito_core.gateway.access.Access.authorize_viewer`): a rollout's token reads its own rollout
+viewer key (``Access.authorize_viewer``): a rollout's token reads its own rollout
 only, so sibling agents cannot read each other's through the viewer.
 """
 
