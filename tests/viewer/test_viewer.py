@@ -186,3 +186,19 @@ def test_the_command_refuses_a_non_loopback_host_and_bad_files(
     assert main(["view", str(rollouts), "--audit", str(tmp_path / "report.json"), "--tokenizer",
                  str(qwen_tokenizer_dir("qwen3"))]) == 2  # fmt: skip
     assert "not a `tito audit --json` report" in capsys.readouterr().err
+
+
+@pytest.fixture
+def parquet(qwen3_tokenizer: Any, tmp_path: Path) -> Path:
+    return write_rollouts(tmp_path / "rollouts.parquet", qwen3_tokenizer)
+
+
+async def test_a_parquet_output_and_its_images_folder_are_read_alike(qwen3_tokenizer: Any, parquet: Path) -> None:
+    runner, url = await serve(FileSource(parquet, qwen3_tokenizer))
+    try:
+        rows = json.loads((await get(f"{url}/api/runs"))[2])["rows"]
+        assert [r["task_id"] for r in rows] == ["calc", "look", "fork", "broken"]
+        (image,) = json.loads((await get(f"{url}/api/records/1"))[2])["branches"][0]["images"]
+        assert (await get(f"{url}/{image['url']}"))[2] == png()
+    finally:
+        await runner.cleanup()
