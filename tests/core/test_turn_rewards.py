@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tito_core.export import to_verl, turn_scores
+from tito_core.export import to_verl, turn_token_scores
 from tito_core.records import rollout_record
 from tito_core.runner.samples import training_rows
 from tito_core.trajectory import Trajectory, Turn, Usage
@@ -92,10 +92,11 @@ def rewarded() -> Trajectory:
 def test_each_turns_reward_sits_on_its_last_output_token_of_the_response() -> None:
     traj = rewarded()
     # the response starts at the first output (token 3): [10, 11, 4, 5, 20, 21, 22]
-    assert turn_scores(traj, [0.5, 1.0]) == [0.0, 0.5, 0.0, 0.0, 0.0, 0.0, 1.0]
-    assert turn_scores(traj, [None, 1.0]) == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
-    fields = to_verl(traj, turn_rewards=[0.5, 1.0])
-    assert len(fields["extra_fields"]["turn_scores"]) == len(fields["response_ids"])
+    assert turn_token_scores(traj, [0.5, 1.0]) == [0.0, 0.5, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert turn_token_scores(traj, [None, 1.0]) == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
+    fields = to_verl(traj, turn_rewards=[None, 1.0])
+    assert len(fields["extra_fields"]["turn_token_scores"]) == len(fields["response_ids"])
+    assert fields["extra_fields"]["turn_scores"] == [0.0, 1.0]  # verl's own field: one score per turn
     assert "extra_fields" not in to_verl(traj)
 
 
@@ -105,7 +106,8 @@ def test_the_export_rows_carry_per_turn_rewards() -> None:
                             agent_s=1.0, tool_calls=1, turn_rewards=[0.5, 1.0])  # fmt: skip
     (row,) = training_rows([record], "verl")
     assert row["turn_rewards"] == [0.5, 1.0] and row["reward"] == 1.5
-    assert row["extra_fields"]["turn_scores"] == [0.0, 0.5, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert row["extra_fields"]["turn_token_scores"] == [0.0, 0.5, 0.0, 0.0, 0.0, 0.0, 1.0]
+    assert row["extra_fields"]["turn_scores"] == [0.5, 1.0]
     (trl,) = training_rows([record], "trl")
     assert trl["turn_rewards"] == [0.5, 1.0]  # a column TRL hands its reward functions
 

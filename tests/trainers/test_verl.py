@@ -132,3 +132,31 @@ def test_agent_loop_output_from_a_trajectory(qwen3_tokenizer):
     # verl requires the metrics: without them its model refuses the output
     with pytest.raises(ValidationError, match="metrics"):
         verl_loop.AgentLoopOutput(**{k: v for k, v in fields.items() if k != "metrics"})
+
+
+def test_per_turn_rewards_become_verls_token_level_returns_per_turn(qwen3_tokenizer):
+    """``turn_token_scores`` (each turn's reward at its last output token) under verl's own REINFORCE++ returns:
+    every token of a turn is credited with its turn's reward and the later ones', tool results with nothing."""
+    import torch
+    from verl.trainer.config.algorithm import AlgoConfig
+    from verl.trainer.ppo.core_algos import compute_reinforce_plus_plus_outcome_advantage
+
+    traj = asyncio.run(solve(qwen3_tokenizer, "What is 6 times 7?", "6 * 7", "42"))  # a call, then the answer
+    fields = to_verl(traj, turn_rewards=[0.5, 1.0])
+    out = verl_loop.AgentLoopOutput(**fields)  # verl's model takes it; `turn_scores` is one of verl's own keys
+    assert out.extra_fields["turn_scores"] == [0.5, 1.0]  # as verl's: one score per turn
+    scores = torch.tensor([fields["extra_fields"]["turn_token_scores"]], dtype=torch.float32)
+    mask = torch.tensor([fields["response_mask"]], dtype=torch.float32)
+    _, returns = compute_reinforce_plus_plus_outcome_advantage(scores, mask, config=AlgoConfig(gamma=1.0))
+    turns: list[list[float]] = []  # the returns of each run of model tokens (one turn's output), in order
+    current: list[float] | None = None
+    for m, value in zip(fields["response_mask"], returns[0].tolist(), strict=True):
+        if not m:
+            current = None
+            continue
+        if current is None:
+            current = []
+            turns.append(current)
+        current.append(value)
+    assert len(turns) == 2 and set(turns[0]) == {1.5} and set(turns[1]) == {1.0}
+    assert all(v == 0 for m, v in zip(fields["response_mask"], returns[0].tolist(), strict=True) if not m)

@@ -186,12 +186,13 @@ def to_slime(
 VERL_METRICS: dict[str, float] = {"generate_sequences": 0.0, "tool_calls": 0.0, "num_preempted": -1}
 
 
-def turn_scores(item: Trajectory | TrainingBranch, turn_rewards: Sequence[float | None]) -> list[float]:
+def turn_token_scores(item: Trajectory | TrainingBranch, turn_rewards: Sequence[float | None]) -> list[float]:
     """Token-level scores over ``item``'s response: each turn's reward at that turn's last output token, 0 elsewhere.
 
     ``turn_rewards`` is a record's (one per model call, by turn index; None for none). The list is aligned with
     the response (``response_ids`` of :func:`to_verl`): what verl's agent loop makes of one ``reward_score`` at the
-    last response token (``rm_scores``), made per turn.
+    last response token (``rm_scores``), made per turn; verl's token-level advantage estimators (REINFORCE++'s
+    returns) credit each turn's tokens with its reward and the later turns'.
     """
     traj, start, ids, _, _ = _response(item)
     scores = [0.0] * (len(ids) - start)
@@ -218,7 +219,8 @@ def to_verl(
     integers. With images, ``multi_modal_data`` is ``{"images": [...]}``, verl's own field: verl's
     postprocessing runs its processor over them for ``multi_modal_inputs`` and the MRoPE positions
     (:func:`verl_multi_modal_inputs` gives the same inputs outside verl). With ``turn_rewards``,
-    ``extra_fields["turn_scores"]`` holds :func:`turn_scores`.
+    ``extra_fields["turn_scores"]`` holds one score per turn of the response, as verl's own ``turn_scores`` (None
+    as 0.0), and ``extra_fields["turn_token_scores"]`` the same placed on tokens (:func:`turn_token_scores`).
     """
     unknown = sorted(set(metrics or {}) - set(VERL_METRICS))
     if unknown:
@@ -237,7 +239,10 @@ def to_verl(
     if steps:  # verl's own fields for the weight versions a trajectory was generated across
         fields["extra_fields"] = steps
     if turn_rewards is not None:
-        fields.setdefault("extra_fields", {})["turn_scores"] = turn_scores(item, turn_rewards)
+        extra = fields.setdefault("extra_fields", {})
+        in_response = [t.index for t in traj.turns if t.output_start >= start]
+        extra["turn_scores"] = [float(turn_rewards[i] or 0.0) if i < len(turn_rewards) else 0.0 for i in in_response]
+        extra["turn_token_scores"] = turn_token_scores(item, turn_rewards)
     if traj.images:  # verl's own field; its agent loops fill it from the conversation's images
         fields["multi_modal_data"] = {"images": image_values(traj, images)}
     return fields
