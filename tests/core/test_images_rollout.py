@@ -282,3 +282,18 @@ def test_a_tokenizer_directory_with_a_preprocessor_config_gives_the_model_vision
     config = TitoConfig(backend="scripted", tokenizer=str(tmp_path), processor=str(tmp_path), max_images=3)
     assert config.processor == str(tmp_path) and config.max_images == 3
     assert vision_processor(str(tmp_path), tok, max_images=3).max_images == 3
+
+
+def test_a_processor_of_another_family_is_a_named_error_not_a_guess(vl):
+    from tito_core.errors import ConfigError
+    from tito_core.render.vision import QwenVLFamily, family_of
+
+    tok = vl[0]
+
+    class SiglipImageProcessor:  # another family's processor that happens to have a `merge_size`
+        merge_size = 2
+        patch_size = 14
+
+    with pytest.raises(ConfigError, match="does not know the image placeholders of SiglipImageProcessor"):
+        family_of(SiglipImageProcessor(), tok)
+    assert isinstance(family_of(tiny_image_processor(), tok), QwenVLFamily)  # Qwen2VLImageProcessorPil

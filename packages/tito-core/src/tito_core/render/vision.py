@@ -145,6 +145,10 @@ class QwenVLFamily:
         return grid, math.prod(grid) // self.merge_size**2
 
 
+QWEN_VL_PROCESSORS = ("Qwen2VL", "Qwen2_5_VL", "Qwen3VL")
+"""Name prefixes of the Qwen-VL family's Hugging Face image processors (Qwen2-VL's serves Qwen2.5-VL and Qwen3.5)."""
+
+
 def family_of(image_processor: Any, tokenizer: Any) -> VisionFamily:
     """The :class:`VisionFamily` of a Hugging Face image processor (Qwen-VL only, for now).
 
@@ -152,9 +156,12 @@ def family_of(image_processor: Any, tokenizer: Any) -> VisionFamily:
         ConfigError: no family is known for this processor.
     """
     name = type(image_processor).__name__
-    if name.startswith(("Qwen2VL", "Qwen2_5_VL", "Qwen3VL")) or hasattr(image_processor, "merge_size"):
+    if name.startswith(QWEN_VL_PROCESSORS):  # by name: another family's processor may have a `merge_size` too
         return QwenVLFamily(image_processor, tokenizer)
-    raise ConfigError(f"tito does not know the image placeholders of {name} (supported: the Qwen-VL family)")
+    raise ConfigError(
+        f"tito does not know the image placeholders of {name} (supported: the Qwen-VL family, whose image "
+        f"processors' names start with {' / '.join(QWEN_VL_PROCESSORS)}); pass `family=` a VisionFamily of your own"
+    )
 
 
 class VisionProcessor:
