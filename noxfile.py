@@ -227,7 +227,7 @@ def browser(session: nox.Session) -> None:
     if not Path(chromium).exists():
         if shutil.which("apt-get") is None or os.geteuid() != 0:
             session.skip(f"no Chromium at {chromium}, and no apt-get as root to install Debian's (set TITO_CHROMIUM)")
-        install = "apt-get install -y -q --no-install-recommends chromium"
+        install = "apt-get install -y -q --no-install-recommends chromium fonts-liberation"  # fonts: only recommended
         done = subprocess.run(["bash", "-c", f"{install} || (apt-get update -q && {install})"], check=False)
         if done.returncode != 0 or not Path(chromium).exists():
             session.skip(f"apt-get could not install Debian's chromium (exit {done.returncode}): no browser to test in")
