@@ -89,7 +89,7 @@ def _open_fields(rollout: GatewayRollout, traj: TrajectoryRecord) -> dict[str, A
         "sample": rollout.sample,
         "group": rollout.group,
         "status": "running",  # open: the client may call again (the trajectory's status is its last call's)
-        "status_reason": None if traj.status == "running" else f"open; the last call ended {traj.status}",
+        "status_reason": None if traj.status == "running" else f"open (its last call: {traj.status})",
         "reward": None,
         "advantage": None,
         "turn_rewards": None,  # given at the finish

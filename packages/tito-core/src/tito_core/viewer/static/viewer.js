@@ -61,7 +61,8 @@ async function runsPage() {
   const data = (state.runs = await api("api/runs"));
   document.getElementById("source").textContent = data.title + (data.live ? " (live)" : "");
   const root = main();
-  root.replaceChildren(el("h2", { text: `${data.rows.length} rollouts` }));
+  const n = data.rows.length;
+  root.replaceChildren(el("h2", { text: `${n} rollout${n === 1 ? "" : "s"}` }));
   root.append(el("div", { class: "chips", id: "statuses" },
     ...Object.entries(data.statuses).map(([s, n]) => el("span", { class: s, text: `${s}: ${n}` }))));
   root.append(el("div", { class: "charts" }, rewardChart(data.groups), turnChart(data.rows)));
