@@ -19,7 +19,7 @@ import pytest
 
 from tito_testing.tokenizers import qwen_tokenizer_dir
 
-from .test_viewer_pages import CHROMIUM, open_page, photo, start, sync_api
+from .test_viewer_pages import chromium, open_page, photo, served
 
 pytest.importorskip("torch", reason="the examples run on the embedded backend (nox -s browser installs torch)")
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,29 +61,18 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def browser(outputs: dict[str, Path]) -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (nox -s browser installs Debian's; TITO_CHROMIUM names another)")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield browser
-        browser.close()
-
-
-def serve(args: list[str]) -> Iterator[str]:
-    proc, url = start(args)
-    yield url
-    proc.terminate()
-    assert proc.wait(timeout=30) == 0
+    """Chromium, started after the examples ran."""
+    yield from chromium()
 
 
 @pytest.fixture(scope="module")
 def arithmetic(outputs: dict[str, Path]) -> Iterator[str]:
-    yield from serve([str(outputs["arithmetic"]), "--tokenizer", str(qwen_tokenizer_dir("qwen3"))])
+    yield from served([str(outputs["arithmetic"]), "--tokenizer", str(qwen_tokenizer_dir("qwen3"))])
 
 
 @pytest.fixture(scope="module")
 def look(outputs: dict[str, Path]) -> Iterator[str]:
-    yield from serve([str(outputs["look"]), "--tokenizer", str(outputs["look_tokenizer"])])
+    yield from served([str(outputs["look"]), "--tokenizer", str(outputs["look_tokenizer"])])
 
 
 def check_mask_and_hover(page: Any, data: dict[str, Any]) -> None:

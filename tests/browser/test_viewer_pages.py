@@ -41,6 +41,25 @@ def start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
     return proc, line.rsplit(" ", 1)[1].strip()
 
 
+def served(args: list[str]) -> Iterator[str]:
+    """``tito view ARGS`` for a fixture: its address, then a clean stop on SIGTERM."""
+    proc, url = start(args)
+    yield url
+    proc.terminate()
+    assert proc.wait(timeout=30) == 0
+
+
+def chromium() -> Iterator[Any]:
+    """Chromium for a fixture (skipped without one). A fixture using it must depend on every fixture that runs an
+    event loop of its own (asyncio.run): Playwright's sync API holds one while it runs."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (nox -s browser installs Debian's; TITO_CHROMIUM names another)")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
 @pytest.fixture(scope="module")
 def files(qwen3_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("browser")
@@ -66,21 +85,13 @@ def files(qwen3_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> dic
 def viewer(files: dict[str, Path]) -> Iterator[str]:
     args = [str(files["rollouts"]), "--tokenizer", str(qwen_tokenizer_dir("qwen3")), "--audit", str(files["audit"]),
             "--figure", str(files["figure"])]  # fmt: skip
-    proc, url = start(args)
-    yield url
-    proc.terminate()
-    assert proc.wait(timeout=30) == 0  # SIGTERM: a clean stop
+    yield from served(args)
 
 
 @pytest.fixture(scope="module")
 def browser(files: dict[str, Path]) -> Iterator[Any]:
-    """Chromium, started after the files are made: Playwright's sync API runs an event loop of its own."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no Chromium at {CHROMIUM} (nox -s browser installs Debian's; TITO_CHROMIUM names another)")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield browser
-        browser.close()
+    """Chromium, started after the files are made."""
+    yield from chromium()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from typing import Any
 from ..trajectory import Trajectory
 from ..trajectory.record import TrajectoryRecord, snapshot
 from ..viewer import TokenTexts, record_fields, record_view, run_row, runs_page
-from ..viewer.source import image_type
+from ..viewer.source import image_of
 from .registry import GatewayRollout
 
 __all__ = ["GatewaySource"]
@@ -68,15 +68,7 @@ class GatewaySource:
 
     def image(self, key: str, sha256: str) -> tuple[bytes, str]:
         """An image of rollout ``key``."""
-        _, traj = self._find(key)
-        pending = [traj]
-        while pending:
-            branch = pending.pop()
-            if sha256 in branch.image_data:
-                fmt = next((s.format for s in branch.images if s.sha256 == sha256), "")
-                return branch.image_data[sha256], image_type(fmt)
-            pending.extend(branch.branches)
-        raise KeyError(sha256)
+        return image_of(self._find(key)[1], sha256)
 
     def figure(self, index: int) -> Any:
         """The gateway shows no figures."""

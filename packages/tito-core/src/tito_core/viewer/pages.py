@@ -40,24 +40,17 @@ class TokenTexts:
 
 
 def run_row(index: str, record: RolloutRecord) -> dict[str, Any]:
-    """The runs table's row of one record (``index``: its key, e.g. its place in the file)."""
+    """The runs table's row of one record: its key (e.g. its place in the file), fields and counts."""
     traj = record.trajectory
     return {
         "index": index,
-        "task_id": record.task_id,
-        "sample": record.sample,
-        "group": record.group,
-        "status": record.status,
-        "status_reason": record.status_reason,
-        "reward": record.reward,
-        "advantage": record.advantage,
+        **record_fields(record),
         "tokens": record.tokens.total,
         "output_tokens": record.tokens.output,
         "turns": len(traj.turns),
         "tool_calls": record.tokens.tool_calls,
         "branches": 1 + len(traj.branches),
         "images": len(traj.images),
-        "weight_versions": _version_range(record.weight_version_min, record.weight_version_max),
         "turn_tokens": [turn.output_len for turn in traj.turns],
     }
 

@@ -11,9 +11,10 @@ from typing import Any, Protocol
 from ..errors import ConfigError
 from ..records import RolloutRecord, read_records
 from ..trajectory import Trajectory
+from ..trajectory.record import TrajectoryRecord
 from .pages import TokenTexts, group_rewards, record_fields, record_view, run_row
 
-__all__ = ["FileSource", "Source", "runs_page"]
+__all__ = ["FileSource", "Source", "image_of", "runs_page"]
 
 IMAGE_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "jpg": "image/jpeg", "webp": "image/webp", "gif": "image/gif"}
 
@@ -54,6 +55,18 @@ def runs_page(title: str, rows: list[dict[str, Any]], **extra: Any) -> dict[str,
 def image_type(fmt: str) -> str:
     """The content type of an image format name (``png``, ``jpeg``...)."""
     return IMAGE_TYPES.get(fmt.lower(), "application/octet-stream")
+
+
+def image_of(traj: TrajectoryRecord, sha256: str) -> tuple[bytes, str]:
+    """The bytes and content type of image ``sha256`` of ``traj`` or one of its earlier branches; KeyError if none."""
+    pending = [traj]
+    while pending:
+        branch = pending.pop()
+        if sha256 in branch.image_data:
+            fmt = next((span.format for span in branch.images if span.sha256 == sha256), "")
+            return branch.image_data[sha256], image_type(fmt)
+        pending.extend(branch.branches)
+    raise KeyError(sha256)
 
 
 class FileSource:
@@ -111,14 +124,7 @@ class FileSource:
 
     def image(self, key: str, sha256: str) -> tuple[bytes, str]:
         """An image of record ``key`` (any of its branches)."""
-        pending = [self._get(key).trajectory]
-        while pending:
-            traj = pending.pop()
-            if sha256 in traj.image_data:
-                fmt = next((span.format for span in traj.images if span.sha256 == sha256), "")
-                return traj.image_data[sha256], image_type(fmt)
-            pending.extend(traj.branches)
-        raise KeyError(sha256)
+        return image_of(self._get(key).trajectory, sha256)
 
     def figure(self, index: int) -> Path:
         """The ``index``-th ``--figure``."""

@@ -235,18 +235,17 @@ function branchTree(key, branches, current) {
     if (!children.has(parent)) children.set(parent, []);
     children.get(parent).push(b);
   }
+  const known = new Set(branches.map((b) => b.branch));
+  const node = (b) => el("li", { class: "branch", "data-branch": b.branch },
+    el("a", { href: `#/record/${key}/${b.branch}`, class: b.branch === current ? "current" : null, text: `branch ${b.branch}` }),
+    el("span", { class: "muted", text: ` · ${b.status}` + (known.has(b.parent) ? ` · forked at token ${b.fork_at}: ${b.fork_reason || "?"}`
+      : b.fork_reason ? ` · ${b.fork_reason}` : "") }),
+    list(b.branch));
   const list = (parent) => {
     const kids = children.get(parent) || [];
-    if (!kids.length) return null;
-    return el("ul", {}, ...kids.map((b) => el("li", { class: "branch", "data-branch": b.branch },
-      el("a", { href: `#/record/${key}/${b.branch}`, class: b.branch === current ? "current" : null, text: `branch ${b.branch}` }),
-      el("span", { class: "muted", text: ` · ${b.status}` + (b.parent !== null ? ` · forked at token ${b.fork_at}: ${b.fork_reason || "?"}` : " · first") }),
-      list(b.branch))));
+    return kids.length ? el("ul", {}, ...kids.map(node)) : null;
   };
-  const roots = branches.filter((b) => b.parent === null || !branches.some((o) => o.branch === b.parent));
-  const top = el("ul", {}, ...roots.map((b) => el("li", { class: "branch", "data-branch": b.branch },
-    el("a", { href: `#/record/${key}/${b.branch}`, class: b.branch === current ? "current" : null, text: `branch ${b.branch}` }),
-    el("span", { class: "muted", text: ` · ${b.status}` + (b.fork_reason ? ` · ${b.fork_reason}` : "") }), list(b.branch))));
+  const top = el("ul", {}, ...branches.filter((b) => !known.has(b.parent)).map(node));
   return el("div", { class: "tree", id: "tree" }, el("h3", { text: `branches (${branches.length})` }), top);
 }
 
