@@ -13,7 +13,7 @@ placeholder per image plus base64 ``data:`` URLs in ``image_data``), decodes the
 tito sends through ``SGLangBackend`` with ``--session off`` (the default: every call sends the whole prompt and
 every image so far, so the bytes on the wire grow with every picture) or ``--session on`` (SGLang sessions: a
 call sends only its new ids and its new images, so what still grows is the agent framework's own work). An
-``SGLangBackend`` without ``supports_images`` (before the SGLang image adapter) falls back to the scripted backend
+``SGLangBackend`` without ``input_kinds`` (before the SGLang image adapter) falls back to the scripted backend
 in-process: no HTTP, no base64, no JSON (the row says which).
 
 Figures per call: ``stream()`` wall time (first event asked for to the last consumed) minus the server's handler
@@ -105,7 +105,7 @@ class Agents:
     """Builds the agent of one rollout; keeps the tokenizer, the processor and the HTTP backend for the run."""
 
     def __init__(self, workload: Workload, size: int, url: str | None, session: str = "off") -> None:
-        from tito_core.render.vision import VisionProcessor
+        from tito_core.media.processor import VisionProcessor
         from tito_testing.tokenizers import load_qwen_tokenizer
         from tito_testing.vision import tiny_image_processor
 
@@ -118,7 +118,7 @@ class Agents:
         if url is not None:
             from tito_sglang import SGLangBackend
 
-            if getattr(SGLangBackend, "supports_images", False):
+            if "image" in getattr(SGLangBackend, "input_kinds", ()):
                 self.shared = SGLangBackend(url, timeout=600.0, session=session)
         self.engine = "fake SGLang server (HTTP)" if self.shared is not None else "scripted backend (in-process)"
         self._pictures: list[list[bytes]] = []
@@ -244,7 +244,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     "by_call_ms": by_turn,
                     "server_ms_per_call": median_ms([s for _, server, _ in runs for s in server]),
                     "tokens": len(traj),
-                    "images": len(traj.images),
+                    "images": len(traj.media),
                 }
             if args.profile:
                 figures["profile"] = await profile(agents, args)

@@ -109,7 +109,7 @@ def summary(task: Task, trajectory: Any, ended: str) -> str:
     for turn in trajectory.turns:
         how = turn.finish_reason + (", forced" if turn.constrained else "")
         lines.append(f"  call {turn.index}: prompt +{turn.prompt_len} tokens, output {turn.output_len} ({how})")
-    for index, span in enumerate(trajectory.images):
+    for index, span in enumerate(trajectory.media):
         width, height = span.size
         lines.append(
             f"  image {index}: tokens [{span.start}, {span.end}) = {span.length} x id {span.placeholder_id}, "

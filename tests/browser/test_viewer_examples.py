@@ -51,7 +51,7 @@ def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     spec.loader.exec_module(module)
     vl = build_tiny_qwen25_vl()
     task, traj, ended = asyncio.run(module.run(0, model_dir=vl))
-    assert traj.images, f"the look tool did not run: {ended}"
+    assert traj.media, f"the look tool did not run: {ended}"
     look = tmp / "look.jsonl"
     with open_writer(look) as writer:
         writer.write(rollout_record(traj.close(), task_id="look", sample=0, group=0, reward=None, server=None,

@@ -18,7 +18,7 @@ import pytest
 
 from tito_core.audit import AuditReport, Ledger, audit, gap_stats
 from tito_core.cli import main
-from tito_core.media import Image, ImageSpan, PromptImage
+from tito_core.media import Image, MediaSpan, PromptMedia
 from tito_core.records import RolloutRecord, open_writer, rollout_record
 from tito_core.trajectory import Trajectory, Turn, Usage
 from tito_core.versions import VersionSpan
@@ -140,10 +140,10 @@ def test_tokens_after_an_image_are_not_scored_by_a_text_only_scorer() -> None:
     traj.add_turn(turn(0, 0, 2, 2))
     traj.append("prompt", [7, 7, 7, 8], turn=1)  # an image's placeholders, then text
     image = Image(png())
-    span = ImageSpan(
+    span = MediaSpan(
         start=4, length=3, sha256=image.sha256, format="png", size=image.size, grid_thw=(1, 2, 2), placeholder_id=7
     )
-    traj.add_images([PromptImage(span=span, image=image)])
+    traj.add_media([PromptMedia(span=span, item=image)])
     traj.append("output", [20, 21], [-2.0, -0.5], turn=1)
     traj.add_turn(turn(1, 4, 4, 2))
     traj.close("completed")

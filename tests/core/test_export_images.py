@@ -17,7 +17,7 @@ from PIL import Image as PILImage
 from tito_core import Trajectory
 from tito_core.export import to_slime, to_trl, to_verl
 from tito_core.export_images import data_url, image_values
-from tito_core.media import Image, ImageSpan, PromptImage
+from tito_core.media import Image, MediaSpan, PromptMedia
 from tito_core.records.schema import RolloutRecord, Timings, TokenCounts
 from tito_core.runner.samples import training_rows
 from tito_core.trainers.agentlightning import model_request_events
@@ -32,11 +32,11 @@ def png(width: int, height: int, colour: tuple[int, int, int]) -> Image:
     return Image(buf.getvalue())
 
 
-def span(image: Image, start: int, grid: tuple[int, int, int]) -> PromptImage:
+def span(image: Image, start: int, grid: tuple[int, int, int]) -> PromptMedia:
     length = grid[0] * grid[1] * grid[2] // 4
-    s = ImageSpan(start=start, length=length, sha256=image.sha256, format=image.format, size=image.size,
+    s = MediaSpan(start=start, length=length, sha256=image.sha256, format=image.format, size=image.size,
                   grid_thw=grid, placeholder_id=PAD)  # fmt: skip
-    return PromptImage(span=s, image=image)
+    return PromptMedia(span=s, item=image)
 
 
 def turn(traj: Trajectory, index: int, prompt_start: int, output_len: int) -> None:
@@ -52,13 +52,13 @@ def image_trajectory() -> tuple[Trajectory, list[Image]]:
     traj = Trajectory("r-img")
     with traj.atomic():
         traj.append("prompt", [1, VSTART, *[PAD] * 4, VEND, 2], turn=0)
-        traj.add_images([span(red, 2, (1, 4, 4))])
+        traj.add_media([span(red, 2, (1, 4, 4))])
     traj.append("output", [3, 4], [-0.5, -0.25], turn=0)
     turn(traj, 0, 0, 2)
     with traj.atomic():
         start = len(traj)
         traj.append("prompt", [5, VSTART, *[PAD] * 8, VEND, VSTART, *[PAD] * 4, VEND, 6], turn=1)
-        traj.add_images([span(blue, start + 2, (1, 4, 8)), span(red, start + 12, (1, 4, 4))])
+        traj.add_media([span(blue, start + 2, (1, 4, 8)), span(red, start + 12, (1, 4, 4))])
     traj.append("output", [7], [-0.125], turn=1)
     turn(traj, 1, start, 1)
     return traj.close(), [red, blue, red]
@@ -83,7 +83,7 @@ def test_each_export_carries_the_images_in_token_order():
     assert same_pixels(to_trl(traj)["images"], images)
     first, second = model_request_events(traj)
     urls = [[p["image_url"]["url"] for p in e["request"]["messages"][0]["content"]] for e in (first, second)]
-    assert urls == [[data_url(p) for p in traj.prompt_images()[:1]], [data_url(p) for p in traj.prompt_images()]]
+    assert urls == [[data_url(p) for p in traj.prompt_media()[:1]], [data_url(p) for p in traj.prompt_media()]]
     assert urls[1][0].startswith("data:image/png;base64,")
 
 

@@ -15,9 +15,10 @@ import pytest
 pytest.importorskip("PIL")
 from PIL import Image as PILImage
 
-import tito_core.media as media
+import tito_core.media.image as media
 from tito_core.media import Image, ImageError
-from tito_core.render.vision import QwenVLFamily, VisionProcessor
+from tito_core.media.families import QwenVLFamily
+from tito_core.media.processor import VisionProcessor
 from tito_testing.tokenizers import load_qwen_tokenizer
 from tito_testing.vision import TINY_VISION, tiny_image_processor
 
@@ -127,5 +128,5 @@ def test_base64_is_encoded_once():
 def test_the_family_does_not_build_the_whole_vocabulary(tok, monkeypatch):
     monkeypatch.setattr(type(tok), "get_vocab", lambda self: pytest.fail("get_vocab() called"))
     family = QwenVLFamily(tiny_image_processor(), tok)
-    assert family.placeholder_id == 151655
+    assert family.placeholder_ids == {"image": 151655}  # no model directory: no video processor config
     assert family.never_sample == (151652, 151653, 151655, 151656)

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("PIL")
 from PIL import Image as PILImage
 
-from tito_core.media import Image, ImageSpan, PromptImage
+from tito_core.media import Image, MediaSpan, PromptMedia
 from tito_core.records import open_writer, read_records
 from tito_core.records.schema import RolloutRecord, Timings, TokenCounts
 from tito_core.trajectory import Trajectory
@@ -27,16 +27,16 @@ def traj_with_images(rollout_id: str, images: list[Image]) -> Trajectory:
     spans, ids = [], [1]
     for image in images:
         spans.append(
-            PromptImage(
-                span=ImageSpan(start=len(ids), length=2, sha256=image.sha256, format=image.format,
+            PromptMedia(
+                span=MediaSpan(start=len(ids), length=2, sha256=image.sha256, format=image.format,
                                size=image.size, grid_thw=(1, 2, 4), placeholder_id=9),
-                image=image,
+                item=image,
             )
         )  # fmt: skip
         ids += [9, 9, 2]
     with traj.atomic():
         traj.append("prompt", ids, turn=0)
-        traj.add_images(spans)
+        traj.add_media(spans)
     return traj.close("completed")
 
 
@@ -64,7 +64,7 @@ def test_images_are_stored_once_next_to_the_output_and_resolved_on_read(tmp_path
     with open_writer(output) as writer:
         for i, traj in enumerate(trajs):
             writer.write(record(traj, i))
-            stored = images_dir(output) / f"{traj.images[0].sha256}.png"
+            stored = images_dir(output) / f"{traj.media[0].sha256}.png"
             assert stored.exists()  # written before the record
     files = sorted(p.name for p in images_dir(output).iterdir())
     assert files == sorted({f"{a.sha256}.png", f"{b.sha256}.png"})

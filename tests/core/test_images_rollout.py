@@ -22,9 +22,9 @@ from tito_core.backend import GenerateResult
 from tito_core.conversation import Conversation
 from tito_core.errors import BackendResponseError, ContextWindowFullError
 from tito_core.media import Image, ImageError, image_part
+from tito_core.media.processor import VisionProcessor
 from tito_core.plugins import get_tool_parser
 from tito_core.render.renderer import ChatRenderer
-from tito_core.render.vision import VisionProcessor
 from tito_core.rollout_core import CallOptions, Rollout
 from tito_core.trajectory import Trajectory
 from tito_testing.scripted import ScriptedBackend
@@ -120,12 +120,12 @@ def test_ids_equal_the_hf_processors_full_render(vl, first, tool_results, render
     )
     assert list(last.input_ids) == list(ref["input_ids"][0])
     grids = [tuple(int(x) for x in row) for row in ref.get("image_grid_thw", [])]
-    assert [p.span.grid_thw for p in last.images] == grids
+    assert [p.span.grid_thw for p in last.media] == grids
     traj = run.trajectory
     # the trajectory (whose last output the reference render does not hold) has every image of the prompt
-    assert traj.images == tuple(p.span for p in last.images)
+    assert traj.media == tuple(p.span for p in last.media)
     ids = traj.token_ids
-    for span in traj.images:
+    for span in traj.media:
         assert ids[span.start - 1] == VSTART and ids[span.end] == VEND
         assert set(ids[span.start : span.end]) == {PAD}
         assert span.length == span.grid_thw[1] * span.grid_thw[2] // 4
@@ -137,8 +137,8 @@ def test_text_only_requests_carry_no_images_but_never_sample(vl):
     run, backend = rollout(vl, ["hi"])
     asyncio.run(run.call(Conversation(messages=[{"role": "user", "content": "hello"}]), CallOptions()))
     request = backend.requests[0]
-    assert request.images == () and request.never_sample == (VSTART, VEND, PAD, VIDEO)
-    assert run.trajectory.images == ()
+    assert request.media == () and request.never_sample == (VSTART, VEND, PAD, VIDEO)
+    assert run.trajectory.media == ()
 
 
 def test_a_changed_image_forks_and_the_branch_keeps_the_spans_before(vl):
@@ -151,17 +151,17 @@ def test_a_changed_image_forks_and_the_branch_keeps_the_spans_before(vl):
         tool = {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": parts("shot", [b])}
         messages.extend([reply, tool])
         await run.call(Conversation(messages=messages, tool_specs=TOOLS), CallOptions())
-        assert [s.sha256 for s in run.trajectory.images] == [a.sha256, b.sha256]
+        assert [s.sha256 for s in run.trajectory.media] == [a.sha256, b.sha256]
         # the same size, another picture: the same ids, but a rewritten history
         messages[-1] = {**tool, "content": parts("shot", [c])}
         await run.call(Conversation(messages=messages, tool_specs=TOOLS), CallOptions())
 
     asyncio.run(go())
     traj = run.trajectory
-    assert traj.branch == 1 and [s.sha256 for s in traj.images] == [a.sha256, c.sha256]
+    assert traj.branch == 1 and [s.sha256 for s in traj.media] == [a.sha256, c.sha256]
     old = traj.branches[0]
-    assert [s.sha256 for s in old.images] == [a.sha256, b.sha256]
-    assert [p.span.sha256 for p in backend.requests[-1].images] == [a.sha256, c.sha256]
+    assert [s.sha256 for s in old.media] == [a.sha256, b.sha256]
+    assert [p.span.sha256 for p in backend.requests[-1].media] == [a.sha256, c.sha256]
     with pytest.raises(Exception, match="no image"):
         traj.image(b.sha256)
 
@@ -172,12 +172,12 @@ def test_json_round_trip_keeps_spans_and_bytes(vl):
     conv = Conversation(messages=[{"role": "user", "content": parts("look", [image, image])}])
     asyncio.run(run.call(conv, CallOptions()))
     traj = run.trajectory.close()
-    assert len(traj.images) == 2 and len(traj.image_bytes()) == 1
+    assert len(traj.media) == 2 and len(traj.image_bytes()) == 1
     back = Trajectory.from_json(traj.to_json())
-    assert back == traj and back.images == traj.images
+    assert back == traj and back.media == traj.media
     assert back.image(image.sha256).data == image.data
-    assert [p.span for p in back.prompt_images()] == list(traj.images)
-    assert Trajectory.from_msgpack(traj.to_msgpack()).images == traj.images
+    assert [p.span for p in back.prompt_media()] == list(traj.media)
+    assert Trajectory.from_msgpack(traj.to_msgpack()).media == traj.media
 
 
 # ------------------------------------------------------------------------------------------------ bad input
@@ -198,7 +198,7 @@ def test_a_backend_without_images_is_an_image_error(vl):
     tok = vl[0]
 
     class TextOnly(ScriptedBackend):
-        supports_images = False
+        input_kinds = frozenset()
 
     run, backend, conv = one_image_call(vl, backend=TextOnly(tok, ["ok"]))
     with pytest.raises(ImageError, match="takes no images"):
@@ -267,8 +267,8 @@ def test_answers_that_sample_a_placeholder_or_expand_differently_are_rejected(vl
 # ---------------------------------------------------------------------------------------------- configuration
 def test_a_tokenizer_directory_with_a_preprocessor_config_gives_the_model_vision(vl, tmp_path):
     from tito_core.config import TitoConfig
+    from tito_core.media.processor import load_image_processor, vision_processor
     from tito_core.model import TitoModel
-    from tito_core.render.vision import load_image_processor, vision_processor
 
     tok = vl[0]
     tok.save_pretrained(tmp_path)
@@ -276,7 +276,7 @@ def test_a_tokenizer_directory_with_a_preprocessor_config_gives_the_model_vision
     assert load_image_processor(tmp_path) is load_image_processor(str(tmp_path))  # loaded once per path
     model = TitoModel(ScriptedBackend(tok, ["ok"]), str(tmp_path), tool_parser="qwen_xml")
     vision = model._rollout.prompts.vision
-    assert vision is not None and vision.placeholder_id == PAD and vision.family.merge_size == 2
+    assert vision is not None and vision.placeholder_ids["image"] == PAD and vision.family.merge_size == 2
     assert TitoModel(ScriptedBackend(tok), str(tmp_path), processor=False)._rollout.prompts.vision is None
     assert TitoModel(ScriptedBackend(tok), tok)._rollout.prompts.vision is None  # no directory with a processor
     config = TitoConfig(backend="scripted", tokenizer=str(tmp_path), processor=str(tmp_path), max_images=3)
@@ -286,7 +286,8 @@ def test_a_tokenizer_directory_with_a_preprocessor_config_gives_the_model_vision
 
 def test_a_processor_of_another_family_is_a_named_error_not_a_guess(vl):
     from tito_core.errors import ConfigError
-    from tito_core.render.vision import QwenVLFamily, family_of
+    from tito_core.media.families import QwenVLFamily
+    from tito_core.media.processor import family_of
 
     tok = vl[0]
 

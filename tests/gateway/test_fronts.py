@@ -78,10 +78,10 @@ async def recorded(vl: Any, front: Callable[[Any], Awaitable[None]]) -> Trajecto
 async def test_the_three_fronts_record_the_same_trajectory(vl: tuple[Gateway, Any]) -> None:  # noqa: F811
     trajectories = [await recorded(vl, front) for front in (chat, responses, messages)]
     for traj in trajectories:
-        assert traj.branch == 0 and not traj.branches and len(traj.turns) == 2 and len(traj.images) == 2
+        assert traj.branch == 0 and not traj.branches and len(traj.turns) == 2 and len(traj.media) == 2
 
     def what(traj: Trajectory) -> Any:
-        spans = [(s.sha256, s.grid_thw, s.start, s.end) for s in traj.images]
+        spans = [(s.sha256, s.grid_thw, s.start, s.end) for s in traj.media]
         return traj.token_ids, traj.loss_mask, traj.logprobs, spans, [t.tool_calls for t in traj.turns]
 
     reference = what(trajectories[0])

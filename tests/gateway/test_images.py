@@ -100,7 +100,7 @@ async def test_an_image_in_a_user_message_and_one_in_a_tool_result_are_recorded(
     assert traj.branch == 0 and len(traj.turns) == 2  # the replayed image matched: no fork
     first_ids, second_ids = backend.requests[0].input_ids, backend.requests[1].input_ids
     assert second_ids[: len(first_ids)] == first_ids
-    spans = traj.images
+    spans = traj.media
     assert [s.sha256 for s in spans] == [hashlib.sha256(photo).hexdigest(), hashlib.sha256(shot).hexdigest()]
     assert [s.grid_thw for s in spans] == [grid(photo), grid(shot)] == [(1, 6, 8), (1, 16, 16)]
     assert [(s.format, s.size) for s in spans] == [("png", (100, 80)), ("jpeg", (224, 224))]
@@ -109,16 +109,16 @@ async def test_an_image_in_a_user_message_and_one_in_a_tool_result_are_recorded(
         assert span.length == span.grid_thw[1] * span.grid_thw[2] // 4
         assert ids[span.start - 1] == VSTART and ids[span.end] == VEND and set(ids[span.start : span.end]) == {PAD}
         assert not any(traj.loss_mask[span.start : span.end])
-    assert [p.span for p in backend.requests[1].images] == list(spans)
-    assert [p.span for p in backend.requests[0].images] == [spans[0]]
+    assert [p.span for p in backend.requests[1].media] == list(spans)
+    assert [p.span for p in backend.requests[0].media] == [spans[0]]
     # a third call replaying both images unchanged still extends the same branch
     messages += [second.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Sure?"}]
     await api.chat.completions.create(model="m", messages=messages, tools=[SHOT])
-    assert traj.branch == 0 and len(traj.turns) == 3 and len(traj.images) == 2
+    assert traj.branch == 0 and len(traj.turns) == 3 and len(traj.media) == 2
     record = await gateway.finish(rollout.id, reward=1.0)
     assert record.status == "completed"
     (written,) = read_records(gateway.output)
-    assert written.trajectory.images == list(spans)
+    assert written.trajectory.media == list(spans)
     assert written.trajectory.image_data == {s.sha256: d for s, d in zip(spans, (photo, shot), strict=True)}
     assert sorted(p.name for p in Path(f"{gateway.output}.images").iterdir()) == sorted(
         f"{s.sha256}.{s.format}" for s in spans
@@ -140,8 +140,8 @@ async def test_a_changed_image_forks(vl: Any) -> None:
     await api.chat.completions.create(model="m", messages=[user(b), reply, {"role": "user", "content": "more"}])
     traj = gateway.registry.get(rollout.id).rollout.trajectory
     assert traj.branch == 1
-    assert [s.sha256 for s in traj.images] == [hashlib.sha256(b).hexdigest()]
-    assert [s.sha256 for s in traj.branches[0].images] == [hashlib.sha256(a).hexdigest()]
+    assert [s.sha256 for s in traj.media] == [hashlib.sha256(b).hexdigest()]
+    assert [s.sha256 for s in traj.branches[0].media] == [hashlib.sha256(a).hexdigest()]
 
 
 def test_a_replayed_image_is_not_decoded_again() -> None:

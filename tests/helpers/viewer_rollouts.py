@@ -13,7 +13,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from tito_core.media import Image, ImageSpan, PromptImage
+from tito_core.media import Image, MediaSpan, PromptMedia
 from tito_core.records import open_writer, rollout_record
 from tito_core.render.renderer import ChatRenderer
 from tito_core.trajectory import Trajectory, Turn, Usage
@@ -77,9 +77,9 @@ def write_rollouts(path: Path, tokenizer: Any) -> Path:
     start = len(look)
     look.append("prompt", [pad] * IMAGE_PADS, turn=1)
     image = Image(png())
-    span = ImageSpan(start=start, length=IMAGE_PADS, sha256=image.sha256, format="png", size=image.size,
+    span = MediaSpan(start=start, length=IMAGE_PADS, sha256=image.sha256, format="png", size=image.size,
                      grid_thw=(1, 2, 2), placeholder_id=pad)  # fmt: skip
-    look.add_images([PromptImage(span=span, image=image)])
+    look.add_media([PromptMedia(span=span, item=image)])
     look.append("prompt", renderer.encode("<|im_end|>\n<|im_start|>assistant\n"), turn=1)
     _output(look, renderer, "Red.", 1)
     records.append((look.close("completed"), "look", 1.0, None))

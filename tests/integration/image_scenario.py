@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tito_core.backend import Backend, GenerateRequest, GenerateResult, SamplingParams
-from tito_core.media import Image, ImageSpan, PromptImage
+from tito_core.media import Image, MediaSpan, PromptMedia
 
 IM_END, NEWLINE = 151645, 198
 VISION_START, VISION_END = 151652, 151653
@@ -92,7 +92,7 @@ def grids(processor: Any, images: list[Image]) -> list[tuple[int, int, int]]:
     return [(int(g[0]), int(g[1]), int(g[2])) for g in found]
 
 
-def prompt_images(processor: Any, ids: list[int], images: list[Image]) -> tuple[PromptImage, ...]:
+def prompt_images(processor: Any, ids: list[int], images: list[Image]) -> tuple[PromptMedia, ...]:
     """Each image's span: the i-th run of placeholders, as long as the processor's grid says."""
     pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
     out, cursor = [], 0
@@ -100,9 +100,9 @@ def prompt_images(processor: Any, ids: list[int], images: list[Image]) -> tuple[
         start = ids.index(pad, cursor)
         length = grid[0] * grid[1] * grid[2] // 4
         assert ids[start : start + length] == [pad] * length and ids[start + length] != pad
-        span = ImageSpan(start=start, length=length, sha256=image.sha256, format=image.format, size=image.size,
+        span = MediaSpan(start=start, length=length, sha256=image.sha256, format=image.format, size=image.size,
                          grid_thw=grid, placeholder_id=pad)  # fmt: skip
-        out.append(PromptImage(span=span, image=image))
+        out.append(PromptMedia(span=span, item=image))
         cursor = start + length
     return tuple(out)
 
@@ -110,16 +110,16 @@ def prompt_images(processor: Any, ids: list[int], images: list[Image]) -> tuple[
 # -- two turns -------------------------------------------------------------------------------------------------
 
 
-def request(ids: list[int], images: tuple[PromptImage, ...], prefix_len: int, **kwargs: Any) -> GenerateRequest:
+def request(ids: list[int], images: tuple[PromptMedia, ...], prefix_len: int, **kwargs: Any) -> GenerateRequest:
     """A greedy 6-token request over ``ids`` with their images; the vision ids never sampled."""
     sampling = SamplingParams(max_new_tokens=6, temperature=0.0)
-    return GenerateRequest(rid=f"tito-vl-{uuid.uuid4().hex}", input_ids=ids, prefix_len=prefix_len, images=images,
+    return GenerateRequest(rid=f"tito-vl-{uuid.uuid4().hex}", input_ids=ids, prefix_len=prefix_len, media=images,
                            never_sample=VISION_IDS, sampling=sampling, **kwargs)  # fmt: skip
 
 
 async def two_turns(
     backend: Backend, processor: Any, **kwargs: Any
-) -> tuple[list[int], list[int], tuple[PromptImage, ...], list[GenerateResult]]:
+) -> tuple[list[int], list[int], tuple[PromptMedia, ...], list[GenerateResult]]:
     """Turn 1: the user's image; turn 2: the tool's image, the first turn's ids and output kept verbatim.
 
     ``kwargs`` go to both requests (``sequence``, logprob options). Returns both turns' prompts, the second's
@@ -199,7 +199,7 @@ def check_agent(processor: Any, agent: Any, trajectory: Any) -> list[int]:
     assert trajectory.status == "completed"
     assert [turn.stop_reason for turn in trajectory.turns] == ["tool_use", "tool_use", "end_turn"]
     ids = list(trajectory.token_ids)
-    spans = trajectory.images
+    spans = trajectory.media
     images = [USER_IMAGE, *AGENT_PICTURES]
     assert [s.sha256 for s in spans] == [i.sha256 for i in images]
     assert [s.grid_thw for s in spans] == grids(processor, images)
@@ -231,7 +231,7 @@ def agent_ids(trajectory: Any) -> tuple[list[int], list[int]]:
 
 def describe_spans(trajectory: Any) -> str:
     """The trajectory's image spans, as (start, length, grid)."""
-    return str([(s.start, s.length, s.grid_thw) for s in trajectory.images])
+    return str([(s.start, s.length, s.grid_thw) for s in trajectory.media])
 
 
 def near_tie(model_dir: Path, processor: Any, ids: list[int], images: list[Image]) -> Callable[[int, int], float]:

@@ -19,7 +19,7 @@ from PIL import Image as PIL
 
 from tito_core.backend import GenerateRequest, SamplingParams
 from tito_core.errors import BackendError, BackendRequestError, BackendResponseError
-from tito_core.media import Image, ImageError, ImageSpan, PromptImage
+from tito_core.media import Image, ImageError, MediaSpan, PromptMedia
 from tito_sglang import SGLangBackend
 from tito_sglang._images import NEVER_SAMPLE_BIAS
 
@@ -104,13 +104,13 @@ def backend(engine: ImageEngine, **kwargs: Any) -> SGLangBackend:
     return SGLangBackend("http://sglang.test", transport=httpx.MockTransport(engine), **kwargs)
 
 
-def with_images(head: list[int], *parts: tuple[Image, int, list[int]]) -> tuple[list[int], tuple[PromptImage, ...]]:
+def with_images(head: list[int], *parts: tuple[Image, int, list[int]]) -> tuple[list[int], tuple[PromptMedia, ...]]:
     """``head``, then per part: vision start, ``count`` placeholders, vision end, the part's text ids."""
     ids = list(head)
     images = []
     for image, count, text in parts:
         ids.append(START)
-        span = ImageSpan(
+        span = MediaSpan(
             start=len(ids),
             length=count,
             sha256=image.sha256,
@@ -119,26 +119,28 @@ def with_images(head: list[int], *parts: tuple[Image, int, list[int]]) -> tuple[
             grid_thw=(1, 2, count * 2),
             placeholder_id=PAD,
         )
-        images.append(PromptImage(span=span, image=image))
+        images.append(PromptMedia(span=span, item=image))
         ids += [PAD] * count + [END, *text]
     return ids, tuple(images)
 
 
-def request(ids: list[int], images: tuple[PromptImage, ...], **kwargs: Any) -> GenerateRequest:
+def request(ids: list[int], images: tuple[PromptMedia, ...], **kwargs: Any) -> GenerateRequest:
     values: dict[str, Any] = {
         "rid": f"rid-{len(ids)}",
         "input_ids": ids,
         "prefix_len": 0,
         "sampling": SamplingParams(max_new_tokens=3),
-        "images": images,
+        "media": images,
         "never_sample": VISION,
     }
     values.update(kwargs)
     return GenerateRequest(**values)
 
 
-def test_backend_supports_images() -> None:
-    assert SGLangBackend.supports_images and SGLangBackend("http://sglang.test").capabilities().supports_images
+def test_backend_input_kinds() -> None:
+    assert SGLangBackend.input_kinds == {"image"} and SGLangBackend(
+        "http://sglang.test"
+    ).capabilities().input_kinds == {"image"}
 
 
 async def test_one_placeholder_per_image_and_the_images_in_token_order() -> None:

@@ -21,9 +21,9 @@ from tito_core.conversation import Conversation  # noqa: E402
 from tito_core.export import to_slime, to_trl, to_verl, training_branches, verl_multi_modal_inputs  # noqa: E402
 from tito_core.export_images import pixel_inputs  # noqa: E402
 from tito_core.media import Image, ImageError, image_part  # noqa: E402
+from tito_core.media.processor import VisionProcessor  # noqa: E402
 from tito_core.plugins import get_tool_parser  # noqa: E402
 from tito_core.render.renderer import ChatRenderer  # noqa: E402
-from tito_core.render.vision import VisionProcessor  # noqa: E402
 from tito_core.rollout_core import CallOptions, Rollout  # noqa: E402
 from tito_core.trainers.agentlightning import model_request_events  # noqa: E402
 from tito_testing.scripted import ScriptedBackend  # noqa: E402
@@ -91,15 +91,15 @@ def check_same_pictures(exported, pictures) -> None:
 def check_fits_the_ids(ids, grid, traj) -> None:
     """The trainer's ``image_grid_thw`` is the recorded one, and its patches fill the placeholder runs."""
     rows = [tuple(int(x) for x in row) for row in grid.tolist()]
-    assert rows == [span.grid_thw for span in traj.images]
+    assert rows == [span.grid_thw for span in traj.media]
     assert sum(t * h * w // MERGE**2 for t, h, w in rows) == list(ids).count(PAD)
-    for span, (t, h, w) in zip(traj.images, rows, strict=True):
+    for span, (t, h, w) in zip(traj.media, rows, strict=True):
         assert span.length == t * h * w // MERGE**2 and set(ids[span.start : span.end]) == {PAD}
 
 
 def test_the_rollout_has_images_in_the_prompt_and_the_response(rollout):
     traj, _ = rollout
-    assert len(traj.images) == 3 and traj.images[0].end <= traj.prompt_length < traj.images[1].start
+    assert len(traj.media) == 3 and traj.media[0].end <= traj.prompt_length < traj.media[1].start
 
 
 # ------------------------------------------------------------------------------------------------ verl
@@ -164,7 +164,7 @@ def test_verl_mrope_positions_over_the_exported_ids(rollout, vl):
     positions = verl_loop.AgentLoopWorker._compute_position_ids(worker, ids, mask, inputs)
     assert positions.shape == (1, 4, len(traj))  # verl's layout: the text positions, then MRoPE's t, h, w
     _, t_pos, h_pos, w_pos = positions[0].tolist()
-    for span in traj.images:
+    for span in traj.media:
         _, h, w = span.grid_thw
         rows, cols = h // MERGE, w // MERGE
         base = t_pos[span.start]
@@ -282,4 +282,4 @@ def test_branches_export_their_own_images(rollout):
     traj, _ = rollout
     (only,) = training_branches(traj, branch_reward="last")
     assert len(to_verl(only)["multi_modal_data"]["images"]) == 3
-    assert to_verl(only, images="sha256")["multi_modal_data"]["images"] == [s.sha256 for s in traj.images]
+    assert to_verl(only, images="sha256")["multi_modal_data"]["images"] == [s.sha256 for s in traj.media]

@@ -212,16 +212,16 @@ def test_a_server_manager_without_image_data_is_refused_before_any_request(verl,
 def test_a_placeholder_run_that_is_not_one_image_is_refused(verl, qwen3_tokenizer, processor):
     """Two images' runs side by side would be collapsed into one by verl's server: refused, nothing sent."""
     from tito_core.backend import GenerateRequest, SamplingParams
-    from tito_core.media import ImageSpan, PromptImage
+    from tito_core.media import MediaSpan, PromptMedia
     from tito_core.trainers.verl import VerlServerBackend
 
     server = VerlLikeServer(qwen3_tokenizer, processor, [])
     backend = VerlServerBackend(server)
-    assert backend.supports_images and not VerlServerBackend(TextOnlyServer()).supports_images
+    assert backend.input_kinds == {"image"} and not VerlServerBackend(TextOnlyServer()).input_kinds
     picture = Image(png(pil(28, 28, 5)))
 
-    def image(start: int, length: int) -> PromptImage:
-        span = ImageSpan(
+    def image(start: int, length: int) -> PromptMedia:
+        span = MediaSpan(
             start=start,
             length=length,
             sha256=picture.sha256,
@@ -230,17 +230,17 @@ def test_a_placeholder_run_that_is_not_one_image_is_refused(verl, qwen3_tokenize
             grid_thw=None,
             placeholder_id=PAD,
         )
-        return PromptImage(span=span, image=picture)
+        return PromptMedia(span=span, item=picture)
 
     adjacent = GenerateRequest(
         rid="r",
         input_ids=[1, PAD, PAD, PAD, PAD, 2],
         prefix_len=0,
         sampling=SamplingParams(),
-        images=(image(1, 2), image(3, 2)),
+        media=(image(1, 2), image(3, 2)),
     )
     stray = GenerateRequest(
-        rid="r", input_ids=[1, PAD, PAD, 2, PAD, 3], prefix_len=0, sampling=SamplingParams(), images=(image(1, 2),)
+        rid="r", input_ids=[1, PAD, PAD, 2, PAD, 3], prefix_len=0, sampling=SamplingParams(), media=(image(1, 2),)
     )
     with pytest.raises(ImageError, match="not a run of its own"):
         asyncio.run(backend.generate(adjacent))

@@ -93,11 +93,11 @@ async def test_pictures_in_a_user_message_and_a_tool_result_reach_the_model(
     processor = AutoImageProcessor.from_pretrained(str(tiny_vl_dir))
     pictures = [Image.open(io.BytesIO(d)).convert("RGB") for d in (photo, shot)]
     grids = [tuple(int(x) for x in g) for g in processor(images=pictures, return_tensors="np")["image_grid_thw"]]
-    assert [s.grid_thw for s in traj.images] == grids == [(1, 6, 8), (1, 16, 16)]
+    assert [s.grid_thw for s in traj.media] == grids == [(1, 6, 8), (1, 16, 16)]
     ids = traj.token_ids
-    assert [ids[s.start : s.end] for s in traj.images] == [[IMAGE_PAD] * 12, [IMAGE_PAD] * 64]
+    assert [ids[s.start : s.end] for s in traj.media] == [[IMAGE_PAD] * 12, [IMAGE_PAD] * 64]
     first_call, answer = traj.turns
-    assert traj.images[0].end <= first_call.prompt_start + first_call.prompt_len  # the photo: in the first prompt
-    assert answer.prompt_start <= traj.images[1].start < answer.prompt_start + answer.prompt_len  # the tool's picture
+    assert traj.media[0].end <= first_call.prompt_start + first_call.prompt_len  # the photo: in the first prompt
+    assert answer.prompt_start <= traj.media[1].start < answer.prompt_start + answer.prompt_len  # the tool's picture
     generated = [t for t, m in zip(ids, traj.loss_mask, strict=True) if m]
     assert len(generated) == first_call.output_len + answer.output_len and not set(generated) & VISION_IDS

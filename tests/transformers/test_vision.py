@@ -1,7 +1,7 @@
 """The embedded backend on the tiny random Qwen2.5-VL: images in the prompt, checked, fed to the model, re-scored.
 
 Requests are built here the way the core builds them: the chat template's one ``<|image_pad|>`` per image is
-expanded to the image processor's token count, and each image comes with its span (``PromptImage``). The
+expanded to the image processor's token count, and each image comes with its span (``PromptMedia``). The
 reference is a plain forward pass of the same model over the ids with the processor's pixel inputs, where
 transformers computes the 3-D positions itself (``mm_token_type_ids``). Exact comparisons run in float32.
 """
@@ -19,7 +19,7 @@ import pytest
 
 from tito_core.backend import GenerateRequest, SamplingParams
 from tito_core.errors import BackendRequestError
-from tito_core.media import Image, ImageSpan, PromptImage
+from tito_core.media import Image, MediaSpan, PromptMedia
 from tito_transformers import TransformersBackend
 
 IMAGE_PAD = 151655
@@ -65,14 +65,14 @@ def grid_of(processor: Any, image: Image) -> tuple[int, int, int]:
 
 def expanded(
     tokenizer: Any, processor: Any, text: str, images: Sequence[Image]
-) -> tuple[list[int], tuple[PromptImage, ...]]:
+) -> tuple[list[int], tuple[PromptMedia, ...]]:
     """A user turn with ``images`` after ``text``, templated, each placeholder expanded, with the images' spans."""
     content = [{"type": "text", "text": text}, *({"type": "image"} for _ in images)]
     rendered = tokenizer.apply_chat_template(
         [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
     )
     ids: list[int] = []
-    spans: list[PromptImage] = []
+    spans: list[PromptMedia] = []
     pending = iter(images)
     for token in tokenizer.encode(rendered, add_special_tokens=False):
         if token != IMAGE_PAD:
@@ -81,7 +81,7 @@ def expanded(
         image = next(pending)
         grid = grid_of(processor, image)
         length = grid[0] * grid[1] * grid[2] // 4
-        span = ImageSpan(
+        span = MediaSpan(
             start=len(ids),
             length=length,
             sha256=image.sha256,
@@ -90,13 +90,13 @@ def expanded(
             grid_thw=grid,
             placeholder_id=IMAGE_PAD,
         )
-        spans.append(PromptImage(span=span, image=image))
+        spans.append(PromptMedia(span=span, item=image))
         ids.extend([IMAGE_PAD] * length)
     return ids, tuple(spans)
 
 
 def request(
-    ids: list[int], images: tuple[PromptImage, ...], prompt_logprobs: bool = False, **sampling: Any
+    ids: list[int], images: tuple[PromptMedia, ...], prompt_logprobs: bool = False, **sampling: Any
 ) -> GenerateRequest:
     return GenerateRequest(
         rid=uuid.uuid4().hex,
@@ -104,7 +104,7 @@ def request(
         prefix_len=0,
         sampling=SamplingParams(**sampling),
         return_prompt_logprobs=prompt_logprobs,
-        images=images,
+        media=images,
         never_sample=VISION_IDS,
     )
 
@@ -131,9 +131,9 @@ def close(a: Sequence[float | None], b: Sequence[float | None], tol: float = 1e-
     return all(x is not None and y is not None and abs(x - y) <= tol for x, y in zip(a, b, strict=True))
 
 
-def test_supports_images_only_for_a_vision_model(vl: TransformersBackend, tiny_backend: Any) -> None:
-    assert vl.supports_images and vl.capabilities().supports_images
-    assert not tiny_backend.supports_images and not tiny_backend.capabilities().supports_images
+def test_input_kinds_only_for_a_vision_model(vl: TransformersBackend, tiny_backend: Any) -> None:
+    assert vl.input_kinds == {"image"} and vl.capabilities().input_kinds == {"image"}
+    assert not tiny_backend.input_kinds and not tiny_backend.capabilities().input_kinds
 
 
 async def test_greedy_output_and_prompt_logprobs_match_a_plain_forward_with_the_images(
@@ -186,7 +186,7 @@ async def test_never_sample_ids_are_masked_but_raw_logprobs_stay_the_models(
             input_ids=ids,
             prefix_len=0,
             sampling=SamplingParams(temperature=0, max_new_tokens=4),
-            images=spans,
+            media=spans,
             never_sample=banned,
         )
     )
@@ -204,19 +204,19 @@ async def test_a_span_the_processor_disagrees_with_is_a_typed_error_and_nothing_
 ) -> None:
     image = picture(100, 80, (255, 0, 0))
     ids, (good,) = expanded(vl_tokenizer, processor, "Look.", [image])
-    wrong_grid = PromptImage(span=_replace(good.span, grid_thw=(1, 4, 12)), image=image)
+    wrong_grid = PromptMedia(span=_replace(good.span, grid_thw=(1, 4, 12)), image=image)
     named = r"image 0 \(png 100x80, sha256 [0-9a-f]{12}\).*grid \[1, 6, 8\]"
     with pytest.raises(BackendRequestError, match=named) as info:
         await vl.generate(request(ids, (wrong_grid,), max_new_tokens=2))
     assert info.value.field == "images[0]" and info.value.backend == "transformers"
     # a span of the right grid but fewer tokens (the prompt expanded for another size)
     short_ids = ids[: good.span.start] + ids[good.span.start + 4 :]
-    short = PromptImage(span=_replace(good.span, length=good.span.length - 4), image=image)
+    short = PromptMedia(span=_replace(good.span, length=good.span.length - 4), image=image)
     with pytest.raises(BackendRequestError, match=r"makes it 12 placeholder tokens .* but its span has 8"):
         await vl.generate(request(short_ids, (short,), max_new_tokens=2))
     with pytest.raises(BackendRequestError, match=r"12 image placeholder tokens .* cover 0"):
         await vl.generate(request(ids, (), max_new_tokens=2))
-    shifted = PromptImage(span=_replace(good.span, start=good.span.start - 1), image=image)
+    shifted = PromptMedia(span=_replace(good.span, start=good.span.start - 1), image=image)
     with pytest.raises(BackendRequestError, match="is not all placeholders"):
         await vl.generate(request(ids, (shifted,), max_new_tokens=2))
     assert batch_sizes == []  # nothing reached the model
@@ -228,7 +228,7 @@ async def test_images_for_a_text_only_model_are_refused(tiny_backend: Any, proce
         await tiny_backend.generate(request(ids, spans, max_new_tokens=1))
 
 
-def _replace(span: ImageSpan, **changes: Any) -> ImageSpan:
+def _replace(span: MediaSpan, **changes: Any) -> MediaSpan:
     import msgspec
 
     return msgspec.structs.replace(span, **changes)

@@ -48,7 +48,7 @@ def _rescore(model_dir: Path, trajectory: Any) -> list[float]:
 
     model = AutoModelForImageTextToText.from_pretrained(str(model_dir), dtype=torch.bfloat16).eval()
     processor = AutoImageProcessor.from_pretrained(str(model_dir))
-    pixels = processor(images=[p.image.to_pil() for p in trajectory.prompt_images()], return_tensors="pt")
+    pixels = processor(images=[p.image.to_pil() for p in trajectory.prompt_media()], return_tensors="pt")
     ids = torch.tensor([list(trajectory.token_ids)])
     with torch.inference_mode():
         logits = model(
@@ -63,7 +63,7 @@ def _rescore(model_dir: Path, trajectory: Any) -> list[float]:
 
 def test_the_tool_picture_is_recorded_as_an_image_span(agent_run: Any, tiny_vl_dir: Path) -> None:
     task, trajectory, _ = agent_run
-    (span,) = trajectory.images
+    (span,) = trajectory.media
     assert (span.format, span.size, span.grid_thw, span.length) == ("png", (224, 224), (1, 16, 16), 64)
     assert trajectory.image(span.sha256).data == task.picture
     ids = list(trajectory.token_ids)
@@ -102,4 +102,4 @@ def test_the_example_prints_the_image_span(
     printed = capsys.readouterr().out
     assert "image 0: tokens [" in printed and "grid [1, 16, 16], png 224x224" in printed
     assert "random weights: gibberish" in printed
-    assert len(Trajectory.from_json(out.read_bytes()).images) == 1
+    assert len(Trajectory.from_json(out.read_bytes()).media) == 1

@@ -18,7 +18,7 @@ pytest.importorskip("PIL", reason="images need tito-core[vision] (Pillow)")
 
 from tito_core.backend import GenerateRequest, SamplingParams
 from tito_core.errors import BackendError, BackendResponseError
-from tito_core.media import Image, ImageError, ImageSpan, PromptImage
+from tito_core.media import Image, ImageError, MediaSpan, PromptMedia
 from tito_vllm import VLLMBackend, VLLMChatBackend
 from tito_vllm._images import RENDER_PATH
 
@@ -34,7 +34,7 @@ IDS: list[int] = RECORDED["request"]["token_ids"]
 
 
 def image_request(ids: list[int] | None = None, *, start: int = 4, length: int = 4, **kwargs: Any) -> GenerateRequest:
-    span = ImageSpan(start=start, length=length, sha256=IMAGE.sha256, format=IMAGE.format, size=IMAGE.size,
+    span = MediaSpan(start=start, length=length, sha256=IMAGE.sha256, format=IMAGE.format, size=IMAGE.size,
                      grid_thw=(1, 4, 4), placeholder_id=PAD)  # fmt: skip
     kwargs.setdefault("never_sample", (PAD,))
     return GenerateRequest(
@@ -42,7 +42,7 @@ def image_request(ids: list[int] | None = None, *, start: int = 4, length: int =
         input_ids=IDS if ids is None else ids,
         prefix_len=0,
         sampling=SamplingParams(max_new_tokens=4, temperature=0.0),
-        images=(PromptImage(span=span, image=IMAGE),),
+        media=(PromptMedia(span=span, item=IMAGE),),
         **kwargs,
     )
 
@@ -52,8 +52,8 @@ def fake(generate: Any = None) -> FakeVLLM:
 
 
 def test_only_the_token_mode_takes_images() -> None:
-    assert VLLMBackend(URL).capabilities().supports_images is True
-    assert VLLMChatBackend(URL).capabilities().supports_images is False
+    assert VLLMBackend(URL).capabilities().input_kinds == {"image"}
+    assert VLLMChatBackend(URL).capabilities().input_kinds == frozenset()
 
 
 async def test_sends_the_recorded_features_over_the_prompts_own_ids() -> None:

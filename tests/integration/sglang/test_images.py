@@ -28,7 +28,7 @@ import pytest
 
 from tito_core.backend import GenerateResult
 from tito_core.errors import BackendRequestError, BackendResponseError
-from tito_core.media import Image, PromptImage
+from tito_core.media import Image, PromptMedia
 from tito_sglang import SGLangBackend
 from tito_sglang._wire import encode_generate
 
@@ -87,7 +87,7 @@ def test_request_shape_is_what_sglangs_own_processor_expands(processor: Any) -> 
 
 async def sglang_turns(
     url: str, processor: Any, session: str
-) -> tuple[list[int], list[int], tuple[PromptImage, ...], list[GenerateResult]]:
+) -> tuple[list[int], list[int], tuple[PromptMedia, ...], list[GenerateResult]]:
     """The scenario's two turns on SGLang (one sequence, prompt logprobs on), ``session`` on or off."""
     backend = SGLangBackend(url, timeout=300.0, session=session)  # type: ignore[arg-type]
     try:
@@ -146,7 +146,7 @@ async def test_an_image_the_engine_counts_otherwise_is_refused(sglang_vl_url: st
     text = processor.apply_chat_template(hf_messages(FIRST), tools=TOOLS, add_generation_prompt=True)
     ids = render(processor, text, [USER_IMAGE])
     (image,) = prompt_images(processor, ids, [USER_IMAGE])
-    swapped = PromptImage(span=image.span, image=TOOL_IMAGE)
+    swapped = PromptMedia(span=image.span, item=TOOL_IMAGE)
     backend = SGLangBackend(sglang_vl_url, timeout=300.0, session="off")
     try:
         with pytest.raises(BackendResponseError, match="prompt tokens") as caught:

@@ -228,7 +228,7 @@ class Ledger:
 
     async def _add_branch(self, branch: Trajectory, server: str | None, key: str) -> None:
         ids, mask, old = branch.token_ids, branch.loss_mask, branch.logprobs
-        first_image = min((span.start for span in branch.images), default=len(ids))
+        first_image = min((span.start for span in branch.media), default=len(ids))
         if first_image < len(ids) and not self.scorer.takes_images:
             later = sum(mask[first_image:])
             if later:
@@ -247,7 +247,7 @@ class Ledger:
         turn_of = [0] * len(ids)
         for segment in branch.segments:
             turn_of[segment.start : segment.end] = [segment.turn] * segment.length
-        has_images = bool(branch.images)
+        has_images = bool(branch.media)
         per_token: list[float | None] | None = None
         if self.tokens is not None:
             per_token = self.tokens.setdefault(key, {}).setdefault(str(branch.branch), [None] * len(ids))

@@ -16,7 +16,7 @@ import msgspec
 
 from tito_core._suggest import did_you_mean
 from tito_core.errors import ConfigError
-from tito_core.media import PromptImage
+from tito_core.media import PromptMedia
 from tito_core.versions import VersionSpan
 
 __all__ = [
@@ -221,9 +221,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
             grow: each request's ids start with the previous request's ``input_ids[:prefix_len]``. A backend
             that keeps a sequence between calls (SGLang sessions, the JSON of the ids sent so far) keys that state
             by it; None means no continuity is promised.
-        images: The images of ``input_ids``, in token order: each one's span (its placeholder tokens, already
-            expanded to what the model consumes) and its bytes. Empty for text-only prompts; only backends with
-            ``supports_images`` get any.
+        media: The images, videos and other inputs of ``input_ids``, in token order: each one's span (its
+            placeholder tokens, already expanded to what the model consumes, and its ``kind``) and the item.
+            Empty for text-only prompts; a backend only gets the kinds its ``input_kinds`` name.
         never_sample: Token ids the engine must never sample (vision placeholders): adapters map them to the
             engine's logit bias or bad-token list. The core also rejects an output holding one.
     """
@@ -239,7 +239,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     grammar: str | None = None
     sequence: str | None = None
-    images: tuple[PromptImage, ...] = ()
+    media: tuple[PromptMedia, ...] = ()
     never_sample: tuple[int, ...] = ()
 
 
@@ -289,7 +289,7 @@ class Capabilities(msgspec.Struct, frozen=True, gc=False):
     supports_grammar: bool
     supports_pause: bool
     supports_score: bool
-    supports_images: bool = False
+    input_kinds: frozenset[str] = frozenset()
 
 
 class Backend(abc.ABC):
@@ -320,7 +320,7 @@ class Backend(abc.ABC):
             supports_grammar=bool(self.supports_grammar),
             supports_pause=bool(self.supports_pause),
             supports_score=bool(self.supports_score),
-            supports_images=bool(self.supports_images),
+            input_kinds=frozenset(self.input_kinds),
         )
 
     supports_pause: ClassVar[bool] = False
@@ -358,9 +358,10 @@ class Backend(abc.ABC):
     supports_score: ClassVar[bool] = False
     """True for backends that implement :meth:`score`: what a weight probe
     (``weight_update(..., probe=...)``, :class:`tito_core.weights.WeightProbe`) needs."""
-    supports_images: ClassVar[bool] = False
-    """True for backends that send :attr:`GenerateRequest.images` to their engine (docs/multimodal.md). A prompt
-    with images on a backend without it is an :class:`~tito_core.media.ImageError` before any request."""
+    input_kinds: ClassVar[frozenset[str]] = frozenset()
+    """The input kinds (``image``, ``video``, ...) whose :attr:`GenerateRequest.media` this backend sends to its
+    engine (docs/multimodal.md). A prompt holding another kind is a :class:`~tito_core.media.MediaError` before any
+    request."""
 
     async def score(self, token_ids: Sequence[int]) -> list[float | None]:
         """The engine's logprob of each of ``token_ids[1:]`` given the tokens before it, under the weights now.

@@ -175,7 +175,7 @@ def to_slime(
 
         data, (layers, top_k) = routed
         fields["rollout_routed_experts"] = np.frombuffer(data, dtype="<i4").reshape(-1, layers, top_k)
-    if traj.images:  # slime's own fields: the raw images, and the processed ones when a processor is given
+    if traj.media:  # slime's own fields: the raw images, and the processed ones when a processor is given
         fields["multimodal_inputs"] = {"images": image_values(traj, images)}
         if processor is not None:
             fields["multimodal_train_inputs"] = pixel_inputs(traj, processor)
@@ -243,7 +243,7 @@ def to_verl(
         in_response = [t.index for t in traj.turns if t.output_start >= start]
         extra["turn_scores"] = [float(turn_rewards[i] or 0.0) if i < len(turn_rewards) else 0.0 for i in in_response]
         extra["turn_token_scores"] = turn_token_scores(item, turn_rewards)
-    if traj.images:  # verl's own field; its agent loops fill it from the conversation's images
+    if traj.media:  # verl's own field; its agent loops fill it from the conversation's images
         fields["multi_modal_data"] = {"images": image_values(traj, images)}
     return fields
 
@@ -299,6 +299,6 @@ def to_trl(
     spans = source.weight_versions(since=start)
     if spans is not None:  # an extra column: TRL passes it to the reward functions
         row["weight_versions"] = _token_versions(source, start, spans)
-    if source.images:  # TRL's vision-language column (its dataset form; see docs/multimodal.md for what it uses)
+    if source.media:  # TRL's vision-language column (its dataset form; see docs/multimodal.md for what it uses)
         row["images"] = image_values(source, images)
     return row

@@ -2,7 +2,7 @@
 
 The exporters (:mod:`tito_core.export`, :mod:`tito_core.trainers.agentlightning`) put a trajectory's images in
 each trainer's own field (docs/multimodal.md, "Trainer fields"); this module makes those values from
-``Trajectory.prompt_images()``, always every image of the sample's ids, in token order
+``Trajectory.prompt_media()``, always every image of the sample's ids, in token order
 (the order of their placeholder runs, which is the order a processor pairs images with placeholders).
 
 :func:`pixel_inputs` runs the model's image processor (given by the caller: a directory or a Hugging Face
@@ -17,7 +17,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from .media import ImageError, PromptImage
+from .media import ImageError, PromptMedia
 from .trajectory import Trajectory
 
 __all__ = ["ImageForm", "data_url", "image_values", "pixel_inputs"]
@@ -37,13 +37,18 @@ def image_values(traj: Trajectory, form: ImageForm = "pil") -> list[Any]:
     """
     if form not in IMAGE_FORMS:
         raise ValueError(f"images must be one of {list(IMAGE_FORMS)}, not {form!r}")
-    images = traj.prompt_images()
+    images = prompt_images(traj)
     if form == "sha256":
         return [item.image.sha256 for item in images]
     return [item.image.to_pil() for item in images]
 
 
-def data_url(item: PromptImage) -> str:
+def prompt_images(traj: Trajectory) -> list[PromptMedia]:
+    """The images of ``traj``'s ids with their spans, in token order (its videos: :func:`video_values`)."""
+    return [item for item in traj.prompt_media() if item.kind == "image"]
+
+
+def data_url(item: PromptMedia) -> str:
     """The image as a ``data:image/<format>;base64,...`` URL (OpenAI's ``image_url`` content part)."""
     return item.image.data_url
 
@@ -51,7 +56,7 @@ def data_url(item: PromptImage) -> str:
 def _image_processor(processor: Any) -> Any:
     """A Hugging Face image processor from a directory, an image processor, or a processor holding one."""
     if isinstance(processor, (str, os.PathLike)):
-        from .render.vision import load_image_processor
+        from .media.processor import load_image_processor
 
         return load_image_processor(processor)
     inner = getattr(processor, "image_processor", None)
@@ -76,7 +81,7 @@ def pixel_inputs(traj: Trajectory, processor: Any, *, return_tensors: str | None
         ImageError: the processor gives an image another grid than the rollout recorded (a different
             processor or settings than the rollout's: its rows would not fit the recorded placeholders).
     """
-    images = traj.prompt_images()
+    images = prompt_images(traj)
     if not images:
         return {}
     proc = _image_processor(processor)
@@ -87,7 +92,7 @@ def pixel_inputs(traj: Trajectory, processor: Any, *, return_tensors: str | None
     return {"pixel_values": out["pixel_values"], "image_grid_thw": grid}
 
 
-def _check_grids(images: Sequence[PromptImage], rows: Sequence[tuple[int, ...]]) -> None:
+def _check_grids(images: Sequence[PromptMedia], rows: Sequence[tuple[int, ...]]) -> None:
     """Each processed image's grid must be the grid its span recorded."""
     recorded = [item.span.grid_thw for item in images]
     if recorded != list(rows):

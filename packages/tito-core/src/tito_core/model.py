@@ -29,8 +29,8 @@ from . import plugins
 from .backend import Backend, SamplingParams, sampling_params
 from .errors import ConfigError, ContextLengthError, ContextWindowFullError, TitoError
 from .grammar import GrammarToolParser
+from .media.processor import DEFAULT_MAX_IMAGES, ProcessorSpec
 from .model_setup import ModelSetup, call_options
-from .render.vision import DEFAULT_MAX_IMAGES, ProcessorSpec
 from .rollout_core import CallOptions, CallResult, PrefixPolicy, RenderMode
 from .status import end_with
 from .strands_messages import to_conversation
@@ -106,7 +106,7 @@ class TitoModel(Model):
             such text becomes the control token, as it does in vLLM / SGLang. mistral-common tokenizers always
             keep it as text, as their engines do.
         processor: The image processor of a vision model (docs/multimodal.md): a directory, a Hugging Face image
-            processor or a :class:`~tito_core.render.vision.VisionProcessor`; None takes the tokenizer's directory
+            processor or a :class:`~tito_core.media.processor.VisionProcessor`; None takes the tokenizer's directory
             when it holds a ``preprocessor_config.json``; False: none (images are then an ``ImageError``).
         max_images: The most images one prompt may hold.
     """

@@ -21,9 +21,9 @@ from . import plugins
 from .backend import Backend, sampling_params
 from .errors import ConfigError
 from .grammar import tool_choice_option
+from .media.processor import DEFAULT_MAX_IMAGES, ProcessorSpec, VisionProcessor, vision_processor
 from .render import shared_renderer
 from .render.renderer import ChatRenderer
-from .render.vision import DEFAULT_MAX_IMAGES, ProcessorSpec, VisionProcessor, vision_processor
 from .rollout_core import CallOptions, PrefixPolicy, RenderMode, Rollout
 from .tokenizers import load_tokenizer
 from .tool_parsers.base import ToolParser

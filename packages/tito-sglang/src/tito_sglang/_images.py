@@ -4,7 +4,7 @@ A trajectory holds every image's placeholder EXPANDED (the ids the model's forwa
 takes a pre-tokenized prompt with ONE placeholder per image and the images themselves (``image_data``); with
 ``SGLANG_MM_AVOID_RETOKENIZE`` (on by default) its processor keeps every other id as sent and expands the
 placeholder of image *i* into the count its own image processor gives that image
-(``BaseMultimodalProcessor._expand_input_ids``). So tito collapses each :class:`~tito_core.media.ImageSpan` to
+(``BaseMultimodalProcessor._expand_input_ids``). So tito collapses each :class:`~tito_core.media.MediaSpan` to
 its first token and sends the bytes as a ``data:`` URL; the engine's ``prompt_tokens`` (the expanded length)
 must then equal ``len(input_ids)``, which :func:`tito_sglang._wire.decode_generate` checks for every answer.
 In a session only the new ids go, with the images among them: SGLang keeps the parent request's images and
@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from tito_core.backend import GenerateRequest
 from tito_core.errors import BackendError, BackendRequestError
-from tito_core.media import ImageError, PromptImage
+from tito_core.media import ImageError, PromptMedia
 
 __all__ = ["NEVER_SAMPLE_BIAS", "collapse_placeholders", "image_data", "logit_bias", "placeholder_refusal"]
 
@@ -31,8 +31,8 @@ NEVER_SAMPLE_BIAS: Final = -1.0e9
 
 
 def collapse_placeholders(
-    input_ids: Sequence[int], images: Sequence[PromptImage], start: int = 0
-) -> tuple[list[int], list[PromptImage]]:
+    input_ids: Sequence[int], images: Sequence[PromptMedia], start: int = 0
+) -> tuple[list[int], list[PromptMedia]]:
     """``input_ids[start:]`` with each image's span of placeholder ids replaced by one placeholder, and its images.
 
     ``start`` is where the ids sent begin (in a session: the tokens the engine holds already); the images before
@@ -75,7 +75,7 @@ def collapse_placeholders(
     return out, sent
 
 
-def image_data(images: Sequence[PromptImage]) -> list[str]:
+def image_data(images: Sequence[PromptMedia]) -> list[str]:
     """The request's images as ``data:`` URLs, in token order (SGLang decodes them with its own image loader)."""
     return [image.image.data_url for image in images]
 

@@ -19,7 +19,7 @@ import msgspec
 from tito_core.backend import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 from tito_core.errors import BackendResponseError
 from tito_core.http.ids_json import IdsJson
-from tito_core.media import PromptImage
+from tito_core.media import PromptMedia
 from tito_core.versions import VersionSpan, clip_spans, decode_spans
 from tito_sglang import _images
 from tito_sglang._sessions import Session
@@ -87,10 +87,10 @@ def encode_generate(request: GenerateRequest, session: Session | None = None, id
     ``logit_bias`` that bans them.
     """
     ids: Any
-    images: list[PromptImage] = []
-    if request.images:
+    images: list[PromptMedia] = []
+    if request.media:
         ids, images = _images.collapse_placeholders(
-            request.input_ids, request.images, session.length if session is not None else 0
+            request.input_ids, request.media, session.length if session is not None else 0
         )
     elif session is not None:
         ids = _as_list(request.input_ids[session.length :])
@@ -403,7 +403,7 @@ def _prompt_logprobs(meta: MetaInfoView, request: GenerateRequest) -> list[float
 def _image_positions(request: GenerateRequest, start: int) -> frozenset[int]:
     """Offsets from ``start`` of the image placeholders (SGLang reports its own pad ids there, not the prompt's)."""
     return frozenset(
-        position - start for image in request.images for position in range(max(start, image.span.start), image.span.end)
+        position - start for image in request.media for position in range(max(start, image.span.start), image.span.end)
     )
 
 

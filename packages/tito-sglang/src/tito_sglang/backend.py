@@ -36,7 +36,7 @@ class SGLangBackend(HttpBackend):
     :meth:`generate`, a timeout or a connection lost mid-request aborts the request on the server
     (``POST /abort_request``). One instance can be shared by many models and used from any event loop.
 
-    Images (``supports_images``): a prompt's images go as ``image_data`` with ONE placeholder per image in
+    Images (``input_kinds``: image): a prompt's images go as ``image_data`` with ONE placeholder per image in
     ``input_ids``; SGLang expands each into the count its image processor gives the image and keeps every other id
     as sent, and its ``prompt_tokens`` must equal the trajectory's expanded length (see docs/multimodal.md,
     "SGLang"). Sessions keep working: a call sends only the new ids and the images among them. Vision placeholder
@@ -61,7 +61,7 @@ class SGLangBackend(HttpBackend):
     supports_grammar: ClassVar[bool] = True
     supports_pause: ClassVar[bool] = True
     supports_score: ClassVar[bool] = True
-    supports_images: ClassVar[bool] = True
+    input_kinds: ClassVar[frozenset[str]] = frozenset({"image"})
     default_base_url: ClassVar[str] = "http://127.0.0.1:30000"
 
     def __init__(
@@ -125,7 +125,7 @@ class SGLangBackend(HttpBackend):
                 self._sessions.lost(request.sequence, session, exc)
                 return await self._generate(request, None)
         except BackendError as exc:
-            refusal = _images.placeholder_refusal(exc, len(request.images)) if request.images else None
+            refusal = _images.placeholder_refusal(exc, len(request.media)) if request.media else None
             if refusal is None:
                 raise
             raise refusal from exc

@@ -52,7 +52,9 @@ class ScriptedBackend(Backend):
     """
 
     name = "scripted"
-    supports_images = True  # it records requests' images (tests assert what an engine would get) and ignores them
+    input_kinds = frozenset(
+        {"image", "video"}
+    )  # it records requests' media (tests assert what an engine gets), ignores them
 
     def __init__(
         self,

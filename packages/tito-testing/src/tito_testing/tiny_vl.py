@@ -11,7 +11,8 @@ The directory also holds the offline Qwen3 tokenizer with tito-testing's Qwen3.5
 user and tool messages, tools in the qwen_xml syntax, ``<think>``) as the tokenizer's template and as
 ``chat_template.jinja``, the image processor's ``preprocessor_config.json``
 (:func:`tito_testing.vision.tiny_image_processor`: 56*56 to 448*448 pixels, so an image is 4 to 256 placeholder
-tokens) and ``generation_config.json``.
+tokens), the video processor's ``video_preprocessor_config.json`` (:data:`tito_testing.vision.TINY_VIDEO`) and
+``generation_config.json``.
 
 Building needs ``torch`` and ``transformers``, which exist only in the inference-engine environments; they are
 imported inside :func:`build_tiny_qwen25_vl`. Command line::
@@ -31,7 +32,7 @@ from typing import Any
 
 from tito_testing.tiny_model import _publish
 from tito_testing.tokenizers import cache_root, qwen_tokenizer_dir
-from tito_testing.vision import TINY_VISION, tiny_image_processor, vl_chat_template
+from tito_testing.vision import TINY_VIDEO, TINY_VISION, tiny_image_processor, vl_chat_template
 
 __all__ = [
     "IMAGE_PAD_ID",
@@ -74,7 +75,7 @@ TINY_QWEN25_VL_VISION: dict[str, Any] = {
 """The vision tower (``out_hidden_size`` is the text hidden size: merged patches become text embeddings)."""
 
 _SEED = 0
-_BUILD_VERSION = "1"
+_BUILD_VERSION = "2"  # 2: video_preprocessor_config.json
 _ENDOFTEXT, _IM_END = 151643, 151645
 _ROPE_THETA = 1_000_000.0
 _MARKER = "model.safetensors"  # written last (see tiny_model._publish)
@@ -150,6 +151,7 @@ def _build(out: Path, tokenizer_dir: Path, seed: int) -> None:
         bos_token_id=_ENDOFTEXT, eos_token_id=[_IM_END, _ENDOFTEXT], pad_token_id=_ENDOFTEXT
     ).save_pretrained(str(out))
     _write_json(out / "preprocessor_config.json", _preprocessor_config())
+    _write_json(out / "video_preprocessor_config.json", dict(TINY_VIDEO))
 
 
 def _write_template(out: Path, template: str) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TINY_VISION", "hf_processor", "tiny_image_processor", "vl_chat_template"]
+__all__ = ["TINY_VIDEO", "TINY_VISION", "hf_processor", "tiny_image_processor", "vl_chat_template"]
 
 TINY_VISION: dict[str, int] = {
     "min_pixels": 56 * 56,
@@ -28,6 +28,28 @@ TINY_VISION: dict[str, int] = {
     "temporal_patch_size": 2,
 }
 """The tiny model's image processor settings (the tiny VL model's vision config matches them)."""
+
+TINY_VIDEO: dict[str, Any] = {
+    "video_processor_type": "Qwen2VLVideoProcessor",
+    "processor_class": "Qwen2_5_VLProcessor",
+    "size": {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 64},
+    "patch_size": 14,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+    "do_sample_frames": False,
+    "cap_pixels_per_frame": False,
+    "do_resize": True,
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "do_convert_rgb": True,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "resample": 3,
+}
+"""The tiny model's video processor config (``video_preprocessor_config.json``): frames of 56x56 up to 64 merged
+patches (224x224 pixels), every frame kept (no sampling), two frames per temporal patch. Written as JSON, so the
+model builds without torchvision (transformers' video processors need it to run, not to be described)."""
 
 _patch_lock = threading.Lock()
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tito_core.backend import GenerateRequest
 from tito_core.errors import BackendRequestError
-from tito_core.media import PromptImage
+from tito_core.media import PromptMedia
 
 if TYPE_CHECKING:
     import torch
@@ -43,6 +43,7 @@ class _Vision:
         self.name = name  # the backend's, for its errors
         self.model_path = model_path
         self.image_token_id = int(config.image_token_id)
+        self.kinds = frozenset({"image"})
         self.merge = int(getattr(config.vision_config, "spatial_merge_size", 2))
         self._processor: Any = None  # the model directory's image processor, loaded on the first image
         self._cache: collections.OrderedDict[str, tuple[torch.Tensor, tuple[int, ...]]] = collections.OrderedDict()
@@ -53,9 +54,9 @@ class _Vision:
         import torch
 
         ids = request.input_ids
-        self._check_spans(request.images, ids)
+        self._check_spans(request.media, ids)
         values, grids = [], []
-        for index, prompt_image in enumerate(request.images):
+        for index, prompt_image in enumerate(request.media):
             pixels, grid = self._process(prompt_image)
             span = prompt_image.span
             if span.grid_thw is not None and tuple(span.grid_thw) != grid:
@@ -76,7 +77,7 @@ class _Vision:
             grids.append(grid)
         return _Pixels(torch.cat(values), torch.tensor(grids, dtype=torch.long))
 
-    def _check_spans(self, images: Sequence[PromptImage], ids: Sequence[int]) -> None:
+    def _check_spans(self, images: Sequence[PromptMedia], ids: Sequence[int]) -> None:
         """Each span lies inside ``ids``, in order, over image placeholders; no placeholder is outside a span."""
         end = 0
         for index, prompt_image in enumerate(images):
@@ -107,7 +108,7 @@ class _Vision:
                 backend=self.name,
             )
 
-    def _process(self, prompt_image: PromptImage) -> tuple[torch.Tensor, tuple[int, ...]]:
+    def _process(self, prompt_image: PromptMedia) -> tuple[torch.Tensor, tuple[int, ...]]:
         """The image's pixel values and grid from the model's image processor (cached by sha256; thread-safe)."""
         key = prompt_image.image.sha256
         with self._lock:
@@ -139,7 +140,7 @@ class _Vision:
                 ) from exc
         return self._processor
 
-    def _error(self, index: int, prompt_image: PromptImage, reason: str) -> BackendRequestError:
+    def _error(self, index: int, prompt_image: PromptMedia, reason: str) -> BackendRequestError:
         image = prompt_image.image
         width, height = image.size
         return BackendRequestError(

@@ -78,8 +78,8 @@ class TransformersBackend(Backend):
     Greedy output does not depend on what else is in the batch (up to floating-point ties).
 
     Images: a vision-language model (a config with a ``vision_config``, e.g. Qwen2.5-VL) is loaded by
-    ``AutoModelForImageTextToText`` and takes requests with :attr:`~tito_core.backend.GenerateRequest.images`
-    (``supports_images`` is True): each image goes through the model directory's image processor (cached by
+    ``AutoModelForImageTextToText`` and takes requests with :attr:`~tito_core.backend.GenerateRequest.media`
+    (``input_kinds`` names image): each image goes through the model directory's image processor (cached by
     content hash), its grid and token count must be those of its span in ``input_ids``
     (:class:`~tito_core.errors.BackendRequestError` naming the image if not, before anything runs), and the
     prefill takes its pixel inputs and the model's 3-D positions. ``never_sample`` ids are never sampled; raw
@@ -183,22 +183,22 @@ class TransformersBackend(Backend):
         self._weight_version = None if value is None else str(value)
 
     @property  # a property here: it depends on the model loaded
-    def supports_images(self) -> bool:  # type: ignore[override]
-        """True when the model is a vision-language model (a ``vision_config`` and an image token)."""
-        return self._vision is not None
+    def input_kinds(self) -> frozenset[str]:  # type: ignore[override]
+        """The kinds the model takes: images for a vision-language model (a ``vision_config`` and an image token)."""
+        return self._vision.kinds if self._vision is not None else frozenset()
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Queue the request for the worker thread and wait for its result; cancelling stops it."""
         loop = asyncio.get_running_loop()
         job = _Job(request, loop, loop.create_future())
         constraint = self._preparer.prepare(job)
-        if request.images and self._vision is None:
+        if request.media and self._vision is None:
             raise BackendRequestError(
                 f"the model at {self.model_path} is text-only (no vision_config): it cannot take images",
                 field="images",
                 backend=self.name,
             )
-        if self._vision is not None and (request.images or self._vision.image_token_id in job.input_ids):
+        if self._vision is not None and (request.media or self._vision.image_token_id in job.input_ids):
             # checks every placeholder belongs to an image; the processor takes milliseconds per new image
             job.pixels = await asyncio.to_thread(self._vision.pixels, request)
         if constraint is not None:  # compiling may build the tokenizer info (up to a second): off the loop

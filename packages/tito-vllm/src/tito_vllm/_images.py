@@ -26,7 +26,7 @@ import msgspec
 
 from tito_core.backend import GenerateRequest
 from tito_core.errors import BackendResponseError
-from tito_core.media import PromptImage
+from tito_core.media import PromptMedia
 
 __all__ = ["RENDER_PATH", "ImageFeatures", "Rendered"]
 
@@ -83,7 +83,7 @@ class ImageFeatures:
         hashes: list[str] = []
         placeholders: list[dict[str, int]] = []
         kwargs: list[str] = []
-        for image in request.images:
+        for image in request.media:
             rendered = await self._rendered(image, model)
             span = image.span
             if rendered.length != span.length or rendered.placeholder_id != span.placeholder_id:
@@ -105,7 +105,7 @@ class ImageFeatures:
             "kwargs_data": {_MODALITY: kwargs},
         }
 
-    async def _rendered(self, image: PromptImage, model: str | None) -> Rendered:
+    async def _rendered(self, image: PromptMedia, model: str | None) -> Rendered:
         key = image.image.sha256
         with self._lock:
             hit = self._cache.get(key)
@@ -116,7 +116,7 @@ class ImageFeatures:
         self._remember(key, rendered)
         return rendered
 
-    async def render(self, image: PromptImage, model: str | None) -> Rendered:
+    async def render(self, image: PromptMedia, model: str | None) -> Rendered:
         """Ask the server to render a message holding only ``image``; read the image's features from it."""
         data = image.image
         url = data.data_url

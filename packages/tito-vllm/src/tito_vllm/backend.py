@@ -84,7 +84,7 @@ class VLLMBackend(_VLLMServer):
     """
 
     mode: ClassVar[Mode] = "tokens"
-    supports_images: ClassVar[bool] = True
+    input_kinds: ClassVar[frozenset[str]] = frozenset({"image"})
 
     def __init__(
         self,
@@ -113,7 +113,7 @@ class VLLMBackend(_VLLMServer):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Send the prompt ids, return the generated ids, logprobs and finish reason exactly."""
         await self._discover()
-        if request.images and self.endpoint == "completions":
+        if request.media and self.endpoint == "completions":
             raise ImageError(
                 f"{self.name}: images go through {_GENERATE_PATH} (servers started with --enable-scale-out); "
                 f"{_COMPLETIONS_PATH} takes none"
@@ -122,7 +122,7 @@ class VLLMBackend(_VLLMServer):
             try:
                 return await self._generate_native(request)
             except BackendError as exc:
-                if self.endpoint == "generate" or exc.status not in ROUTE_MISSING or request.images:
+                if self.endpoint == "generate" or exc.status not in ROUTE_MISSING or request.media:
                     raise
                 logger.info(
                     "%s: %s is not available on %s (HTTP %s); using %s",
@@ -146,7 +146,7 @@ class VLLMBackend(_VLLMServer):
         if self.return_prompt_ids:
             body["return_token_ids"] = True
         body["token_ids"] = msgspec.Raw(self._ids_json.encode(request))
-        if request.images:
+        if request.media:
             body["features"] = await self._images.features(request, self.model)
         echoed = len(request.input_ids) if self.return_prompt_ids else 0
         limit = self._answer_limit(request, echoed_tokens=echoed)
@@ -169,20 +169,20 @@ class VLLMBackend(_VLLMServer):
             logprobs = [entry.logprob for entry in entries]
         result = self._answers.result(request, choice, output_ids, logprobs, response.usage,
                                       response.prompt_token_ids, response.prompt_logprobs, _GENERATE_PATH)  # fmt: skip
-        if request.images and response.mm_placeholders is not None:
+        if request.media and response.mm_placeholders is not None:
             used = [(r.offset, r.length) for r in response.mm_placeholders.get("image", [])]
-            if used != [(i.span.start, i.span.length) for i in request.images]:
+            if used != [(i.span.start, i.span.length) for i in request.media]:
                 raise BackendResponseError(
                     f"{self.name}: {_GENERATE_PATH}: the engine placed the images at {used}, not at the spans sent",
                     field="mm_placeholders",
                     value=used,
                     backend=self.name,
                 )
-        if request.images and result.prompt_tokens != len(request.input_ids):
+        if request.media and result.prompt_tokens != len(request.input_ids):
             # The engine consumed another prompt than the trajectory's (an image expanded again?): record nothing.
             raise BackendResponseError(
                 f"{self.name}: {_GENERATE_PATH}: the engine counted {result.prompt_tokens} prompt tokens for a "
-                f"{len(request.input_ids)}-token prompt with {len(request.images)} image(s)",
+                f"{len(request.input_ids)}-token prompt with {len(request.media)} image(s)",
                 field="prompt_tokens",
                 value=result.prompt_tokens,
                 backend=self.name,

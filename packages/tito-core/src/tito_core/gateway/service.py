@@ -24,9 +24,9 @@ from urllib.parse import quote
 from ..backend import Backend
 from ..config import TitoConfig
 from ..errors import ConfigError
+from ..media.processor import ProcessorSpec, VisionProcessor, refusal
 from ..model_setup import ModelSetup
 from ..records import RolloutRecord
-from ..render.vision import ProcessorSpec, VisionProcessor
 from ..status import Closed, NoModelCall, Outcome, Stopped, replaces, status_of
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory
@@ -65,7 +65,7 @@ class Gateway:
             otherwise) and written.
         max_body_bytes: The largest request body accepted (413 above it).
         processor: The image processor of a vision model, as ``TitoModel(processor=...)`` takes it (a directory,
-            a Hugging Face image processor, a :class:`~tito_core.render.vision.VisionProcessor`); None takes the
+            a Hugging Face image processor, a :class:`~tito_core.media.processor.VisionProcessor`); None takes the
             config's ``processor`` (by default the tokenizer's directory when it holds a
             ``preprocessor_config.json``); False: a text-only model, every image part a 400.
         allow_hosts: More ``Host`` header values to serve (a name, or ``name:port``), besides the bound address
@@ -383,13 +383,6 @@ def close_ended(traj: Trajectory, ended: Outcome | None) -> None:
 def image_refusal(vision: VisionProcessor | None, backend: Backend) -> str | None:
     """Why a gateway on ``vision`` and ``backend`` takes no images (its image parts are a 400), or None."""
     caps = backend.capabilities()
-    if vision is None:
-        return (
-            "this model takes no images: it is text-only (no image processor: set `processor` in the config, or "
-            "use a tokenizer directory with a preprocessor_config.json)"
-        )
     if caps.renders_prompt:
         return f"the {caps.name} backend renders prompts itself; tito sends it no images"
-    if not caps.supports_images:
-        return f"the {caps.name} backend takes no images"
-    return None
+    return refusal({"image"}, vision, caps.name, caps.input_kinds)

@@ -100,6 +100,6 @@ def _open_row(key: str, rollout: GatewayRollout, traj: TrajectoryRecord) -> dict
         "turns": len(traj.turns),
         "tool_calls": rollout.tool_calls,
         "branches": 1 + len(traj.branches),
-        "images": len(traj.images),
+        "images": len(traj.media),
         "turn_tokens": [turn.output_len for turn in traj.turns],
     }

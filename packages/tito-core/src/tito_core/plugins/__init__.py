@@ -43,8 +43,10 @@ from tito_core.plugins.hookspecs import (
     ENTRY_POINT_GROUP,
     PROJECT_NAME,
     BackendSpec,
+    InputKindSpec,
     TitoSpecs,
     ToolParserSpec,
+    VisionFamilySpec,
     hookimpl,
     hookspec,
 )
@@ -52,11 +54,13 @@ from tito_core.plugins.manager import BUILTIN_PLUGIN, PluginFailure, PluginLoadE
 from tito_core.plugins.registry import (
     get_backend,
     get_tool_parser,
+    input_kinds,
     isolated_plugin_manager,
     list_backends,
     list_tool_parsers,
     plugin_manager,
     temporary_plugin,
+    vision_family_factory,
 )
 
 __all__ = [
@@ -64,19 +68,23 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "PROJECT_NAME",
     "BackendSpec",
+    "InputKindSpec",
     "PluginFailure",
     "PluginLoadError",
     "PluginWarning",
     "TitoPluginManager",
     "TitoSpecs",
     "ToolParserSpec",
+    "VisionFamilySpec",
     "get_backend",
     "get_tool_parser",
     "hookimpl",
     "hookspec",
+    "input_kinds",
     "isolated_plugin_manager",
     "list_backends",
     "list_tool_parsers",
     "plugin_manager",
     "temporary_plugin",
+    "vision_family_factory",
 ]

@@ -1,4 +1,6 @@
-"""The core's own plugin: the built-in tool parsers (the scripted test backend comes from tito-testing).
+"""The core's own plugin: the built-in tool parsers, input kinds and vision families.
+
+The scripted test backend comes from tito-testing.
 
 Registered like any third-party plugin (entry point ``core`` in tito-core's ``pyproject.toml``, or
 directly by the plugin manager when running from a source tree). Factories are import strings, so
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tito_core.plugins.hookspecs import ToolParserSpec, hookimpl
+from tito_core.plugins.hookspecs import InputKindSpec, ToolParserSpec, VisionFamilySpec, hookimpl
 
 
 @hookimpl
@@ -62,4 +64,22 @@ def tito_tool_parsers() -> Iterator[ToolParserSpec]:
         "gpt_oss",
         "tito_core.tool_parsers.gpt_oss:GptOssToolParser",
         "harmony channels: analysis = reasoning, commentary to=functions.name = calls, final = content (gpt-oss)",
+    )
+
+
+@hookimpl
+def tito_input_kinds() -> Iterator[InputKindSpec]:
+    """Yield the input kinds the core understands."""
+    yield InputKindSpec("image", "tito_core.media.image:Image", "One picture (PNG, JPEG, GIF, WebP)")
+    yield InputKindSpec("video", "tito_core.media.video:Video", "A short clip as a list of frames")
+
+
+@hookimpl
+def tito_vision_families() -> Iterator[VisionFamilySpec]:
+    """Yield the vision model families the core knows."""
+    yield VisionFamilySpec(
+        "qwen_vl",
+        "tito_core.media.families:QwenVLFamily",
+        ("Qwen2VL", "Qwen2_5_VL", "Qwen3VL"),
+        "Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5: grid_thw.prod() // merge_size**2 pads per image or video",
     )

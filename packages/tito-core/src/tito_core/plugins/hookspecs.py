@@ -15,14 +15,18 @@ import pluggy
 
 from tito_core.backend import Backend
 from tito_core.errors import ConfigError
+from tito_core.media.base import MediaItem
+from tito_core.media.families import VisionFamily
 from tito_core.tool_parsers.base import ToolParser
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PROJECT_NAME",
     "BackendSpec",
+    "InputKindSpec",
     "TitoSpecs",
     "ToolParserSpec",
+    "VisionFamilySpec",
     "hookimpl",
     "hookspec",
 ]
@@ -41,7 +45,7 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 _FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
-def _check_spec(spec: BackendSpec | ToolParserSpec, kind: str) -> None:
+def _check_spec(spec: BackendSpec | ToolParserSpec | InputKindSpec | VisionFamilySpec, kind: str) -> None:
     if not isinstance(spec.name, str):
         raise ConfigError(f"{kind} name must be a string, got {type(spec.name).__name__}")
     name = spec.name.strip().lower()
@@ -97,6 +101,49 @@ class ToolParserSpec(msgspec.Struct, frozen=True):
 
     def __post_init__(self) -> None:
         _check_spec(self, "tool parser")
+
+
+class InputKindSpec(msgspec.Struct, frozen=True):
+    """An input kind a plugin provides (``image`` and ``video`` are the core's).
+
+    Attributes:
+        name: The kind's name: a chat content part ``{"type": name, name: item}`` holds one item, and spans,
+            requests and backends' ``input_kinds`` name it so.
+        factory: The kind's item class (a :class:`~tito_core.media.MediaItem` subclass whose ``kind`` is
+            ``name``), or a ``"module:attr"`` string naming it.
+        description: One line shown when kinds are listed.
+    """
+
+    name: str
+    factory: str | type[MediaItem]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        _check_spec(self, "input kind")
+
+
+class VisionFamilySpec(msgspec.Struct, frozen=True):
+    """A vision model family a plugin provides: its placeholders and token counts (Qwen-VL is the core's).
+
+    Attributes:
+        name: The family's name.
+        factory: ``factory(image_processor, tokenizer, directory)`` returning a
+            :class:`~tito_core.media.families.VisionFamily` (``directory`` is the model directory or None), or a
+            ``"module:attr"`` string naming it.
+        processors: The name prefixes of the Hugging Face image processor classes it serves
+            (``"Qwen2VL"`` serves ``Qwen2VLImageProcessor`` and ``Qwen2VLImageProcessorPil``).
+        description: One line shown when families are listed.
+    """
+
+    name: str
+    factory: str | Callable[..., VisionFamily]
+    processors: tuple[str, ...]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        _check_spec(self, "vision family")
+        if not self.processors or not all(isinstance(p, str) and p for p in self.processors):
+            raise ConfigError(f"vision family {self.name!r}: processors must name at least one processor class prefix")
 
 
 class TitoSpecs:
@@ -156,5 +203,30 @@ class TitoSpecs:
                 yield ToolParserSpec("myparser", MyParser, "Plain text, never a tool call")
 
         Users then select it with ``tool_parser = "myparser"`` (or ``get_tool_parser("myparser")``).
+        """
+        yield from ()
+
+    @hookspec
+    def tito_input_kinds(self) -> Iterable[InputKindSpec]:
+        """Yield the input kinds this plugin provides (a kind of non-text input: its item class).
+
+        A kind's items go into chat messages as ``{"type": name, name: item}``; a vision family that places
+        them (``tito_vision_families``) and a backend whose ``input_kinds`` name it complete it::
+
+            @hookimpl
+            def tito_input_kinds():
+                yield InputKindSpec("audio", "tito_audio:AudioClip", "A clip of 16 kHz samples")
+        """
+        yield from ()
+
+    @hookspec
+    def tito_vision_families(self) -> Iterable[VisionFamilySpec]:
+        """Yield the vision model families this plugin provides, each with the image processors it serves.
+
+        For example::
+
+        @hookimpl
+        def tito_vision_families():
+            yield VisionFamilySpec("gemma3", "tito_gemma:Gemma3Family", ("Gemma3",), "Gemma 3: 256 tokens per image")
         """
         yield from ()

@@ -22,7 +22,15 @@ from typing import Any, NamedTuple, TypeVar
 import pluggy
 
 from tito_core.errors import ConfigError, UnknownPluginError
-from tito_core.plugins.hookspecs import ENTRY_POINT_GROUP, PROJECT_NAME, BackendSpec, TitoSpecs, ToolParserSpec
+from tito_core.plugins.hookspecs import (
+    ENTRY_POINT_GROUP,
+    PROJECT_NAME,
+    BackendSpec,
+    InputKindSpec,
+    TitoSpecs,
+    ToolParserSpec,
+    VisionFamilySpec,
+)
 from tito_core.plugins.options import call_factory, check_options
 
 __all__ = ["BUILTIN_PLUGIN", "PluginFailure", "PluginLoadError", "PluginWarning", "TitoPluginManager"]
@@ -57,7 +65,7 @@ class PluginFailure(NamedTuple):
     """What went wrong."""
 
 
-_SpecT = TypeVar("_SpecT", BackendSpec, ToolParserSpec)
+_SpecT = TypeVar("_SpecT", BackendSpec, ToolParserSpec, InputKindSpec, VisionFamilySpec)
 
 
 def _env_flag(name: str) -> bool:
@@ -201,6 +209,23 @@ class TitoPluginManager(pluggy.PluginManager):
         """All registered tool parsers by name, sorted."""
         return self._records("tito_tool_parsers", "tool parser", ToolParserSpec)
 
+    def input_kinds(self) -> dict[str, InputKindSpec]:
+        """All registered input kinds by name, sorted."""
+        return self._records("tito_input_kinds", "input kind", InputKindSpec)
+
+    def vision_families(self) -> dict[str, VisionFamilySpec]:
+        """All registered vision families by name, sorted."""
+        return self._records("tito_vision_families", "vision family", VisionFamilySpec)
+
+    def resolve(self, kind: str, spec: BackendSpec | ToolParserSpec | InputKindSpec | VisionFamilySpec) -> Any:
+        """The object a record's factory names (imported now when it is a ``"module:attr"`` string).
+
+        Raises:
+            PluginLoadError: it cannot be imported.
+        """
+        label = self._providers.get(kind, {}).get(spec.name, spec.name)
+        return self._resolve(kind, spec, label)
+
     def provider(self, kind: str, name: str) -> str | None:
         """Label of the plugin that provides the ``kind`` (``"backend"``/``"tool parser"``) ``name``."""
         if kind == "backend":
@@ -256,7 +281,9 @@ class TitoPluginManager(pluggy.PluginManager):
         check_options(kind, key, factory, options)
         return call_factory(kind, key, factory, options)
 
-    def _resolve(self, kind: str, spec: BackendSpec | ToolParserSpec, label: str) -> Callable[..., Any]:
+    def _resolve(
+        self, kind: str, spec: BackendSpec | ToolParserSpec | InputKindSpec | VisionFamilySpec, label: str
+    ) -> Callable[..., Any]:
         if not isinstance(spec.factory, str):
             return spec.factory
         module_name, _, attr = spec.factory.partition(":")

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from tito_core.backend import Backend
 from tito_core.errors import ConfigError
+from tito_core.media.base import MediaItem
 from tito_core.plugins.hookspecs import BackendSpec, ToolParserSpec
 from tito_core.plugins.manager import TitoPluginManager
 from tito_core.tool_parsers.base import ToolParser
@@ -20,11 +21,13 @@ from tito_core.tool_parsers.base import ToolParser
 __all__ = [
     "get_backend",
     "get_tool_parser",
+    "input_kinds",
     "isolated_plugin_manager",
     "list_backends",
     "list_tool_parsers",
     "plugin_manager",
     "temporary_plugin",
+    "vision_family_factory",
 ]
 
 _manager: TitoPluginManager | None = None
@@ -115,3 +118,39 @@ def get_tool_parser(name: str | ToolParser, **options: Any) -> ToolParser:
     if not isinstance(parser, ToolParser):
         raise TypeError(f"tool parser {name!r} factory returned {type(parser).__name__}, not a ToolParser")
     return parser
+
+
+def input_kinds() -> dict[str, type[MediaItem]]:
+    """Every registered input kind's item class, by kind name.
+
+    Raises:
+        PluginLoadError: a kind's class cannot be imported.
+        ConfigError: a kind's factory is not a :class:`~tito_core.media.MediaItem` class of that kind.
+    """
+    manager = plugin_manager()
+    kinds: dict[str, type[MediaItem]] = {}
+    for name, spec in manager.input_kinds().items():
+        item_type = manager.resolve("input kind", spec)
+        if not (isinstance(item_type, type) and issubclass(item_type, MediaItem)) or item_type.kind != name:
+            raise ConfigError(f"input kind {name!r}: {spec.factory!r} is not a MediaItem class whose kind is {name!r}")
+        kinds[name] = item_type
+    return kinds
+
+
+def vision_family_factory(processor_name: str) -> Callable[..., Any]:
+    """The factory of the registered vision family that serves the image processor class ``processor_name``.
+
+    Raises:
+        ConfigError: no registered family serves it (the message lists the families and their processors).
+    """
+    manager = plugin_manager()
+    families = manager.vision_families()
+    for spec in families.values():
+        if processor_name.startswith(spec.processors):  # by name: another family's processor may look alike
+            factory: Callable[..., Any] = manager.resolve("vision family", spec)
+            return factory
+    known = "; ".join(f"{s.name} ({' / '.join(s.processors)})" for s in families.values()) or "none"
+    raise ConfigError(
+        f"tito does not know the image placeholders of {processor_name} (families: {known}); register one with the "
+        "tito_vision_families plugin hook, or pass `family=` a VisionFamily of your own"
+    )

@@ -20,10 +20,10 @@ import msgspec
 from ..backend import Backend, GenerateRequest, GenerateResult, SamplingParams
 from ..conversation import Conversation, tool_specs_to_chat
 from ..errors import ContextWindowFullError, GenerationAbortedError, TitoError
-from ..media import ImageError, PromptImage
+from ..media import PromptMedia
+from ..media.processor import VisionProcessor, chat_media, error_for
 from ..partial import Progress, go_on
 from ..render.renderer import ChatRenderer
-from ..render.vision import VisionProcessor, chat_images
 from ..status import CallEnd, status_of
 from ..tool_parsers.base import ParsedOutput, ToolParser
 from ..trajectory import Trajectory
@@ -62,7 +62,7 @@ class Rollout:
             or ``error`` when the server's prompt does not extend the trajectory.
         rollout_id: Id of the first rollout (random when None).
         render_mode: How later prompts are rendered (:data:`RenderMode`).
-        vision: The model's vision processor (images in prompts need it); None for a text-only model.
+        vision: The model's vision processor (images and videos in prompts need it); None for a text-only model.
     """
 
     def __init__(
@@ -89,7 +89,7 @@ class Rollout:
             backend_name=self.capabilities.name,
             supports_grammar=self.capabilities.supports_grammar,
             vision=vision,
-            supports_images=self.capabilities.supports_images,
+            input_kinds=self.capabilities.input_kinds,
         )
         self._sync = ConversationSync(Trajectory(rollout_id))
         self._sequence = SequenceTracker(backend)
@@ -147,11 +147,14 @@ class Rollout:
         tools = tool_specs_to_chat(conversation.tool_specs)
         plan = sync.plan(conversation, tools)
         renders = self.capabilities.renders_prompt
-        if renders and chat_images(plan.chat):
-            raise ImageError(f"the {self.capabilities.name} backend renders prompts itself; tito sends it no images")
+        items = chat_media(plan.chat) if renders else ()
+        if items:
+            raise error_for({item.kind for item in items})(
+                f"the {self.capabilities.name} backend renders prompts itself; tito sends it no images or videos"
+            )
         new: NewPrompt = ([], 0, ()) if renders else await prompts.build(plan, conversation, sync)
-        new_ids, n_boundary, images = new
-        request = await self._request(conversation, tools, new_ids, images, options, grammar)
+        new_ids, n_boundary, media = new
+        request = await self._request(conversation, tools, new_ids, media, options, grammar)
         started = time.perf_counter()
         updates = aborting_updates(backend)
         result = await backend.generate(request)
@@ -190,7 +193,7 @@ class Rollout:
         conversation: Conversation,
         tools: list[dict[str, Any]] | None,
         new_ids: list[int],
-        images: tuple[PromptImage, ...],
+        media: tuple[PromptMedia, ...],
         options: CallOptions,
         grammar: str | None,
     ) -> GenerateRequest:
@@ -225,7 +228,7 @@ class Rollout:
             tools=tools if renders else None,
             grammar=grammar,
             sequence=self._sequence.name(traj),
-            images=(*traj.prompt_images(), *images) if images or traj.images else (),
+            media=(*traj.prompt_media(), *media) if media or traj.media else (),
             never_sample=vision.never_sample if vision is not None else (),
         )
 
@@ -255,7 +258,7 @@ class Rollout:
         """Record the call, note what it consumed and what must come back, then set the status it ends with."""
         sync = self._sync
         traj = sync.trajectory
-        new_ids, n_boundary, images = new
+        new_ids, n_boundary, media = new
         prompt_end = len(traj) + len(new_ids)
         latency_ms = int((time.perf_counter() - started) * 1000)
         done = record_call(
@@ -268,7 +271,7 @@ class Rollout:
             latency_ms,
             backend=self.capabilities.name,
             continued=continued,
-            images=images,
+            media=media,
         )
         sync.consumed(plan, conversation, prompt_end)
         sync.expect(done.reply())

@@ -148,13 +148,13 @@ def check_result(request: GenerateRequest, result: GenerateResult, *, vocab_size
         count = getattr(result, field)
         if count is not None and (type(count) is not int or count < 0):
             raise bad_answer(backend, field, count, "a token count must be a non-negative integer")
-    if request.images and result.prompt_tokens is not None and result.prompt_tokens != len(request.input_ids):
+    if request.media and result.prompt_tokens is not None and result.prompt_tokens != len(request.input_ids):
         raise bad_answer(
             backend,
             "prompt_tokens",
             result.prompt_tokens,
             f"the engine consumed {result.prompt_tokens} prompt tokens for a prompt of {len(request.input_ids)} "
-            f"with {len(request.images)} image(s): its image expansion differs from tito's",
+            f"with {len(request.media)} image(s) or video(s): its expansion differs from tito's",
         )
     if result.weight_versions is not None:
         check_spans(result.weight_versions, len(output_ids), backend=backend)

@@ -13,7 +13,7 @@ import msgspec
 
 from ..backend import GenerateRequest, GenerateResult, SamplingParams
 from ..conversation import ChatMessage, ToolSpec, reply_message
-from ..media import PromptImage
+from ..media import PromptMedia
 from ..render.renderer import ChatRenderer
 from ..tool_parsers._reasoning import ThinkAwareParser
 from ..tool_parsers.base import ParsedOutput, ToolCall, ToolParser
@@ -118,9 +118,9 @@ def record_call(
     *,
     backend: str,
     continued: Sequence[str] = (),
-    images: Sequence[PromptImage] = (),
+    media: Sequence[PromptMedia] = (),
 ) -> CallResult:
-    """Append the call's boundary, prompt and output segments, its new images and its turn record, atomically."""
+    """Append the call's boundary, prompt and output segments, its new media and its turn record, atomically."""
     prefix_len = len(traj)
     turn_index = len(traj.turns)
     stop = stop_reason(result, parsed)
@@ -159,8 +159,8 @@ def record_call(
         traj.append("prompt", new_ids[n_boundary:], prompt_lps[n_boundary:] if prompt_lps else None, turn=turn_index)
         traj.append("output", result.output_ids, result.output_logprobs, turn=turn_index)
         traj.add_turn(turn)
-        if images:
-            traj.add_images(images)
+        if media:
+            traj.add_media(media)
         for call in bad:
             traj.tool_parse_errors[call.name] = traj.tool_parse_errors.get(call.name, 0) + 1
     return CallResult(

@@ -6,11 +6,11 @@ whole conversation rendered instead (:data:`RenderMode`); where a full render di
 rollout forks (:meth:`ConversationSync.fork`). For backends that render the prompt themselves, the server's
 prompt must extend the trajectory.
 
-Images: a template renders each image part as one placeholder; every render (initial, incremental, full) is
-expanded by the model's :class:`~tito_core.render.vision.VisionProcessor`, which gives each new image its span
-(:class:`~tito_core.media.PromptImage`). A prompt with images for a model without a vision processor or a
-backend without ``supports_images``, or with more than ``max_images`` images, is an
-:class:`~tito_core.media.ImageError` before any request. Text-only prompts skip all of it.
+Images, videos and other input kinds: a template renders each media part as one placeholder; every render
+(initial, incremental, full) is expanded by the model's :class:`~tito_core.media.processor.VisionProcessor`,
+which gives each new item its span (:class:`~tito_core.media.PromptMedia`). A prompt whose kinds the model or
+the backend cannot take (:func:`~tito_core.media.processor.refusal`), or with more than ``max_images`` items, is a
+:class:`~tito_core.media.MediaError` before any request. Text-only prompts skip all of it.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from ..backend import GenerateResult
 from ..conversation import ChatMessage, Conversation, ToolSpec
 from ..errors import ConfigError, PrefixMismatchError, TemplateError
 from ..grammar import GrammarToolParser, ToolChoiceError, answer_grammar, forced_tools, tool_call_grammar
-from ..media import ImageError, PromptImage
+from ..media import PromptMedia
+from ..media.processor import VisionProcessor, chat_media, error_for, refusal
 from ..render.renderer import ChatRenderer, first_difference
-from ..render.vision import VisionProcessor, chat_images
 from ..tool_parsers.base import ToolParser
 from .checks import SHOWN, bad_answer
 from .sync import ConversationSync, Plan
@@ -47,8 +47,8 @@ that are not prefix-preserving or not incremental). ``auto`` (default): incremen
 for a call whose messages the template cannot render incrementally or whose tools block moves."""
 
 
-NewPrompt = tuple[list[int], int, tuple[PromptImage, ...]]
-"""A call's new prompt: its ids (placeholders expanded), how many leading ones are boundary, its new images."""
+NewPrompt = tuple[list[int], int, tuple[PromptMedia, ...]]
+"""A call's new prompt: its ids (placeholders expanded), how many leading ones are boundary, its new media."""
 
 
 class PromptBuilder:
@@ -61,8 +61,8 @@ class PromptBuilder:
         on_prefix_mismatch: What a server prompt that does not extend the trajectory does (:data:`PrefixPolicy`).
         backend_name: Named in errors.
         supports_grammar: Whether the backend can constrain decoding (a forced call needs it).
-        vision: The model's vision processor (None: a text-only model; a prompt with images is an ImageError).
-        supports_images: Whether the backend sends images to its engine.
+        vision: The model's vision processor (None: a text-only model; a prompt with media is a MediaError).
+        input_kinds: The input kinds the backend sends to its engine.
     """
 
     def __init__(
@@ -75,7 +75,7 @@ class PromptBuilder:
         backend_name: str,
         supports_grammar: bool,
         vision: VisionProcessor | None = None,
-        supports_images: bool = False,
+        input_kinds: frozenset[str] = frozenset(),
     ) -> None:
         if render_mode not in ("auto", "incremental", "full"):
             raise ConfigError(f"render_mode must be 'auto', 'incremental' or 'full', not {render_mode!r}")
@@ -86,7 +86,7 @@ class PromptBuilder:
         self._backend = backend_name
         self._supports_grammar = supports_grammar
         self.vision = vision
-        self._supports_images = supports_images
+        self._input_kinds = input_kinds
         self._grammars: dict[tuple[tuple[bytes, ...], int, bytes | None], str] = {}
         # whether the template moves its tools block, by the roles of the new messages, for the tools in _moves_for
         self._moves: dict[tuple[str, ...], bool] = {}
@@ -170,36 +170,38 @@ class PromptBuilder:
             moves = self._moves[roles] = self.renderer.tools_move(plan.chat, tools)
         return moves
 
-    def images_of(self, ids: list[int], chat: list[ChatMessage], start: int, held: int) -> NewPrompt:
-        """Expand the image placeholders of ``ids`` (rendered from ``chat``, starting at token ``start``).
+    def media_of(self, ids: list[int], chat: list[ChatMessage], start: int, held: int) -> NewPrompt:
+        """Expand the media placeholders of ``ids`` (rendered from ``chat``, starting at token ``start``).
 
-        ``held`` images are already in the trajectory; the prompt's total may not pass ``max_images``.
+        ``held`` items are already in the trajectory; the prompt's total may not pass ``max_images``.
         """
         vision = self.vision
-        images = chat_images(chat)
-        if not images:
-            if vision is not None and vision.placeholder_id in ids:
-                raise ImageError("the rendered prompt holds an image placeholder token but no image (text spells it)")
+        items = chat_media(chat)
+        if not items:
+            if vision is not None:
+                spelled = [kind for kind, token in vision.placeholder_ids.items() if token in ids]
+                if spelled:
+                    raise error_for(spelled)(
+                        f"the rendered prompt holds a {spelled[0]} placeholder token but no {spelled[0]} "
+                        "(a text spells it)"
+                    )
             return ids, 0, ()
-        if vision is None:
-            raise ImageError(
-                f"the prompt holds {len(images)} image(s) but the model has no vision processor (a text-only model "
-                "or template); give TitoModel(processor=...) or a tokenizer directory with preprocessor_config.json"
+        kinds = {item.kind for item in items}
+        refused = refusal(kinds, vision, self._backend, self._input_kinds)
+        if refused is not None or vision is None:
+            raise error_for(kinds)(refused or "no vision processor")
+        if held + len(items) > vision.max_images:
+            raise error_for(kinds)(
+                f"the prompt would hold {held + len(items)} images and videos, more than max_images={vision.max_images}"
             )
-        if not self._supports_images:
-            raise ImageError(f"the prompt holds {len(images)} image(s) but the {self._backend} backend takes no images")
-        if held + len(images) > vision.max_images:
-            raise ImageError(
-                f"the prompt would hold {held + len(images)} images, more than max_images={vision.max_images}"
-            )
-        expanded, spans = vision.expand(ids, images, start)
+        expanded, spans = vision.expand(ids, items, start)
         return expanded, 0, tuple(spans)
 
     async def _new_prompt(self, plan: Plan, sync: ConversationSync) -> NewPrompt:
         renderer = self.renderer
         traj = sync.trajectory
         if plan.initial:
-            return self.images_of(await renderer.initial_ids(plan.chat, sync.tools), plan.chat, 0, 0)
+            return self.media_of(await renderer.initial_ids(plan.chat, sync.tools), plan.chat, 0, 0)
         last_output = traj.last_segment
         if last_output is None or last_output.kind != "output":
             return [], 0, ()
@@ -208,8 +210,8 @@ class PromptBuilder:
         ids, n_boundary = await renderer.continuation_ids(
             plan.chat, close_turn=not (ended and ended[0] in renderer.end_of_turn_ids)
         )
-        expanded, _, images = self.images_of(ids, plan.chat, len(traj), len(traj.images))
-        return expanded, n_boundary, images
+        expanded, _, media = self.media_of(ids, plan.chat, len(traj), len(traj.media))
+        return expanded, n_boundary, media
 
     async def _full_prompt(self, conversation: Conversation, sync: ConversationSync) -> NewPrompt:
         """Render the whole conversation; keep the longest common prefix with the trajectory, fork where they differ.
@@ -221,18 +223,18 @@ class PromptBuilder:
         """
         renderer = self.renderer
         chat = conversation.chat()
-        ids, _, images = self.images_of(await renderer.initial_ids(chat, sync.tools), chat, 0, 0)
+        ids, _, media = self.media_of(await renderer.initial_ids(chat, sync.tools), chat, 0, 0)
         traj = sync.trajectory
         have = traj.ids_array()
         at = first_difference(ids, have)
-        held = traj.images
-        for mine, theirs in zip(images, held, strict=False):  # same ids, another image: differs at its span
+        held = traj.media
+        for mine, theirs in zip(media, held, strict=False):  # same ids, another item: differs at its span
             if mine.span != theirs:
                 at = min(at, mine.span.start, theirs.start)
                 break
         else:
-            if len(held) > len(images):
-                at = min(at, held[len(images)].start)
+            if len(held) > len(media):
+                at = min(at, held[len(media)].start)
         if at < len(have):
             keep = max((seg.end for seg in traj.segments if seg.end <= at), default=0)
             recorded, rendered = have[at], ids[at] if at < len(ids) else None
@@ -243,9 +245,9 @@ class PromptBuilder:
             )
             logger.warning("rollout %s: %s; forking at token %d", traj.rollout_id, reason, keep)
             sync.fork(keep, reason)
-            return ids[keep:], 0, tuple(i for i in images if i.span.start >= keep)
+            return ids[keep:], 0, tuple(i for i in media if i.span.start >= keep)
         new = ids[len(have) :]
-        return new, self.leading_boundary(new, sync), tuple(i for i in images if i.span.start >= len(have))
+        return new, self.leading_boundary(new, sync), tuple(i for i in media if i.span.start >= len(have))
 
     def server_prompt(self, result: GenerateResult, sync: ConversationSync) -> tuple[list[int], int]:
         """For prompt-rendering backends: check the server's prompt extends the trajectory; return the new part."""

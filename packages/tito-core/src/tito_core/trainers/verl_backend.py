@@ -57,7 +57,7 @@ class VerlServerBackend(Backend):
     Args:
         server_manager: verl's server manager: ``await generate(request_id, *, prompt_ids, sampling_params,
             image_data=None)`` returning a ``TokenOutput`` (``token_ids``, ``log_probs``, ``stop_reason``).
-            The backend takes images (``supports_images``) when its ``generate`` names ``image_data``.
+            The backend takes images (``input_kinds``) when its ``generate`` names ``image_data``.
         sampling_params: The sampling parameters verl passes to the agent loop's ``run``; tito's own
             (``max_new_tokens`` as ``max_tokens``, stops) are laid over them per call.
         context_length: The engine's context window, when known.
@@ -80,9 +80,9 @@ class VerlServerBackend(Backend):
         self._takes_images = _takes_images(server_manager)
 
     @property  # a property here: it depends on the server manager given
-    def supports_images(self) -> bool:  # type: ignore[override]
-        """True when verl's server manager takes ``image_data`` (verl 0.9.1's ``LLMServerClient`` does)."""
-        return self._takes_images
+    def input_kinds(self) -> frozenset[str]:  # type: ignore[override]
+        """``{"image"}`` when verl's server manager takes ``image_data`` (verl 0.9.1's ``LLMServerClient`` does)."""
+        return frozenset({"image"}) if self._takes_images else frozenset()
 
     async def max_context_length(self) -> int | None:
         """The configured context window."""
@@ -94,7 +94,7 @@ class VerlServerBackend(Backend):
         params.update(request.sampling.engine_fields(max_new_tokens="max_tokens"))
         params["logprobs"] = request.return_logprobs
         images: dict[str, Any] = {}
-        if request.images:
+        if request.media:
             images["image_data"] = self._image_data(request)
         started = time.perf_counter()
         try:
@@ -135,12 +135,12 @@ class VerlServerBackend(Backend):
         """
         if not self._takes_images:
             raise ImageError(
-                f"the prompt holds {len(request.images)} image(s) but verl's server manager "
+                f"the prompt holds {len(request.media)} image(s) but verl's server manager "
                 f"({type(self.server_manager).__name__}) takes no image_data"
             )
         ids = list(request.input_ids)
         total = 0
-        for item in request.images:
+        for item in request.media:
             span = item.span
             pad = span.placeholder_id
             before = ids[span.start - 1] if span.start > 0 else None
@@ -151,14 +151,14 @@ class VerlServerBackend(Backend):
                     "collapses each placeholder run to one image, so the engine would not see these ids"
                 )
             total += span.length
-        pads = {item.span.placeholder_id for item in request.images}
+        pads = {item.span.placeholder_id for item in request.media}
         stray = sum(ids.count(p) for p in pads) - total
         if stray:
             raise ImageError(
                 f"the prompt holds {stray} image placeholder token(s) outside its images' spans: verl's server "
                 "would pair them with images"
             )
-        return [item.image.to_pil() for item in request.images]
+        return [item.image.to_pil() for item in request.media]
 
 
 def _takes_images(server_manager: Any) -> bool:

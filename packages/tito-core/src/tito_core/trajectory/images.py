@@ -1,10 +1,11 @@
-"""The images of a trajectory: the spans and bytes it keeps, and how a record stores the bytes in files.
+"""The media of a trajectory: the spans and pictures it keeps, and how a record stores the pictures in files.
 
-:class:`TrajectoryImages` is the read side :class:`~tito_core.trajectory.Trajectory` has (its spans in token
-order, each distinct image's bytes once, by sha256). A :class:`~tito_core.trajectory.TrajectoryRecord` holds
-the bytes inline (``image_data``, base64 in JSON) so a trajectory file stands alone; the runner's writers move
-them into files next to the rollout file (:func:`store_images`: ``<output>.images/<sha256>.<format>``, written
-atomically, once per distinct image) and :func:`load_images` puts them back when the records are read.
+:class:`TrajectoryMedia` is the read side :class:`~tito_core.trajectory.Trajectory` has: its spans in token order,
+of every input kind (:class:`~tito_core.media.MediaSpan`), and each distinct picture's bytes once, by sha256 (an
+image is one picture, a video clip its frames). A :class:`~tito_core.trajectory.TrajectoryRecord` holds the bytes
+inline (``image_data``, base64 in JSON) so a trajectory file stands alone; the runner's writers move them into
+files next to the rollout file (:func:`store_images`: ``<output>.images/<sha256>.<format>``, written atomically,
+once per distinct picture) and :func:`load_images` puts them back when the records are read.
 """
 
 from __future__ import annotations
@@ -18,51 +19,72 @@ from pathlib import Path
 import msgspec
 
 from ..errors import TrajectoryError
-from ..media import Image, ImageSpan, PromptImage
+from ..media import Image, MediaItem, MediaSpan, PromptMedia
+from ..media.image import picture_format
+from ..plugins.registry import input_kinds
 from .record import TrajectoryRecord
 
-__all__ = ["TrajectoryImages", "images_dir", "load_images", "referenced", "store_images"]
+__all__ = ["TrajectoryMedia", "images_dir", "load_images", "referenced", "store_images"]
 
 
-class TrajectoryImages:
-    """The image views of a trajectory (the spans in ``_images``, the bytes in ``_image_data`` by sha256)."""
+class TrajectoryMedia:
+    """The media views of a trajectory (the spans in ``_media``, the pictures in ``_image_data`` by sha256)."""
 
     __slots__ = ()
-    _images: list[ImageSpan]
+    _media: list[MediaSpan]
     _image_data: dict[str, Image]
 
     @property
-    def images(self) -> tuple[ImageSpan, ...]:
-        """The images among the tokens, in token order: where each sits, its hash, size and vision grid."""
-        return tuple(self._images)
+    def media(self) -> tuple[MediaSpan, ...]:
+        """The images, videos and other inputs among the tokens, in token order.
+
+        Each span says where the item sits, its kind, hash, size and vision grid.
+        """
+        return tuple(self._media)
 
     def image(self, sha256: str) -> Image:
-        """The image with this content hash (each distinct image's bytes are kept once).
+        """The picture with this content hash: an image, or a video's frame (each distinct one is kept once).
 
         Raises:
-            TrajectoryError: the trajectory holds no such image.
+            TrajectoryError: the trajectory holds no such picture.
         """
         try:
             return self._image_data[sha256]
         except KeyError:
             raise TrajectoryError(f"the trajectory holds no image {sha256}") from None
 
-    def prompt_images(self) -> tuple[PromptImage, ...]:
-        """Each image with its span, in token order: what a trainer rebuilds pixel inputs and positions from.
+    def prompt_media(self) -> tuple[PromptMedia, ...]:
+        """Each item with its span, in token order: what a trainer rebuilds pixel inputs and positions from.
 
-        ``span.start`` / ``span.length`` place it among the token ids, ``span.grid_thw`` is its vision grid
-        (Qwen-VL's ``image_grid_thw`` row), ``image.to_pil()`` (or ``image.data``) the picture to re-process.
+        ``span.start`` / ``span.length`` place it among the token ids, ``span.kind`` names its kind,
+        ``span.grid_thw`` is its vision grid (Qwen-VL's ``image_grid_thw`` / ``video_grid_thw`` row), ``item`` the
+        :class:`~tito_core.media.Image` or :class:`~tito_core.media.Video` to re-process.
         """
-        return tuple(PromptImage(span=s, image=self._image_data[s.sha256]) for s in self._images)
+        kinds = input_kinds() if self._media else {}
+        return tuple(PromptMedia(span=s, item=item_of(s, self._image_data, kinds)) for s in self._media)
 
     def image_bytes(self) -> dict[str, bytes]:
-        """The encoded bytes of each distinct image, by sha256."""
+        """The encoded bytes of each distinct picture (images and video frames), by sha256."""
         return {sha: image.data for sha, image in self._image_data.items()}
 
 
-def referenced(spans: Sequence[ImageSpan], data: dict[str, Image]) -> dict[str, Image]:
-    """The entries of ``data`` that ``spans`` use."""
-    return {s.sha256: data[s.sha256] for s in spans}
+def item_of(span: MediaSpan, pictures: dict[str, Image], kinds: dict[str, type[MediaItem]]) -> MediaItem:
+    """The item ``span`` describes, rebuilt from the pictures by its kind's class.
+
+    Raises:
+        TrajectoryError: the span's kind is not registered.
+    """
+    if span.kind == "image":  # the common case, without the registry
+        return pictures[span.sha256]
+    item_type = kinds.get(span.kind)
+    if item_type is None:
+        raise TrajectoryError(f"the trajectory holds a {span.kind!r} input, a kind no installed plugin registers")
+    return item_type.from_span(span, pictures)
+
+
+def referenced(spans: Sequence[MediaSpan], data: dict[str, Image]) -> dict[str, Image]:
+    """The entries of ``data`` that ``spans`` use (an image's own, a video's frames)."""
+    return {sha: data[sha] for s in spans for sha in s.pictures}
 
 
 def images_dir(output: str | os.PathLike[str]) -> Path:
@@ -72,9 +94,9 @@ def images_dir(output: str | os.PathLike[str]) -> Path:
 
 
 def store_images(record: TrajectoryRecord, output: str | os.PathLike[str]) -> TrajectoryRecord:
-    """Write ``record``'s image bytes (branches included) next to ``output``; the record then names the files.
+    """Write ``record``'s pictures (images, video frames; branches too) next to ``output``; the record names them.
 
-    Each distinct image is written once, atomically (a temporary file renamed into place), before the record
+    Each distinct picture is written once, atomically (a temporary file renamed into place), before the record
     that references it is written; an image already there is not written again. Paths are relative to
     ``output``'s directory.
     """
@@ -83,9 +105,9 @@ def store_images(record: TrajectoryRecord, output: str | os.PathLike[str]) -> Tr
         return record  # text-only: nothing to write, nothing copied
     directory = images_dir(output)
     paths = dict(record.image_paths)
-    formats = {s.sha256: s.format for s in record.images}
+    formats = {s.sha256: s.format for s in record.media if s.kind == "image"}
     for sha, data in record.image_data.items():
-        name = f"{sha}.{formats.get(sha, 'bin')}"
+        name = f"{sha}.{formats.get(sha) or picture_format(data)}"
         target = directory / name
         if not target.exists():
             directory.mkdir(parents=True, exist_ok=True)

@@ -15,12 +15,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import TrajectoryError
-from ..media import Image, ImageSpan, PromptImage
+from ..media import Image, MediaSpan, PromptMedia, picture_hashes
 from ..status import Closed, status_of
 from ..versions import VersionSpan
 from . import views
 from .arrays import append_tokens, extend_logprobs
-from .images import TrajectoryImages, referenced
+from .images import TrajectoryMedia, referenced
 from .record import (
     JSON_DECODER,
     JSON_ENCODER,
@@ -38,7 +38,7 @@ from .record import (
 __all__ = ["Segment", "SegmentKind", "Status", "Trajectory", "TrajectoryRecord", "Turn", "Usage"]
 
 
-class Trajectory(TrajectoryImages):
+class Trajectory(TrajectoryMedia):
     """Token ids, loss mask and logprobs of one rollout, exactly as the engine consumed and produced them.
 
     A live trajectory grows as the model is called; :meth:`close` freezes it. When the conversation
@@ -51,8 +51,8 @@ class Trajectory(TrajectoryImages):
         "_closed",
         "_ids",
         "_image_data",
-        "_images",
         "_lps",
+        "_media",
         "_segments",
         "_turns",
         "branch",
@@ -82,7 +82,7 @@ class Trajectory(TrajectoryImages):
         self._lps = array("f")  # widened to "d" by the first logprob float32 cannot hold exactly
         self._segments: list[Segment] = []
         self._turns: list[Turn] = []
-        self._images: list[ImageSpan] = []
+        self._media: list[MediaSpan] = []
         self._image_data: dict[str, Image] = {}
         self._closed = False
 
@@ -126,12 +126,13 @@ class Trajectory(TrajectoryImages):
         """One record per model call whose result was kept."""
         return tuple(self._turns)
 
-    def add_images(self, images: Iterable[PromptImage]) -> None:
-        """Record the images of tokens just appended (inside the same :meth:`atomic` block as their tokens)."""
+    def add_media(self, media: Iterable[PromptMedia]) -> None:
+        """Record the media of tokens just appended (in their :meth:`atomic` block); each picture is kept once."""
         self._check_open()
-        for item in images:
-            self._images.append(item.span)
-            self._image_data.setdefault(item.span.sha256, item.image)
+        for entry in media:
+            self._media.append(entry.span)
+            for picture in entry.item.pictures():
+                self._image_data.setdefault(picture.sha256, picture)
 
     @property
     def closed(self) -> bool:
@@ -234,7 +235,7 @@ class Trajectory(TrajectoryImages):
         """
         self._check_open()
         n, segments, turns = len(self._ids), list(self._segments), len(self._turns)
-        parse_errors, lps, images = dict(self.tool_parse_errors), self._lps, len(self._images)
+        parse_errors, lps, media = dict(self.tool_parse_errors), self._lps, len(self._media)
         try:
             yield self
         except BaseException:
@@ -244,9 +245,9 @@ class Trajectory(TrajectoryImages):
             self._segments[:] = segments
             del self._turns[turns:]
             self.tool_parse_errors = parse_errors
-            if len(self._images) > images:
-                del self._images[images:]
-                self._image_data = referenced(self._images, self._image_data)
+            if len(self._media) > media:
+                del self._media[media:]
+                self._image_data = referenced(self._media, self._image_data)
             raise
 
     def add_turn(self, turn: Turn) -> None:
@@ -294,8 +295,8 @@ class Trajectory(TrajectoryImages):
         child._lps = self._lps[:keep]
         child._segments = [s for s in self._segments if s.end <= keep]
         child._turns = [t for t in self._turns if t.output_start + t.output_len <= keep]
-        child._images = [s for s in self._images if s.end <= keep]
-        child._image_data = referenced(child._images, self._image_data)
+        child._media = [s for s in self._media if s.end <= keep]
+        child._image_data = referenced(child._media, self._image_data)
         child.tool_parse_errors = dict(self.tool_parse_errors)
         note = f"forked into branch {child.branch}: {reason}"
         self.close(status, note) if status is not None else self.close(reason=note)
@@ -310,7 +311,7 @@ class Trajectory(TrajectoryImages):
 
     @classmethod
     def from_record(cls, record: TrajectoryRecord) -> Trajectory:
-        """Rebuild a (closed) trajectory from its record (image files must be resolved: ``image_data``)."""
+        """Rebuild a (closed) trajectory from its record (picture files must be resolved: ``image_data``)."""
         return _restore(cls(record.rollout_id, branch=record.branch), record)
 
     def to_json(self) -> bytes:
@@ -354,14 +355,15 @@ def _restore(traj: Trajectory, record: TrajectoryRecord) -> Trajectory:
     traj._lps = extend_logprobs(traj._lps, list(record.logprobs))
     traj._segments = list(record.segments)
     traj._turns = list(record.turns)
-    missing = sorted({s.sha256 for s in record.images} - set(record.image_data))
+    pictures = picture_hashes(record.media)
+    missing = sorted(pictures - set(record.image_data))
     if missing:
         where = f" (stored in files: {record.image_paths[missing[0]]!r}; read the record with read_records)"
         raise TrajectoryError(
             f"the record has no bytes for image {missing[0]}" + (where if missing[0] in record.image_paths else "")
         )
-    traj._images = list(record.images)
-    traj._image_data = {s.sha256: Image(record.image_data[s.sha256], s.format) for s in record.images}
+    traj._media = list(record.media)
+    traj._image_data = {sha: Image(record.image_data[sha]) for sha in sorted(pictures)}
     traj.branches = [_restore(Trajectory(b.rollout_id, branch=b.branch), b) for b in record.branches]
     traj._closed = True
     return traj

@@ -12,7 +12,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from ..backend import FinishReason
-from ..media import ImageSpan
+from ..media import MediaSpan
 from ..status import Status
 from ..versions import VersionSpan
 
@@ -118,13 +118,23 @@ class TrajectoryRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     tool_parse_errors: dict[str, int] = msgspec.field(default_factory=dict)
     branches: list[TrajectoryRecord] = msgspec.field(default_factory=list)
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
-    images: list[ImageSpan] = msgspec.field(default_factory=list)
-    """The images among ``token_ids``, in token order (:class:`~tito_core.media.ImageSpan`)."""
+    media: list[MediaSpan] = msgspec.field(default_factory=list)
+    """The images, videos and other inputs among ``token_ids``, in token order, each with its ``kind``
+    (:class:`~tito_core.media.MediaSpan`)."""
     image_data: dict[str, bytes] = msgspec.field(default_factory=dict)
-    """The encoded bytes of each distinct image, by sha256 (base64 in JSON): the record stands alone."""
+    """The encoded bytes of each distinct picture (an image, a video's frame), by sha256 (base64 in JSON): the
+    record stands alone."""
     image_paths: dict[str, str] = msgspec.field(default_factory=dict)
-    """Instead of ``image_data``, where each image's file is, relative to the rollout file's directory (the
+    """Instead of ``image_data``, where each picture's file is, relative to the rollout file's directory (the
     runner stores them once next to it; :mod:`tito_core.trajectory.images`)."""
+    images: list[MediaSpan] | None = None
+    """Read only: the spans as records written before input kinds were an axis named them (all images); read into
+    :attr:`media`, never written."""
+
+    def __post_init__(self) -> None:
+        if self.images is not None:  # written before input kinds were an axis: its spans are all images
+            msgspec.structs.force_setattr(self, "media", [*self.images, *self.media])
+            msgspec.structs.force_setattr(self, "images", None)
 
 
 JSON_ENCODER = msgspec.json.Encoder()
@@ -172,12 +182,12 @@ class Snapshotable(Protocol):
         ...
 
     @property
-    def images(self) -> Sequence[ImageSpan]:
-        """The image spans, in token order."""
+    def media(self) -> Sequence[MediaSpan]:
+        """The media spans (images, videos, ...), in token order."""
         ...
 
     def image_bytes(self) -> dict[str, bytes]:
-        """The encoded bytes of each distinct image of :attr:`images`, by sha256."""
+        """The encoded bytes of each distinct picture of :attr:`media`, by sha256."""
         ...
 
 
@@ -198,6 +208,6 @@ def snapshot(traj: Snapshotable) -> TrajectoryRecord:
         tool_parse_errors=dict(traj.tool_parse_errors),
         branches=[snapshot(b) for b in traj.branches],
         metadata=dict(traj.metadata),
-        images=list(traj.images),
+        media=list(traj.media),
         image_data=traj.image_bytes(),
     )

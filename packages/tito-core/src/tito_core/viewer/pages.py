@@ -50,7 +50,7 @@ def run_row(index: str, record: RolloutRecord) -> dict[str, Any]:
         "turns": len(traj.turns),
         "tool_calls": record.tokens.tool_calls,
         "branches": 1 + len(traj.branches),
-        "images": len(traj.images),
+        "images": len(traj.media),
         "turn_tokens": [turn.output_len for turn in traj.turns],
     }
 
@@ -128,10 +128,11 @@ def _branch_view(branch: Trajectory, texts: TokenTexts, image_url: Any, deltas: 
                 "length": span.length,
                 "sha256": span.sha256,
                 "format": span.format,
+                "kind": span.kind,
                 "size": list(span.size),
-                "url": image_url(span.sha256) if image_url is not None else None,
+                "url": image_url(span.pictures[0]) if image_url is not None else None,  # a video: its first frame
             }
-            for span in branch.images
+            for span in branch.media
         ],
     }
 

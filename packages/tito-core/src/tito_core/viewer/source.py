@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import ConfigError
+from ..media.image import picture_format
 from ..records import RolloutRecord, read_records
 from ..trajectory import Trajectory
 from ..trajectory.record import TrajectoryRecord
@@ -58,13 +59,17 @@ def image_type(fmt: str) -> str:
 
 
 def image_of(traj: TrajectoryRecord, sha256: str) -> tuple[bytes, str]:
-    """The bytes and content type of image ``sha256`` of ``traj`` or one of its earlier branches; KeyError if none."""
+    """The bytes and content type of picture ``sha256`` (an image, a video's frame) of ``traj`` or its branches.
+
+    Raises:
+        KeyError: no branch holds it.
+    """
     pending = [traj]
     while pending:
         branch = pending.pop()
         if sha256 in branch.image_data:
-            fmt = next((span.format for span in branch.images if span.sha256 == sha256), "")
-            return branch.image_data[sha256], image_type(fmt)
+            data = branch.image_data[sha256]
+            return data, image_type(picture_format(data))
         pending.extend(branch.branches)
     raise KeyError(sha256)
 

@@ -1,10 +1,10 @@
-"""Images in conversations and trajectories: the bytes a front hands in, and where they sit among the tokens.
+"""The image input kind: an image's bytes as a front hands them in, checked to decode, loaded as engines load them.
 
 A front puts an image into a message as a content part, ``{"type": "image", "image": Image(...)}`` (the form
 chat templates take), in a user or tool message. The renderer expands each image's placeholder into the tokens
-the model's forward pass consumes; the trajectory records each image as an :class:`ImageSpan` over those tokens
-and keeps the bytes once per distinct image (by content hash). Requests carry the images of their prompt as
-:class:`PromptImage` in token order, so each adapter sends them in its engine's own shape.
+the model's forward pass consumes; the trajectory records each image as a
+:class:`~tito_core.media.MediaSpan` over those tokens and keeps the bytes once per distinct image (by content
+hash).
 
 Pillow reads the bytes (``pip install "tito-core[vision]"``): an image that does not decode is an
 :class:`ImageError` when the :class:`Image` is built, before any request.
@@ -18,27 +18,25 @@ import io
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-import msgspec
+from .base import MediaError, MediaItem, media_part
 
-from .errors import UnsupportedContentError
-
-__all__ = ["FORMATS", "Image", "ImageError", "ImageFormat", "ImageSpan", "PromptImage", "image_part", "is_image_part"]
+__all__ = ["FORMATS", "Image", "ImageError", "ImageFormat", "image_part", "is_image_part", "picture_format"]
 
 ImageFormat = Literal["png", "jpeg", "gif", "webp"]
 FORMATS: frozenset[str] = frozenset({"png", "jpeg", "gif", "webp"})
 """The formats tito accepts (Strands' image formats; PIL's names, ``jpg`` read as ``jpeg``)."""
 
 
-class ImageError(UnsupportedContentError):
+class ImageError(MediaError):
     """An image tito cannot use, raised before any request (nothing is recorded).
 
     An unsupported format, bytes that do not decode, too many images, an image for a model or template without vision.
     """
 
 
-class Image:
+class Image(MediaItem):
     """One image's encoded bytes, checked to decode, with its format, size and content hash.
 
     Immutable; compared and hashed by content (``sha256`` of the bytes). :func:`~tito_core.conversation.canonical`
@@ -56,6 +54,8 @@ class Image:
     """
 
     __slots__ = ("__weakref__", "_base64", "_data", "_format", "_sha256", "_size")
+    kind: ClassVar[str] = "image"
+    error: ClassVar[type[MediaError]] = ImageError
 
     def __init__(self, data: bytes, format: str | None = None) -> None:
         if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -148,6 +148,26 @@ class Image:
                 return pil.alpha_composite(white, rgba).convert("RGB")
             return upright.convert("RGB")
 
+    def pictures(self) -> tuple[Image, ...]:
+        """The image itself: its bytes are stored as they are."""
+        return (self,)
+
+    def span_fields(self) -> dict[str, Any]:
+        """None: an image's span says all (its hash, format, size and grid)."""
+        return {}
+
+    @classmethod
+    def from_span(cls, span: Any, pictures: Mapping[str, Image]) -> Image:
+        """The stored image of the :class:`~tito_core.media.MediaSpan`'s hash.
+
+        Raises:
+            ImageError: no picture of that hash is stored.
+        """
+        try:
+            return pictures[span.sha256]
+        except KeyError:
+            raise ImageError(f"no bytes are stored for image {span.sha256}") from None
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Image) and other._sha256 == self._sha256
 
@@ -159,49 +179,28 @@ class Image:
         return f"Image({self._format}, {w}x{h}, sha256={self._sha256[:12]}…)"
 
 
-class ImageSpan(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """Where one image sits in a trajectory's token ids.
-
-    Attributes:
-        start: Index of its first placeholder token in the trajectory's ids.
-        length: How many placeholder tokens it expanded to (what the vision encoder's output replaces).
-        sha256: The image's content hash (its bytes are stored once per hash).
-        format: Its encoded format.
-        size: ``(width, height)`` of the original image.
-        grid_thw: The vision grid the model family's processor gave it (Qwen-VL's ``image_grid_thw``:
-            temporal, height, width patches), or None for families without one.
-        placeholder_id: The token id repeated over the span.
-    """
-
-    start: int
-    length: int
-    sha256: str
-    format: str
-    size: tuple[int, int]
-    grid_thw: tuple[int, ...] | None
-    placeholder_id: int
-
-    @property
-    def end(self) -> int:
-        """One past the last placeholder token."""
-        return self.start + self.length
-
-
-class PromptImage(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """One image of a request's ``input_ids``: its span there and its bytes (for the adapter to send)."""
-
-    span: ImageSpan
-    image: Image
-
-
 def image_part(image: Image) -> dict[str, Any]:
     """The content part that puts ``image`` into a chat message (the form chat templates render)."""
-    return {"type": "image", "image": image}
+    return media_part(image)
 
 
 def is_image_part(part: object) -> bool:
     """Whether a message content part is an image."""
     return isinstance(part, Mapping) and part.get("type") == "image"
+
+
+_MAGIC = ((b"\x89PNG", "png"), (b"\xff\xd8", "jpeg"), (b"GIF8", "gif"))
+
+
+def picture_format(data: bytes) -> str:
+    """The format of encoded picture bytes by their signature, without decoding (a stored picture's file suffix).
+
+    ``png``, ``jpeg``, ``gif``, ``webp``, or ``bin`` for anything else.
+    """
+    for magic, name in _MAGIC:
+        if data.startswith(magic):
+            return name
+    return "webp" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else "bin"
 
 
 def _format_name(name: str) -> str:
