@@ -204,19 +204,19 @@ async def test_a_span_the_processor_disagrees_with_is_a_typed_error_and_nothing_
 ) -> None:
     image = picture(100, 80, (255, 0, 0))
     ids, (good,) = expanded(vl_tokenizer, processor, "Look.", [image])
-    wrong_grid = PromptMedia(span=_replace(good.span, grid_thw=(1, 4, 12)), image=image)
+    wrong_grid = PromptMedia(span=_replace(good.span, grid_thw=(1, 4, 12)), item=image)
     named = r"image 0 \(png 100x80, sha256 [0-9a-f]{12}\).*grid \[1, 6, 8\]"
     with pytest.raises(BackendRequestError, match=named) as info:
         await vl.generate(request(ids, (wrong_grid,), max_new_tokens=2))
     assert info.value.field == "images[0]" and info.value.backend == "transformers"
     # a span of the right grid but fewer tokens (the prompt expanded for another size)
     short_ids = ids[: good.span.start] + ids[good.span.start + 4 :]
-    short = PromptMedia(span=_replace(good.span, length=good.span.length - 4), image=image)
+    short = PromptMedia(span=_replace(good.span, length=good.span.length - 4), item=image)
     with pytest.raises(BackendRequestError, match=r"makes it 12 placeholder tokens .* but its span has 8"):
         await vl.generate(request(short_ids, (short,), max_new_tokens=2))
     with pytest.raises(BackendRequestError, match=r"12 image placeholder tokens .* cover 0"):
         await vl.generate(request(ids, (), max_new_tokens=2))
-    shifted = PromptMedia(span=_replace(good.span, start=good.span.start - 1), image=image)
+    shifted = PromptMedia(span=_replace(good.span, start=good.span.start - 1), item=image)
     with pytest.raises(BackendRequestError, match="is not all placeholders"):
         await vl.generate(request(ids, (shifted,), max_new_tokens=2))
     assert batch_sizes == []  # nothing reached the model
