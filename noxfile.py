@@ -388,7 +388,8 @@ def integration_vllm(session: nox.Session) -> None:
 def integration_sglang(session: nox.Session) -> None:
     """The SGLang real-server suite: sglang on CPU (torch-native attention, a pure-torch stand-in for the
     two sgl_kernel CPU functions it needs, written by the suite), a tiny random Qwen3, one server per run, and
-    a second server for the image tests (the tiny Qwen2.5-VL: ~150 s to start, ~100 s of tests)."""
+    a second server for the image tests (the tiny Qwen2.5-VL: ~150 s to start, ~100 s of tests). Then the
+    embedded backend's video tests, which need this session's torchvision."""
     # sglang pins torch==2.14.1 and imports torchvision at startup; its PyPI metadata also pulls CUDA-only
     # kernels, so sglang goes in without dependencies and its CPU-usable dependencies come from a list.
     session.install("torch==2.14.1", "torchvision==0.29.1")
@@ -397,6 +398,10 @@ def integration_sglang(session: nox.Session) -> None:
     install_core(session, ADAPTERS["sglang"])
     session.install(OPENAI_SDK)  # the gateway test drives it through `tito_core.gateway` on the real server
     session.run("pytest", "tests/integration/sglang", *session.posargs)
+    # Videos on the embedded backend need transformers' video processor, which needs torchvision: this
+    # session's torch has one, tests_transformers' CPU torch 2.13 has none on the index (there the file skips).
+    session.install("--no-deps", "-e", EMBEDDED)
+    session.run("pytest", "tests/transformers/test_video.py", *session.posargs)
     release_env(session)
 
 

@@ -26,7 +26,7 @@ from typing import Any, Literal, overload
 
 import msgspec
 
-from .export_images import ImageForm, image_values, pixel_inputs
+from .export_images import ImageForm, image_values, media_data, only_images, pixel_inputs
 from .trajectory import Trajectory
 from .versions import VersionSpan, int_version, version_range
 
@@ -151,9 +151,10 @@ def to_slime(
     the tokens the sample trains are known: one per model call, as slime's own rollout records them (a call
     generated across a weight update adds one per version, oldest first).
 
-    With images: ``multimodal_inputs`` is ``{"images": [...]}`` (slime's raw form, what its processor takes),
-    and, when ``processor`` (the model's directory or image processor) is given, ``multimodal_train_inputs`` is
-    ``{"pixel_values", "image_grid_thw"}`` as torch tensors (what slime's training forward concatenates).
+    With images or videos: ``multimodal_inputs`` is ``{"images": [...], "videos": [...]}`` (slime's raw form, what
+    its processor takes; a video is ``(frames, {"fps", "total_num_frames"})``), and, when ``processor`` (the model's
+    directory or processor) is given, ``multimodal_train_inputs`` is ``{"pixel_values", "image_grid_thw"}`` and
+    ``{"pixel_values_videos", "video_grid_thw"}`` as torch tensors (what slime's training forward concatenates).
     """
     traj, start, ids, mask, logprobs = _response(item)
     fields: dict[str, Any] = {
@@ -175,8 +176,8 @@ def to_slime(
 
         data, (layers, top_k) = routed
         fields["rollout_routed_experts"] = np.frombuffer(data, dtype="<i4").reshape(-1, layers, top_k)
-    if traj.media:  # slime's own fields: the raw images, and the processed ones when a processor is given
-        fields["multimodal_inputs"] = {"images": image_values(traj, images)}
+    if traj.media:  # slime's own fields: the raw images and videos, and the processed ones when a processor is given
+        fields["multimodal_inputs"] = media_data(traj, images)
         if processor is not None:
             fields["multimodal_train_inputs"] = pixel_inputs(traj, processor)
     return fields
@@ -216,7 +217,8 @@ def to_verl(
     ``metrics`` are verl's ``AgentLoopMetrics`` (:data:`VERL_METRICS` names them; those not given keep
     their defaults). A trajectory records no timings, so the caller measures them. ``extra_fields`` holds
     verl's ``min_global_steps`` / ``max_global_steps`` when the versions of the tokens the sample trains are
-    integers. With images, ``multi_modal_data`` is ``{"images": [...]}``, verl's own field: verl's
+    integers. With images or videos, ``multi_modal_data`` is ``{"images": [...], "videos": [...]}`` (a video as
+    verl's ``(frames, metadata)`` pair), verl's own field: verl's
     postprocessing runs its processor over them for ``multi_modal_inputs`` and the MRoPE positions
     (:func:`verl_multi_modal_inputs` gives the same inputs outside verl). With ``turn_rewards``,
     ``extra_fields["turn_scores"]`` holds one score per turn of the response, as verl's own ``turn_scores`` (None
@@ -243,8 +245,8 @@ def to_verl(
         in_response = [t.index for t in traj.turns if t.output_start >= start]
         extra["turn_scores"] = [float(turn_rewards[i] or 0.0) if i < len(turn_rewards) else 0.0 for i in in_response]
         extra["turn_token_scores"] = turn_token_scores(item, turn_rewards)
-    if traj.media:  # verl's own field; its agent loops fill it from the conversation's images
-        fields["multi_modal_data"] = {"images": image_values(traj, images)}
+    if traj.media:  # verl's own field; its agent loops fill it from the conversation's images and videos
+        fields["multi_modal_data"] = media_data(traj, images)
     return fields
 
 
@@ -252,10 +254,10 @@ def verl_multi_modal_inputs(item: Trajectory | TrainingBranch, processor: Any) -
     """The ``multi_modal_inputs`` verl's agent-loop postprocessing builds for a sample (verl 0.9.1).
 
     ``pixel_values`` and ``image_grid_thw`` (torch tensors) from the model's image processor (a directory or
-    an image processor), and ``images_seqlens`` (each image's ``h * w`` patches, repeated ``t`` times); ``{}``
-    for a text-only sample. verl computes these itself from ``multi_modal_data``; this is for a trainer fed
-    exported rows, or to check them. The MRoPE positions come from the model's ``get_rope_index`` over the
-    ids and ``image_grid_thw`` (verl binds it onto its processor).
+    a processor), ``pixel_values_videos`` and ``video_grid_thw`` for videos, and ``images_seqlens`` (each image's
+    ``h * w`` patches, repeated ``t`` times); ``{}`` for a text-only sample. verl computes these itself from
+    ``multi_modal_data``; this is for a trainer fed exported rows, or to check them. The MRoPE positions come from
+    the model's ``get_rope_index`` over the ids and the grids (verl binds it onto its processor).
 
     Raises:
         ImageError: the processor gives an image another grid than the rollout recorded.
@@ -265,8 +267,9 @@ def verl_multi_modal_inputs(item: Trajectory | TrainingBranch, processor: Any) -
     if inputs:
         import torch
 
-        grid = inputs["image_grid_thw"]
-        inputs["images_seqlens"] = torch.repeat_interleave(grid[:, 1] * grid[:, 2], grid[:, 0])
+        grid = inputs.get("image_grid_thw")
+        if grid is not None:
+            inputs["images_seqlens"] = torch.repeat_interleave(grid[:, 1] * grid[:, 2], grid[:, 0])
     return inputs
 
 
@@ -300,5 +303,6 @@ def to_trl(
     if spans is not None:  # an extra column: TRL passes it to the reward functions
         row["weight_versions"] = _token_versions(source, start, spans)
     if source.media:  # TRL's vision-language column (its dataset form; see docs/multimodal.md for what it uses)
+        only_images(source, "TRL")
         row["images"] = image_values(source, images)
     return row

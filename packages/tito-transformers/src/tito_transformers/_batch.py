@@ -116,16 +116,11 @@ class _Batch:
         return _cache_of(out), token
 
     def _vision_inputs(self, job: _Job, input_ids: torch.Tensor) -> dict[str, Any]:
-        """A prompt's images as the model's forward takes them, with its 3-D positions (sets ``rope_delta``)."""
+        """A prompt's images and videos as the model's forward takes them, with 3-D positions (sets ``rope_delta``)."""
         backend = self.backend
         assert job.pixels is not None and backend._vision is not None
-        grid = job.pixels.image_grid_thw.to(backend.device)
-        positions, job.rope_delta = _rope_positions(backend.model, input_ids, grid, backend._vision.image_token_id)
-        return {
-            "pixel_values": job.pixels.pixel_values.to(backend.device, backend.model.dtype),
-            "image_grid_thw": grid,
-            "position_ids": positions,
-        }
+        positions, job.rope_delta = _rope_positions(backend.model, input_ids, job.pixels, backend._vision)
+        return {**job.pixels.forward_inputs(backend.device, backend.model.dtype), "position_ids": positions}
 
     def step(self) -> None:
         """Feed every row's pending token, sample the next, and drop the rows that ended or were cancelled."""

@@ -194,13 +194,14 @@ class TransformersBackend(Backend):
         constraint = self._preparer.prepare(job)
         if request.media and self._vision is None:
             raise BackendRequestError(
-                f"the model at {self.model_path} is text-only (no vision_config): it cannot take images",
-                field="images",
+                f"the model at {self.model_path} is text-only (no vision_config): it cannot take images or videos",
+                field="media",
                 backend=self.name,
             )
-        if self._vision is not None and (request.media or self._vision.image_token_id in job.input_ids):
-            # checks every placeholder belongs to an image; the processor takes milliseconds per new image
-            job.pixels = await asyncio.to_thread(self._vision.pixels, request)
+        vision = self._vision
+        if vision is not None and (request.media or any(t in job.input_ids for t in vision.token_ids.values())):
+            # checks every placeholder belongs to an item; the processor takes milliseconds per new image
+            job.pixels = await asyncio.to_thread(vision.pixels, request)
         if constraint is not None:  # compiling may build the tokenizer info (up to a second): off the loop
             await asyncio.to_thread(self._preparer.constrain, job, *constraint)
         with self._lock:

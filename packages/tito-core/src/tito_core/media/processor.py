@@ -194,9 +194,8 @@ def chat_media(chat: Iterable[Mapping[str, Any]]) -> list[MediaItem]:
                 continue
             item = part.get(kind)
             if not isinstance(item, item_type):
-                raise item_type.error(
-                    f"a {kind} part must hold a {item_type.__module__}.{item_type.__name__}, not {type(item).__name__}"
-                )
+                name = f"{item_type.__module__}.{item_type.__name__}"
+                raise item_type.error(f"the {kind} part must hold a {name}, not {type(item).__name__}")
             found.append(item)
     return found
 

@@ -20,7 +20,7 @@ import httpx
 
 from ..errors import ConfigError
 from ..export import TrainingBranch
-from ..export_images import data_url, prompt_images
+from ..export_images import data_url, only_images, prompt_images
 from ..trajectory import Trajectory
 from ..versions import int_version
 
@@ -48,6 +48,7 @@ def model_request_events(
     traj = item.trajectory if isinstance(item, TrainingBranch) else item
     since = item.prompt_length
     ids, lps = traj.token_ids, traj.logprobs
+    only_images(traj, "Agent Lightning")  # its Triplet carries image URLs only
     pictures = prompt_images(traj)
     events = []
     for turn in traj.turns:
