@@ -111,6 +111,23 @@ def test_the_backend_takes_videos_where_the_video_processor_loads(backend: Any) 
     assert backend.capabilities().input_kinds == {"image", "video"}
 
 
+@pytest.mark.parametrize(
+    ("width", "height", "frames"), [(100, 80, 4), (200, 60, 3), (56, 56, 1), (300, 300, 6), (64, 500, 5)]
+)
+def test_tito_sizes_a_clip_as_the_video_processor_does(
+    video_processor: Any, tiny_vl_dir: Path, width: int, height: int, frames: int
+) -> None:
+    from transformers import AutoTokenizer
+
+    vision = vision_processor(str(tiny_vl_dir), AutoTokenizer.from_pretrained(str(tiny_vl_dir)))
+    assert vision is not None
+    clip = Video([frame(width, height, step) for step in range(frames)])
+    grid, count = vision.measure(clip)
+    out = video_processor(videos=[clip.to_pil_frames()], do_sample_frames=False, return_tensors="pt")
+    assert [list(grid or ())] == out["video_grid_thw"].tolist()
+    assert count * 4 == out["pixel_values_videos"].shape[0]  # patches, merged 2x2 into the pads
+
+
 def test_a_video_tool_result_gives_the_processors_ids_and_logprobs_a_forward_pass_scores(
     backend: Any, tiny_vl_dir: Path
 ) -> None:
