@@ -64,7 +64,7 @@ PROFILE_ROWS = (
     ("collapsing placeholders for SGLang", "tito_sglang/_images.py", "collapse_placeholders"),
     ("request JSON (encode_generate, base64 included)", "tito_sglang/_wire.py", "encode_generate"),
     ("answer checks (check_result)", "tito_core/rollout_core/checks.py", "check_result"),
-    ("all of TitoModel.stream", "tito_core/model.py", "stream"),
+    ("all of TitoModel.stream", "tito_core/strands_front/model.py", "stream"),
 )
 
 

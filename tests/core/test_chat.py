@@ -5,7 +5,7 @@ import pytest
 from tito_core.conversation import tool_specs_to_chat
 from tito_core.errors import TemplateError, UnsupportedContentError
 from tito_core.render.renderer import ChatRenderer
-from tito_core.strands_messages import system_text, to_chat_messages
+from tito_core.strands_front.messages import system_text, to_chat_messages
 
 
 def test_turn_tail_is_read_from_the_template(qwen3_tokenizer, qwen25_tokenizer):

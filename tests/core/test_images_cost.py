@@ -101,7 +101,7 @@ def test_bytes_that_do_not_decode_are_refused_every_time():
 
 def test_an_image_already_in_the_conversation_is_not_hashed_again(monkeypatch):
     """Strands keeps each image's bytes object from call to call: the front's second conversion costs a lookup."""
-    from tito_core.strands_messages import to_conversation
+    from tito_core.strands_front.messages import to_conversation
 
     data = png(64, 48, seed=5)
     hashed: list[int] = []

@@ -12,7 +12,7 @@ from PIL import Image as PILImage
 from tito_core.conversation import canonical
 from tito_core.errors import UnsupportedContentError
 from tito_core.media import Image, ImageError
-from tito_core.strands_messages import to_chat_messages
+from tito_core.strands_front.messages import to_chat_messages
 
 
 def png(width: int = 20, height: int = 10, color: tuple[int, int, int] = (255, 0, 0)) -> bytes:

@@ -268,7 +268,7 @@ def test_answers_that_sample_a_placeholder_or_expand_differently_are_rejected(vl
 def test_a_tokenizer_directory_with_a_preprocessor_config_gives_the_model_vision(vl, tmp_path):
     from tito_core.config import TitoConfig
     from tito_core.media.processor import load_image_processor, vision_processor
-    from tito_core.model import TitoModel
+    from tito_core.strands_front.model import TitoModel
 
     tok = vl[0]
     tok.save_pretrained(tmp_path)

@@ -96,7 +96,7 @@ def test_parallel_tool_results_keep_call_order(qwen25_tokenizer):
 def test_tool_results_are_reordered_to_call_order(qwen25_tokenizer):
     tok = qwen25_tokenizer
     model = TitoModel(ScriptedBackend(tok), tok)
-    from tito_core.strands_messages import to_chat_messages
+    from tito_core.strands_front.messages import to_chat_messages
 
     results = {"role": "user", "content": [
         {"toolResult": {"toolUseId": "functions.search:10", "content": [{"text": "B"}]}},

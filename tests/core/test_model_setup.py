@@ -15,8 +15,8 @@ import pytest
 from tito_core.config import TitoConfig
 from tito_core.errors import ConfigError
 from tito_core.gateway import Gateway
-from tito_core.model import TitoModel
 from tito_core.model_setup import ModelSetup
+from tito_core.strands_front.model import TitoModel
 from tito_core.tool_parsers.hermes import HermesToolParser
 from tito_core.tool_parsers.qwen_xml import QwenXMLToolParser
 from tito_testing.scripted import ScriptedBackend

@@ -14,7 +14,7 @@ from tests.helpers import scripted_agent
 from tito_core import Trajectory
 from tito_core.conversation import tool_specs_to_chat
 from tito_core.render.renderer import ChatRenderer
-from tito_core.strands_messages import to_chat_messages
+from tito_core.strands_front.messages import to_chat_messages
 from tito_testing.scripted import ScriptedBackend
 
 SPECIALS = [

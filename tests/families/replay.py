@@ -18,7 +18,7 @@ from tito_core.backend import Backend, GenerateRequest, GenerateResult
 from tito_core.plugins import get_tool_parser
 from tito_core.render import shared_renderer
 from tito_core.rollout_core import CallOptions, RenderMode, Rollout
-from tito_core.strands_messages import to_conversation
+from tito_core.strands_front.messages import to_conversation
 from tito_core.tool_parsers.base import ParsedOutput
 from tito_core.trajectory import Trajectory
 

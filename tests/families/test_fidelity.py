@@ -32,7 +32,7 @@ from tito_core.plugins import get_tool_parser
 from tito_core.prefix_check import PrefixReport, check_prefix_preservation
 from tito_core.render import shared_renderer
 from tito_core.render.renderer import ChatRenderer, first_difference
-from tito_core.strands_messages import to_chat_messages
+from tito_core.strands_front.messages import to_chat_messages
 from tito_testing.families import FAMILIES, llama_cpp_sdist, load_family_tokenizer
 from tito_testing.tokenizers import chat_template
 

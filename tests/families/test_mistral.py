@@ -30,7 +30,7 @@ from tito_core.errors import ConfigError, TemplateError
 from tito_core.plugins import get_tool_parser
 from tito_core.render.mistral import MistralCommonRenderer
 from tito_core.rollout_core import CallOptions, Rollout
-from tito_core.strands_messages import to_conversation
+from tito_core.strands_front.messages import to_conversation
 from tito_testing.families import load_family_tokenizer
 
 from .replay import IdsBackend, replay
@@ -330,7 +330,7 @@ def test_control_token_text_in_a_tool_result_stays_text() -> None:
 
 
 def test_chat_template_with_a_mistral_common_tokenizer_is_a_config_error() -> None:
-    from tito_core.model import TitoModel
+    from tito_core.strands_front.model import TitoModel
 
     tok = load_family_tokenizer("mistral")
     with pytest.raises(ConfigError, match="mistral-common"):

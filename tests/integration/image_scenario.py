@@ -194,7 +194,7 @@ def check_agent(processor: Any, agent: Any, trajectory: Any) -> list[int]:
     the conversation that call saw. As text: the engine's outputs are kept as it produced them, and under the regex
     it spells ``<tool_call>`` with plain tokens (62752 ...) where a render has the special token 151657.
     """
-    from tito_core.strands_messages import to_chat_messages
+    from tito_core.strands_front.messages import to_chat_messages
 
     assert trajectory.status == "completed"
     assert [turn.stop_reason for turn in trajectory.turns] == ["tool_use", "tool_use", "end_turn"]

@@ -231,16 +231,16 @@ class _ParserPlugin:
 
 @pytest.fixture
 def fake_model_module(monkeypatch: pytest.MonkeyPatch) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """Stand in for tito_core.model so create_model is tested on its own."""
+    """Stand in for tito_core.strands_front.model so create_model is tested on its own."""
     calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
     class TitoModel:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             calls.append((args, kwargs))
 
-    module = types.ModuleType("tito_core.model")
+    module = types.ModuleType("tito_core.strands_front.model")
     module.TitoModel = TitoModel  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tito_core.model", module)
+    monkeypatch.setitem(sys.modules, "tito_core.strands_front.model", module)
     return calls
 
 

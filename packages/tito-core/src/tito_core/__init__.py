@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "TitoModel": "tito_core.model",
+    "TitoModel": "tito_core.strands_front.model",
     "Trajectory": "tito_core.trajectory",
     "TrajectoryRecord": "tito_core.trajectory",
     "Segment": "tito_core.trajectory",
@@ -87,7 +87,6 @@ if TYPE_CHECKING:
     from .backend import Backend, GenerateRequest, GenerateResult, SamplingParams, sampling_params
     from .config import TitoConfig, load_config
     from .errors import TitoError
-    from .model import TitoModel
     from .plugins import (
         BackendSpec,
         ToolParserSpec,
@@ -99,6 +98,7 @@ if TYPE_CHECKING:
     )
     from .prefix_check import PrefixReport, check_prefix_preservation
     from .runner import RolloutRecord, arollout, rollout
+    from .strands_front.model import TitoModel
     from .tokenizers import aload_tokenizer, load_tokenizer
     from .tool_parsers.base import ParsedOutput, ToolCall, ToolParser
     from .trajectory import Segment, Trajectory, TrajectoryRecord, Turn, Usage

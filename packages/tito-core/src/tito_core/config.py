@@ -39,13 +39,13 @@ from tito_core.rollout_settings import AgentSettings, RolloutSettings
 from tito_core.tokenizers import load_tokenizer
 
 if TYPE_CHECKING:
-    from tito_core.model import TitoModel
+    from tito_core.strands_front.model import TitoModel
 
 __all__ = ["AgentSettings", "RolloutSettings", "TitoConfig", "load_config", "with_overrides"]
 
 
 class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Everything needed to build a :class:`~tito_core.model.TitoModel` from names and plain values.
+    """Everything needed to build a :class:`~tito_core.strands_front.model.TitoModel` from names and plain values.
 
     Attributes:
         backend: Name of the backend plugin (``"vllm"``, ``"sglang"``, ``"scripted"``, a third party's).
@@ -165,7 +165,7 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         rollout_id: str | None = None,
         model_class: type[TitoModel] | None = None,
     ) -> TitoModel:
-        """Create a :class:`~tito_core.model.TitoModel` from this configuration.
+        """Create a :class:`~tito_core.strands_front.model.TitoModel` from this configuration.
 
         Args:
             backend: A backend to share between models; None creates the configured one.
@@ -173,15 +173,15 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
                 :func:`~tito_core.tokenizers.load_tokenizer`, so every model built from one config (or
                 from configs naming the same tokenizer) shares one tokenizer object.
             rollout_id: Id of the model's first rollout (random when None).
-            model_class: A :class:`~tito_core.model.TitoModel` subclass to build instead (e.g. one that adds
-                the attributes a library reads from its models).
+            model_class: A :class:`~tito_core.strands_front.model.TitoModel` subclass to build instead (e.g. one
+                that adds the attributes a library reads from its models).
 
         Raises:
             ConfigError: No tokenizer is set, or it cannot be loaded (see
                 :func:`~tito_core.tokenizers.load_tokenizer`), or a plugin option is wrong.
 
         """
-        from tito_core.model import TitoModel  # Strands, only for the Strands front
+        from tito_core.strands_front.model import TitoModel  # Strands, only for the Strands front
 
         options = self.setup_options(tokenizer)
         loaded = options.pop("tokenizer")

@@ -1,7 +1,7 @@
 """tito's own conversation form: what the rollout core takes from any front.
 
-A front (:class:`~tito_core.model.TitoModel` for Strands, the OpenAI-compatible gateway) turns its framework's
-messages into a :class:`Conversation`: chat-template messages (``role``, ``content``, ``tool_calls``,
+A front (:class:`~tito_core.strands_front.model.TitoModel` for Strands, the OpenAI-compatible gateway) turns its
+framework's messages into a :class:`Conversation`: chat-template messages (``role``, ``content``, ``tool_calls``,
 ``tool_call_id``, ``reasoning_content``) in the order the model sees them, tool results already in the order of
 the calls they answer, the system prompt, and the offered tools. The core renders, syncs and records this form
 and nothing else; it never sees a framework's types.

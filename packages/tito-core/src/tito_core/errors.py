@@ -1,8 +1,8 @@
 """Typed errors raised by tito.
 
 Every error is a :class:`TitoError`, and this module imports no framework: the rollout core, the adapters and
-the gateway use it without Strands. The Strands front (:class:`~tito_core.model.TitoModel`) raises a context
-overflow (:class:`ContextLengthError`, :class:`ContextWindowFullError`) as one that is also Strands'
+the gateway use it without Strands. The Strands front (:class:`~tito_core.strands_front.model.TitoModel`) raises
+a context overflow (:class:`ContextLengthError`, :class:`ContextWindowFullError`) as one that is also Strands'
 ``ContextWindowOverflowException``, so a Strands conversation manager reduces the context and retries.
 
 Retries of engine requests happen in one place, tito's HTTP client (:mod:`tito_core.http`), and only for

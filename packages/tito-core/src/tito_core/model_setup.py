@@ -3,7 +3,7 @@
 :meth:`ModelSetup.build` is the only place that turns model settings into these parts (a tokenizer path loaded
 once per process, ``tool_parser="auto"`` inferred from the template, the shared renderer, the vision processor,
 checked call options); :meth:`TitoConfig.setup_options <tito_core.config.TitoConfig.setup_options>` is the only
-place that reads them out of a config. The Strands front (:class:`~tito_core.model.TitoModel`),
+place that reads them out of a config. The Strands front (:class:`~tito_core.strands_front.model.TitoModel`),
 ``config.create_model`` and the gateway (``config.model_setup``) all go through both, so one config gives one
 setup whatever the front.
 """
@@ -76,7 +76,7 @@ class ModelSetup:
         render_mode: RenderMode = "auto",
         on_prefix_mismatch: PrefixPolicy = "fork",
     ) -> ModelSetup:
-        """Build the setup (the arguments are :class:`~tito_core.model.TitoModel`'s; a tokenizer path is loaded).
+        """Build the setup (the arguments are ``TitoModel``'s; a tokenizer path is loaded).
 
         Raises:
             ConfigError: A bad option, an unknown tool parser, a tool parser ``"auto"`` cannot infer, a

@@ -26,7 +26,7 @@ from .conversation import tool_specs_to_chat
 from .errors import TemplateError
 from .render.mistral import is_mistral_common
 from .render.renderer import ChatRenderer, first_difference
-from .strands_messages import to_chat_messages
+from .strands_front.messages import to_chat_messages
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

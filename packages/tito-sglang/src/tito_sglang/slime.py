@@ -15,7 +15,7 @@ from typing import Any
 from tito_core.backend import Backend, SamplingParams
 from tito_core.export import to_slime
 from tito_core.media.processor import DEFAULT_MAX_IMAGES, vision_processor
-from tito_core.model import TitoModel
+from tito_core.strands_front.model import TitoModel
 
 from .backend import SGLangBackend
 

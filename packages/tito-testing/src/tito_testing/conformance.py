@@ -342,7 +342,7 @@ class BackendConformanceTests(_StandardTests):
 
 
 class ModelConformanceTests(_StandardTests):
-    """Standard tests for a :class:`~tito_core.model.TitoModel` running a Strands agent on a backend.
+    """Standard tests for a :class:`~tito_core.strands_front.model.TitoModel` running a Strands agent on a backend.
 
     Fixtures the subclass provides: ``backend`` and ``tokenizer``, as for
     :class:`BackendConformanceTests`. Engines that can constrain decoding with a regex (which makes even a
@@ -365,7 +365,7 @@ class ModelConformanceTests(_StandardTests):
         return None
 
     def _model(self, backend: Backend, tokenizer: Any, **sampling: Any) -> Any:
-        from tito_core.model import TitoModel
+        from tito_core.strands_front.model import TitoModel
         from tito_testing.recording import RecordingBackend
 
         options = {"temperature": 0.0, **sampling}

@@ -17,7 +17,7 @@ from strands.types.content import ContentBlock, Message, Messages
 from ..conversation import ChatMessage
 from ..errors import TemplateError
 from ..render.renderer import ChatRenderer
-from ..strands_messages import to_chat_messages
+from ..strands_front.messages import to_chat_messages
 from ..tool_parsers.base import ToolParser
 from ..trajectory import Trajectory
 

@@ -2,8 +2,8 @@
 
 One :class:`~tito_core.rollout_core.call.Rollout` per gateway rollout, built from the config's
 :class:`~tito_core.model_setup.ModelSetup`, the setup :meth:`TitoConfig.create_model` builds a
-:class:`~tito_core.model.TitoModel` from (the same renderer, tool parser, vision, sampling and options): the
-gateway is a second front on the core, with nothing Strands-specific. A chat call converts the request
+:class:`~tito_core.strands_front.model.TitoModel` from (the same renderer, tool parser, vision, sampling and
+options): the gateway is a second front on the core, with nothing Strands-specific. A chat call converts the request
 (:mod:`~tito_core.gateway.openai_chat`), calls the rollout, and answers with the recorded output
 (:mod:`~tito_core.gateway.completion`); the rollout remembers what it returned so the replayed message reaches the
 core as the exact reply. Ending a rollout (``finish``, ``take``, the idle timeout, ``close``) closes its trajectory

@@ -42,9 +42,9 @@ import msgspec
 from ..backend import Backend
 from ..config import TitoConfig, load_config
 from ..errors import ConfigError, DatasetError
-from ..model import TitoModel
 from ..runner.dataset import Task, task_from_row
 from ..runner.rewards import RewardFn, Sample
+from ..strands_front.model import TitoModel
 from ..tokenizers import load_tokenizer
 from ..trajectory import Trajectory, TrajectoryRecord
 

@@ -9,8 +9,8 @@ Its parts each own their state:
 - :mod:`~tito_core.rollout_core.sequence`: the backend sequence of the live branch.
 - :mod:`~tito_core.rollout_core.call`: the call loop, :class:`Rollout`.
 
-None of them imports a front's framework (Strands); :class:`~tito_core.model.TitoModel` and the gateway convert
-to :class:`~tito_core.conversation.Conversation`.
+None of them imports a front's framework (Strands); :class:`~tito_core.strands_front.model.TitoModel` and the
+gateway convert to :class:`~tito_core.conversation.Conversation`.
 """
 
 from .call import CallOptions, Rollout

@@ -29,7 +29,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase
 
 from ..errors import ConfigError
 from ..media.processor import DEFAULT_MAX_IMAGES, vision_processor
-from ..model import TitoModel
+from ..strands_front.model import TitoModel
 from .verl_backend import VerlServerBackend, agent_loop_output
 
 logger = logging.getLogger(__name__)

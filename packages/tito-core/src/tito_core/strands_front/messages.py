@@ -1,8 +1,8 @@
 """The Strands front's conversion: Strands messages, system prompt and tool specs to tito's :class:`Conversation`.
 
-Only this module (and :mod:`tito_core.model`) knows Strands' message types. A user message becomes tool messages
-(in the order of the calls they answer) and/or user messages; an assistant message becomes one chat message with
-its text, reasoning and tool calls. Image blocks (in user messages and in tool results, e.g. a screenshot
+Only this module (and :mod:`tito_core.strands_front.model`) knows Strands' message types. A user message becomes
+tool messages (in the order of the calls they answer) and/or user messages; an assistant message becomes one chat
+message with its text, reasoning and tool calls. Image blocks (in user messages and in tool results, e.g. a screenshot
 tool's ``{"image": ...}`` item) become image content parts (:func:`~tito_core.media.image_part`); a message's
 ``content`` becomes a list of parts only when it holds an image, so text-only conversions are unchanged. Content
 tito cannot render (video, documents, redacted reasoning) is an :class:`UnsupportedContentError`.
@@ -17,9 +17,9 @@ from typing import Any
 from strands.types.content import ContentBlock, Message, Messages
 from strands.types.tools import ToolResultContent, ToolSpec
 
-from .conversation import ChatMessage, Conversation, message_content
-from .errors import UnsupportedContentError
-from .media import Image, ImageError
+from ..conversation import ChatMessage, Conversation, message_content
+from ..errors import UnsupportedContentError
+from ..media import Image, ImageError
 
 __all__ = ["TEXT_JOINER", "strands_image", "system_text", "to_chat_messages", "to_conversation"]
 

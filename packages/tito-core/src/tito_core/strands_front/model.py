@@ -2,7 +2,7 @@
 
 The model keeps Strands' agent loop untouched. It is the Strands front and nothing more: it converts each call's
 Strands messages into tito's :class:`~tito_core.conversation.Conversation`
-(:func:`~tito_core.strands_messages.to_conversation`) and hands it to a :class:`~tito_core.rollout_core.Rollout`,
+(:func:`~tito_core.strands_front.messages.to_conversation`) and hands it to a :class:`~tito_core.rollout_core.Rollout`,
 which renders the new messages, asks the backend, validates and records the answer in the live
 :class:`~tito_core.trajectory.Trajectory` and sets its status; the model turns the result into Strands events,
 and shows malformed tool calls back to the model instead of running them.
@@ -25,18 +25,18 @@ from strands.types.exceptions import ContextWindowOverflowException
 from strands.types.streaming import StreamEvent
 from strands.types.tools import ToolSpec
 
-from . import plugins
-from .backend import Backend, SamplingParams, sampling_params
-from .errors import ConfigError, ContextLengthError, ContextWindowFullError, TitoError
-from .grammar import GrammarToolParser
-from .media.processor import DEFAULT_MAX_IMAGES, ProcessorSpec
-from .model_setup import ModelSetup, call_options
-from .rollout_core import CallOptions, CallResult, PrefixPolicy, RenderMode
-from .status import end_with
-from .strands_messages import to_conversation
-from .tokenizers import aload_tokenizer, is_tokenizer_cached
-from .tool_parsers.base import ToolParser
-from .trajectory import Trajectory
+from .. import plugins
+from ..backend import Backend, SamplingParams, sampling_params
+from ..errors import ConfigError, ContextLengthError, ContextWindowFullError, TitoError
+from ..grammar import GrammarToolParser
+from ..media.processor import DEFAULT_MAX_IMAGES, ProcessorSpec
+from ..model_setup import ModelSetup, call_options
+from ..rollout_core import CallOptions, CallResult, PrefixPolicy, RenderMode
+from ..status import end_with
+from ..tokenizers import aload_tokenizer, is_tokenizer_cached
+from ..tool_parsers.base import ToolParser
+from ..trajectory import Trajectory
+from .messages import to_conversation
 
 if TYPE_CHECKING:
     from strands.hooks import BeforeToolCallEvent
