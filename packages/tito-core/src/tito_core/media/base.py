@@ -26,7 +26,7 @@ class MediaError(UnsupportedContentError):
 
 
 class MediaItem(ABC):
-    """One non-text input of a prompt: immutable, identified by the hash of its content."""
+    """One non-text input of a prompt: immutable, identified (compared and hashed) by its kind and content hash."""
 
     __slots__ = ()
 
@@ -60,6 +60,13 @@ class MediaItem(ABC):
     @abstractmethod
     def span_fields(self) -> dict[str, Any]:
         """The kind's own fields of its :class:`~tito_core.media.MediaSpan` (a clip: its frames and rate)."""
+
+    def __eq__(self, other: object) -> bool:
+        """Items are equal when they are of one kind and have one content hash."""
+        return isinstance(other, MediaItem) and other.kind == self.kind and other.sha256 == self.sha256
+
+    def __hash__(self) -> int:
+        return hash(self.sha256)
 
     @classmethod
     @abstractmethod

@@ -168,12 +168,6 @@ class Image(MediaItem):
         except KeyError:
             raise ImageError(f"no bytes are stored for image {span.sha256}") from None
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Image) and other._sha256 == self._sha256
-
-    def __hash__(self) -> int:
-        return hash(self._sha256)
-
     def __repr__(self) -> str:
         w, h = self._size
         return f"Image({self._format}, {w}x{h}, sha256={self._sha256[:12]}…)"

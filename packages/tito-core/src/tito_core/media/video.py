@@ -122,12 +122,6 @@ class Video(MediaItem):
             raise VideoError(f"no bytes are stored for frame {missing[0]} of video {span.sha256}")
         return cls([pictures[sha] for sha in span.frames], fps=span.fps)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Video) and other._sha256 == self._sha256
-
-    def __hash__(self) -> int:
-        return hash(self._sha256)
-
     def __repr__(self) -> str:
         w, h = self.size
         return f"Video({len(self._frames)} frames, {w}x{h}, {self._fps:g} fps, sha256={self._sha256[:12]}…)"

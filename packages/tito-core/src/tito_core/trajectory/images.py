@@ -74,8 +74,6 @@ def item_of(span: MediaSpan, pictures: dict[str, Image], kinds: dict[str, type[M
     Raises:
         TrajectoryError: the span's kind is not registered.
     """
-    if span.kind == "image":  # the common case, without the registry
-        return pictures[span.sha256]
     item_type = kinds.get(span.kind)
     if item_type is None:
         raise TrajectoryError(f"the trajectory holds a {span.kind!r} input, a kind no installed plugin registers")
