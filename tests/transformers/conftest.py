@@ -7,7 +7,8 @@ configuration (float32 for exact comparisons, processed logprobs, a small batch 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,33 @@ async def backend(tiny_backend: Any) -> AsyncIterator[Any]:
     yield tiny_backend
 
 
+class StepGate:
+    """Holds the embedded backend's worker before a decoding step while closed (tests close it to queue companions)."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.open.set()
+        self.held = threading.Event()  # set once a step waits at the closed gate
+
+    def close(self) -> None:
+        self.held.clear()
+        self.open.clear()
+
+    def pass_through(self) -> None:
+        if not self.open.is_set():
+            self.held.set()
+            if not self.open.wait(timeout=120):
+                raise TimeoutError("the test never opened the step gate")
+
+
 @pytest.fixture
-def batch_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def step_gate() -> StepGate:
+    """The gate ``batch_sizes`` steps pass (open unless a test closes it)."""
+    return StepGate()
+
+
+@pytest.fixture
+def batch_sizes(monkeypatch: pytest.MonkeyPatch, step_gate: StepGate) -> list[int]:
     """Rows in each batched decoding step of the embedded backend, recorded."""
     from tito_transformers import backend as backend_module
 
@@ -64,8 +90,25 @@ def batch_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     step = backend_module._Batch.step
 
     def recording(self: Any) -> None:
+        step_gate.pass_through()
         seen.append(len(self.rows))
         step(self)
 
     monkeypatch.setattr(backend_module._Batch, "step", recording)
     return seen
+
+
+@pytest.fixture
+def decode_together(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any, int], None]:
+    """``decode_together(backend, n)``: its idle worker waits until ``n`` requests are queued, then prefills them.
+
+    The backend's own gathering (``batch_wait_ms``), made deterministic: the worker waits on the queue's
+    condition for the n-th request, not on a clock, so a busy machine cannot split the batch (the wait's
+    deadline is only a safety net).
+    """
+
+    def hold(backend: Any, n: int) -> None:
+        monkeypatch.setattr(backend, "max_batch_size", n)
+        monkeypatch.setattr(backend, "batch_wait_s", 120.0)
+
+    return hold

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tito_core.backend import GenerateRequest, GenerateResult, SamplingParams
+from tito_core.backend import GenerateRequest, SamplingParams
 from tito_core.errors import BackendError, ContextLengthError
 from tito_core.versions import VersionSpan
 from tito_transformers import TransformersBackend
@@ -73,10 +73,11 @@ def test_registered_by_name(tiny_model_dir: Path) -> None:
     backend.close()
 
 
-async def test_batched_greedy_equals_single_request_greedy(fp32, tokenizer, batch_sizes) -> None:
+async def test_batched_greedy_equals_single_request_greedy(fp32, tokenizer, batch_sizes, decode_together) -> None:
     ids = prompts(tokenizer)
     alone = [await fp32.generate(request(p, max_new_tokens=12, temperature=0, ignore_eos=True)) for p in ids]
     assert max(batch_sizes) == 1
+    decode_together(fp32, len(ids))
     together = await asyncio.gather(
         *(fp32.generate(request(p, max_new_tokens=12, temperature=0, ignore_eos=True)) for p in ids)
     )
@@ -86,19 +87,21 @@ async def test_batched_greedy_equals_single_request_greedy(fp32, tokenizer, batc
         assert close(batched.output_logprobs, single.output_logprobs)
 
 
-async def test_requests_joining_a_running_batch_get_the_same_tokens(fp32, tokenizer, batch_sizes) -> None:
+async def test_requests_joining_a_running_batch_get_the_same_tokens(fp32, tokenizer, batch_sizes, step_gate) -> None:
     """A request that arrives mid-generation joins the batch (left-padded cache) without changing anyone's output."""
     ids = prompts(tokenizer)
     seeded = {"temperature": 1.0, "seed": 7, "max_new_tokens": 40, "ignore_eos": True}
     alone = [await fp32.generate(request(p, **seeded)) for p in ids]
     batch_sizes.clear()
-
-    async def later(delay: float, prompt: list[int]) -> GenerateResult:
-        await asyncio.sleep(delay)
-        return await fp32.generate(request(prompt, **seeded))
-
-    staggered = await asyncio.gather(*(later(0.01 * i, p) for i, p in enumerate(ids)))
-    assert max(batch_sizes) > 1
+    step_gate.close()  # the first request is prefilled, then held before its first decoding step
+    first = asyncio.create_task(fp32.generate(request(ids[0], **seeded)))
+    assert await asyncio.to_thread(step_gate.held.wait, 120)
+    rest = [asyncio.create_task(fp32.generate(request(p, **seeded))) for p in ids[1:]]
+    while len(fp32._queue) < len(rest):  # queued behind the running row (the worker is held)
+        await asyncio.sleep(0.001)
+    step_gate.open.set()
+    staggered = [await first, *await asyncio.gather(*rest)]
+    assert batch_sizes[0] == 1 and max(batch_sizes) == len(ids)
     for single, batched in zip(alone, staggered, strict=True):
         assert batched.output_ids == single.output_ids, "seeded sampling changed by batching"
         assert close(batched.output_logprobs, single.output_logprobs)
@@ -179,7 +182,7 @@ async def test_top_k_and_top_p_restrict_the_candidates(fp32, tokenizer) -> None:
 
 
 async def test_max_batch_size_bounds_the_batch(tiny_model_dir, tokenizer, batch_sizes) -> None:
-    backend = TransformersBackend(tiny_model_dir, max_batch_size=2)
+    backend = TransformersBackend(tiny_model_dir, max_batch_size=2, batch_wait_ms=120_000)  # waits for a full batch
     try:
         ids = prompts(tokenizer)
         results = await asyncio.gather(

@@ -154,7 +154,7 @@ async def test_greedy_output_and_prompt_logprobs_match_a_plain_forward_with_the_
 
 
 async def test_image_rows_decode_the_same_alone_and_batched_with_text_rows(
-    vl: TransformersBackend, processor: Any, vl_tokenizer: Any, batch_sizes: list[int]
+    vl: TransformersBackend, processor: Any, vl_tokenizer: Any, batch_sizes: list[int], decode_together: Any
 ) -> None:
     first = expanded(vl_tokenizer, processor, "Describe it.", [picture(224, 224, (0, 128, 255))])
     pair = [picture(56, 56, (9, 9, 9)), picture(448, 120, (200, 0, 0))]
@@ -163,6 +163,7 @@ async def test_image_rows_decode_the_same_alone_and_batched_with_text_rows(
     cases = [first, second, text]
     alone = [await vl.generate(request(ids, spans, temperature=0, max_new_tokens=6)) for ids, spans in cases]
     batch_sizes.clear()
+    decode_together(vl, len(cases))  # image rows reach the queue after their pixels (made off the loop)
     together = await asyncio.gather(
         *(vl.generate(request(ids, spans, temperature=0, max_new_tokens=6)) for ids, spans in cases)
     )
