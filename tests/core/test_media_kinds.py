@@ -97,6 +97,32 @@ def test_the_family_takes_videos_with_the_video_processor_config(tok: Any, model
     assert images_only is not None and images_only.kinds == {"image"}
 
 
+def test_vision_processors_are_shared_per_tokenizer_without_keeping_it_alive(model_dir: Path) -> None:
+    import gc
+    import weakref
+
+    from transformers import AutoTokenizer
+
+    from tito_core.media import processor as processor_module
+    from tito_testing.tokenizers import qwen_tokenizer_dir
+
+    first = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir("qwen3")))
+    shared = vision_processor(model_dir, first)
+    assert shared is not None and vision_processor(model_dir, first) is shared
+    # an entry whose tokenizer is another object (as after a dead tokenizer's id is reused) is not handed out
+    second = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir("qwen3")))
+    key = (id(shared.image_processor), id(second), shared.max_images, processor_module._directory_key(model_dir))
+    processor_module._shared[key] = (shared, weakref.ref(first))
+    fresh = vision_processor(model_dir, second)
+    assert fresh is not None and fresh is not shared and vision_processor(model_dir, second) is fresh
+    # the cache holds tokenizers weakly: a dropped tokenizer is collected and its entry goes with it
+    gone = weakref.ref(first)
+    del first, shared
+    gc.collect()
+    assert gone() is None
+    assert not any(ref() is None for _, ref in processor_module._shared.values())
+
+
 def test_a_config_that_samples_frames_is_refused(tok: Any, tmp_path: Path) -> None:
     config = json.loads(tiny_image_processor().to_json_string())
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({**config, **TINY_VISION}))

@@ -9,8 +9,10 @@ consumes. :func:`chat_media` finds the items of a chat in render order, for ever
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -273,7 +275,9 @@ ProcessorSpec = Any
 ``preprocessor_config.json``), False (no vision), a directory, a Hugging Face image processor, or a
 :class:`VisionProcessor`."""
 
-_shared: dict[tuple[int, int, int, str | None], VisionProcessor] = {}
+_shared: dict[tuple[int, int, int, str | None], tuple[VisionProcessor, weakref.ref[Any]]] = {}
+"""Vision processors by (processor, tokenizer, max_images, directory), each with a weak reference to its tokenizer:
+the cache neither keeps a tokenizer alive nor hands a dead tokenizer's processor to a new one given its id."""
 
 
 def vision_processor(
@@ -299,8 +303,10 @@ def vision_processor(
         processor = load_image_processor(directory)
     key = (id(processor), id(tokenizer), max_images, directory)
     with _processors_lock:
-        shared = _shared.get(key)
-        if shared is None or shared.image_processor is not processor:
-            shared = VisionProcessor(processor, tokenizer, max_images=max_images, directory=directory)
-            _shared[key] = shared
+        cached = _shared.get(key)
+        if cached is not None and cached[0].image_processor is processor and cached[1]() is tokenizer:
+            return cached[0]
+        shared = VisionProcessor(processor, tokenizer, max_images=max_images, directory=directory)
+        with contextlib.suppress(TypeError):  # a tokenizer without weak references is not shared
+            _shared[key] = (shared, weakref.ref(tokenizer, lambda _: _shared.pop(key, None)))
         return shared
