@@ -111,6 +111,9 @@ async def test_idle_rollout_ends_with_a_status_and_is_written(
         ended.set()
 
     gateway.registry._on_idle = noted
+    called = False  # the sweep looks only after the first call: a slow machine cannot idle the rollout before it
+    find_idle = gateway.registry.idle
+    gateway.registry.idle = lambda now=None: find_idle(now) if called else []  # type: ignore[method-assign]
     await gateway.start()
     try:
         backend.add("<tool_call>\n" + json.dumps({"name": "f", "arguments": {}}) + "\n</tool_call>")
@@ -119,6 +122,7 @@ async def test_idle_rollout_ends_with_a_status_and_is_written(
         auth = {"Authorization": f"Bearer {rollout.token}"}
         status, _ = await post(f"{rollout.base_url}/chat/completions", {**USER, "tools": tools}, **auth)
         assert status == 200
+        called = True
         await asyncio.wait_for(ended.wait(), 30)  # hang guard only
         status, body = await post(f"{rollout.base_url}/chat/completions", USER, **auth)
         assert status == 409
