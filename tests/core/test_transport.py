@@ -258,7 +258,14 @@ async def test_bytes_arriving_while_idle_are_never_delivered(extra: bytes) -> No
         client = client_for(raw.url)
         assert await client.post("/g", b"1") == b"1"
         await sent_extra.wait()
-        await asyncio.sleep(0.02)  # the bytes reach the client while the connection is idle
+        # the bytes reach the idle pooled connection (waited for, not slept on: a busy machine may take long)
+        connector = client._transport()._session.connector  # type: ignore[attr-defined]
+        deadline = asyncio.get_running_loop().time() + 60
+        while not any(
+            getattr(proto, "_tito_stray", False) for conns in connector._conns.values() for proto, _ in conns
+        ):
+            assert asyncio.get_running_loop().time() < deadline, "the stray bytes never reached the client"
+            await asyncio.sleep(0.005)
         assert await client.post("/g", b"2") == b"2"
         assert await client.post("/g", b"3") == b"3"
         await client.aclose()
