@@ -6,6 +6,7 @@ configuration (float32 for exact comparisons, processed logprobs, a small batch 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -98,17 +99,22 @@ def batch_sizes(monkeypatch: pytest.MonkeyPatch, step_gate: StepGate) -> list[in
     return seen
 
 
+@contextlib.contextmanager
+def _decoded_together(backend: Any, n: int) -> Iterator[None]:
+    saved = backend.max_batch_size, backend.batch_wait_s
+    backend.max_batch_size, backend.batch_wait_s = n, 120.0
+    try:
+        yield
+    finally:
+        backend.max_batch_size, backend.batch_wait_s = saved
+
+
 @pytest.fixture
-def decode_together(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any, int], None]:
-    """``decode_together(backend, n)``: its idle worker waits until ``n`` requests are queued, then prefills them.
+def decode_together() -> Callable[[Any, int], contextlib.AbstractContextManager[None]]:
+    """``with decode_together(backend, n):`` its idle worker waits until ``n`` requests are queued, then prefills them.
 
     The backend's own gathering (``batch_wait_ms``), made deterministic: the worker waits on the queue's
     condition for the n-th request, not on a clock, so a busy machine cannot split the batch (the wait's
-    deadline is only a safety net).
+    deadline is only a safety net). The backend's settings come back on leaving the block.
     """
-
-    def hold(backend: Any, n: int) -> None:
-        monkeypatch.setattr(backend, "max_batch_size", n)
-        monkeypatch.setattr(backend, "batch_wait_s", 120.0)
-
-    return hold
+    return _decoded_together

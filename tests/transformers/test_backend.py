@@ -77,10 +77,10 @@ async def test_batched_greedy_equals_single_request_greedy(fp32, tokenizer, batc
     ids = prompts(tokenizer)
     alone = [await fp32.generate(request(p, max_new_tokens=12, temperature=0, ignore_eos=True)) for p in ids]
     assert max(batch_sizes) == 1
-    decode_together(fp32, len(ids))
-    together = await asyncio.gather(
-        *(fp32.generate(request(p, max_new_tokens=12, temperature=0, ignore_eos=True)) for p in ids)
-    )
+    with decode_together(fp32, len(ids)):
+        together = await asyncio.gather(
+            *(fp32.generate(request(p, max_new_tokens=12, temperature=0, ignore_eos=True)) for p in ids)
+        )
     assert max(batch_sizes) == len(ids), "requests sent together were not decoded together"
     for single, batched in zip(alone, together, strict=True):
         assert batched.output_ids == single.output_ids

@@ -195,8 +195,8 @@ async def test_mixed_batch_constrains_only_the_rows_with_a_grammar(
     ]
     alone = [await fp32.generate(r) for r in reqs]
     batch_sizes.clear()
-    decode_together(fp32, len(reqs))  # the grammar rows reach the queue later (compiled off the loop)
-    together = await asyncio.gather(*(fp32.generate(r) for r in reqs))
+    with decode_together(fp32, len(reqs)):  # the grammar rows reach the queue later (compiled off the loop)
+        together = await asyncio.gather(*(fp32.generate(r) for r in reqs))
     assert max(batch_sizes) == 4
     for i, (a, b) in enumerate(zip(alone, together, strict=True)):
         assert a.output_ids == b.output_ids, f"row {i} depends on the batch"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from tito_core.backend import GenerateRequest, SamplingParams
 pytest.importorskip("gguf")
 
 
-async def test_smollm2_answers_and_records_exact_rollouts() -> None:
+async def test_smollm2_answers_and_records_exact_rollouts(batch_sizes: list[int], decode_together: Any) -> None:
     from strands import tool
     from transformers import AutoTokenizer
 
@@ -64,8 +65,10 @@ async def test_smollm2_answers_and_records_exact_rollouts() -> None:
             sampling = SamplingParams(temperature=0.0, max_new_tokens=len(output))
             return GenerateRequest(rid=uuid.uuid4().hex, input_ids=list(ids), prefix_len=0, sampling=sampling)
 
-        batched = await asyncio.gather(*(backend.generate(greedy(ids)) for ids in [prompt, *others]))
-        assert batched[0].output_ids == output
+        batch_sizes.clear()
+        with decode_together(backend, 1 + len(others)):
+            batched = await asyncio.gather(*(backend.generate(greedy(ids)) for ids in [prompt, *others]))
+        assert batch_sizes[0] == 1 + len(others) and batched[0].output_ids == output
 
         # 3. a rollout with tools on the tool template: every token recorded exactly, whatever the model does
         @tool

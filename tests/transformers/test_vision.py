@@ -163,10 +163,10 @@ async def test_image_rows_decode_the_same_alone_and_batched_with_text_rows(
     cases = [first, second, text]
     alone = [await vl.generate(request(ids, spans, temperature=0, max_new_tokens=6)) for ids, spans in cases]
     batch_sizes.clear()
-    decode_together(vl, len(cases))  # image rows reach the queue after their pixels (made off the loop)
-    together = await asyncio.gather(
-        *(vl.generate(request(ids, spans, temperature=0, max_new_tokens=6)) for ids, spans in cases)
-    )
+    with decode_together(vl, len(cases)):  # image rows reach the queue after their pixels (made off the loop)
+        together = await asyncio.gather(
+            *(vl.generate(request(ids, spans, temperature=0, max_new_tokens=6)) for ids, spans in cases)
+        )
     assert max(batch_sizes) == 3
     for one, batched in zip(alone, together, strict=True):
         assert batched.output_ids == one.output_ids
