@@ -123,6 +123,13 @@ def test_vision_processors_are_shared_per_tokenizer_without_keeping_it_alive(mod
     assert not any(ref() is None for _, ref in processor_module._shared.values())
 
 
+def test_a_directory_without_a_video_processor_config_is_a_named_video_error(tmp_path: Path) -> None:
+    from tito_core.media.processor import load_video_processor
+
+    with pytest.raises(VideoError, match=r"holds no video processor \(no video_preprocessor_config.json\)"):
+        load_video_processor(tmp_path)
+
+
 def test_a_config_that_samples_frames_is_refused(tok: Any, tmp_path: Path) -> None:
     config = json.loads(tiny_image_processor().to_json_string())
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({**config, **TINY_VISION}))

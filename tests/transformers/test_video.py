@@ -27,7 +27,7 @@ from tito_core.backend import SamplingParams
 from tito_core.conversation import Conversation
 from tito_core.export import to_slime, to_trl, to_verl
 from tito_core.media import Image, MediaError, Video, VideoError, image_part, video_part
-from tito_core.media.processor import vision_processor
+from tito_core.media.processor import load_video_processor, vision_processor
 from tito_core.plugins import get_tool_parser
 from tito_core.render.renderer import ChatRenderer
 from tito_core.rollout_core import CallOptions, Rollout
@@ -220,6 +220,8 @@ def test_a_video_tool_result_gives_the_processors_ids_and_logprobs_a_forward_pas
     assert train["video_grid_thw"].tolist() == [[3, 6, 8]] and train["image_grid_thw"].tolist() == [[1, 6, 8]]
     assert torch.equal(train["pixel_values_videos"], full["pixel_values_videos"])
     assert torch.equal(train["pixel_values"], full["pixel_values"])
+    # the export's video processor is loaded once per directory, like the image processor (not once per sample)
+    assert load_video_processor(tiny_vl_dir) is load_video_processor(str(tiny_vl_dir))
     with pytest.raises(VideoError, match=r"TRL's multimodal field takes images only; rollout .* holds 1 video"):
         to_trl(traj)
 

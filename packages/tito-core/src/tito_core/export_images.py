@@ -181,12 +181,9 @@ def _video_processor(processor: Any) -> Any:
         raise VideoError(
             f"{type(processor).__name__} has no video processor: pass the model directory or its processor"
         )
-    try:
-        from transformers import AutoVideoProcessor
+    from .media.processor import load_video_processor
 
-        return AutoVideoProcessor.from_pretrained(str(processor))
-    except Exception as exc:  # ImportError without torchvision, no video processor config ...
-        raise VideoError(f"the video processor of {processor} does not load ({type(exc).__name__}: {exc})") from exc
+    return load_video_processor(processor)
 
 
 def _check_grids(items: Sequence[PromptMedia], rows: Sequence[tuple[int, ...]]) -> None:

@@ -21,12 +21,12 @@ import logging
 import math
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tito_core.backend import GenerateRequest
 from tito_core.errors import BackendRequestError
-from tito_core.media import PromptMedia, Video
+from tito_core.media import PromptMedia, Video, VideoError
+from tito_core.media.processor import load_video_processor
 
 if TYPE_CHECKING:
     import torch
@@ -219,16 +219,10 @@ def _video_processor(model_path: str) -> Any:
     None without a ``video_preprocessor_config.json``, or when it does not load (transformers' video processors
     need torchvision).
     """
-    if not (Path(model_path) / "video_preprocessor_config.json").is_file():
-        return None
     try:
-        from transformers import AutoVideoProcessor
-
-        return AutoVideoProcessor.from_pretrained(model_path)
-    except Exception as exc:  # ImportError without torchvision, a broken torchvision build, a bad config ...
-        logger.info(
-            "%s: videos are off, its video processor does not load: %s: %s", model_path, type(exc).__name__, exc
-        )
+        return load_video_processor(model_path)
+    except VideoError as exc:
+        logger.info("videos are off: %s", exc)
         return None
 
 

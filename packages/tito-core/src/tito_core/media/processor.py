@@ -22,6 +22,7 @@ from ..plugins.registry import input_kinds, vision_family_factory
 from .base import MediaError, MediaItem
 from .families import VisionFamily
 from .spans import MediaSpan, PromptMedia
+from .video import VideoError
 
 __all__ = [
     "DEFAULT_MAX_IMAGES",
@@ -32,6 +33,7 @@ __all__ = [
     "family_of",
     "has_preprocessor",
     "load_image_processor",
+    "load_video_processor",
     "refusal",
     "vision_processor",
 ]
@@ -262,6 +264,34 @@ def load_image_processor(directory: str | os.PathLike[str]) -> Any:
         except (OSError, ValueError, ImportError) as exc:
             raise ConfigError(f"cannot load the image processor of {directory}: {exc}") from exc
         _processors[key] = processor
+        return processor
+
+
+_video_processors: dict[str, Any] = {}
+
+
+def load_video_processor(directory: str | os.PathLike[str]) -> Any:
+    """The video processor of a local model directory (``AutoVideoProcessor``), loaded once per process per path.
+
+    Raises:
+        VideoError: the directory holds no ``video_preprocessor_config.json``, or its processor does not load
+            (transformers' video processors need torchvision).
+    """
+    key = _directory_key(directory)
+    with _processors_lock:
+        cached = _video_processors.get(key)
+        if cached is not None:
+            return cached
+        if not (Path(key) / "video_preprocessor_config.json").is_file():
+            raise VideoError(f"{directory} holds no video processor (no video_preprocessor_config.json)")
+        try:
+            from transformers import AutoVideoProcessor
+
+            auto: Any = AutoVideoProcessor
+            processor = auto.from_pretrained(key, local_files_only=True)
+        except Exception as exc:  # ImportError without torchvision, a broken torchvision build, a bad config ...
+            raise VideoError(f"the video processor of {directory} does not load ({type(exc).__name__}: {exc})") from exc
+        _video_processors[key] = processor
         return processor
 
 
