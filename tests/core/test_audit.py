@@ -190,7 +190,7 @@ def test_the_command_refuses_bad_options_and_a_backend_that_cannot_score(
 
 
 def test_a_gate_with_nothing_to_check_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
-    import tito_core.cli_audit as cli_audit
+    import tito_core.cli.audit as cli_audit
 
     async def no_model(args, config):  # a scorer for a file whose records have no free turn
         return OffsetScorer({}, lambda token: 0.0), None

@@ -358,7 +358,12 @@ def hook(name, args):
 
 
 sys.addaudithook(hook)
-from tito_core.cli import main
+if os.environ.get("TITO_TEST_RUN_MODULE"):  # as `python -m tito_core.cli` runs it
+    import runpy
+
+    sys.argv = ["tito", *sys.argv[3:]]
+    runpy.run_module("tito_core.cli", run_name="__main__", alter_sys=True)
+from tito_core.cli import main  # as the `tito` console script runs it
 
 raise SystemExit(main(sys.argv[3:]))
 """
@@ -396,6 +401,9 @@ def _default_sigint() -> None:
 @pytest.mark.parametrize(
     ("point", "written"),
     [
+        ("importing the commands", None),  # the first import after the entry point took over Ctrl-C
+        ("python -m, importing asyncio", None),
+        ("importing the audit command", None),
         ("importing strands", None),
         ("loading the tokenizer", None),
         ("a prepare hook that never returns", None),
@@ -407,14 +415,23 @@ def _default_sigint() -> None:
 def test_ctrl_c_at_any_point_exits_130_with_one_line_and_keeps_what_was_written(
     tmp_path: Path, point: str, written: tuple[int, int] | None
 ) -> None:
-    """Each point stopped a run late or printed a traceback before: start-up Ctrl-C raised out of an import, a
+    """Each point stopped a run late or printed a traceback before: start-up Ctrl-C raised out of an import (the
+    first three: before the entry point took over Ctrl-C ahead of the commands' imports, exit -2), a
     run waited for the thread loading its tokenizer or running its prepare hook, and a lane of an in-process
     backend ran on to the end of the dataset before the cancellation reached it."""
     write_jsonl(tmp_path / "t.jsonl", tasks(40))
     out = tmp_path / "out.jsonl"
     args = _run(tmp_path, "--output", str(out), "--quiet")
     driver = [sys.executable, "-m", "tito_core.cli"]
-    if point == "importing strands":
+    env = {**os.environ, "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}  # "PyTorch was not found" where torch is not
+    if point == "importing the commands":
+        driver = [sys.executable, "-c", _SIGINT_AT_EVENT, "import", "tito_core.cli.commands"]
+    elif point == "python -m, importing asyncio":
+        driver = [sys.executable, "-c", _SIGINT_AT_EVENT, "import", "asyncio"]
+        env["TITO_TEST_RUN_MODULE"] = "1"
+    elif point == "importing the audit command":
+        driver = [sys.executable, "-c", _SIGINT_AT_EVENT, "import", "tito_core.cli.audit"]
+    elif point == "importing strands":
         driver = [sys.executable, "-c", _SIGINT_AT_EVENT, "import", "strands"]
     elif point == "loading the tokenizer":
         driver = [sys.executable, "-c", _SIGINT_AT_EVENT, "open", "tokenizer.json"]
@@ -425,7 +442,6 @@ def test_ctrl_c_at_any_point_exits_130_with_one_line_and_keeps_what_was_written(
         at, hold = {"the first rollout": (1, True), "writing the third record": (3, False)}.get(point, (5, True))
         (tmp_path / "signalling.py").write_text(_SIGINT_IN_REWARD.format(at=at, hold=hold))
         args += ["--reward", "signalling:reward"]
-    env = {**os.environ, "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}  # "PyTorch was not found" where torch is not
     # SIGINT at its default in the child: a test run started in the background (CI, nohup) inherits it ignored, and
     # Python then never raises KeyboardInterrupt (Ctrl-C ignored is what such a parent asked for)
     proc = subprocess.Popen([*driver, *args], cwd=tmp_path, stderr=subprocess.PIPE, text=True, env=env,
@@ -479,7 +495,7 @@ def test_the_summary_lists_the_first_groups_and_states_the_spread_over_all() -> 
 
 
 def test_strands_truncation_notices_stay_out_of_the_progress_output() -> None:
-    from tito_core.cli import _drop_truncation_notices
+    from tito_core.cli.commands import _drop_truncation_notices
 
     def record(name: str) -> logging.LogRecord:
         return logging.LogRecord(name, logging.WARNING, __file__, 1, "replacing with error message", None, None)

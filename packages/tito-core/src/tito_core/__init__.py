@@ -6,8 +6,7 @@ torch or transformers.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # not typing's: `import tito_core` (the `tito` command's first import) stays cheap
 
 __version__ = "0.1.0"
 
@@ -84,6 +83,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from .backend import Backend, GenerateRequest, GenerateResult, SamplingParams, sampling_params
     from .config import TitoConfig, load_config
     from .errors import TitoError
@@ -109,6 +110,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'tito_core' has no attribute {name!r}")
+    import importlib
+
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

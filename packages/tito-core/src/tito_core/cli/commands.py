@@ -1,4 +1,4 @@
-"""The ``tito`` command: a thin layer over the library.
+"""The ``tito`` command's parser and its commands (the entry point, :func:`tito_core.cli.main`, loads this).
 
     tito rollout --config tito.toml --dataset tasks.jsonl --output rollouts.jsonl [--group-size 4 ...]
     tito rollout ... --executor ray [--address auto] --workers 8
@@ -24,28 +24,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .cli_audit import add_audit_command, run_audit
-from .cli_serve import add_serve_command, run_serve
-from .cli_view import add_view_command, decoding_tokenizer, run_view
-from .errors import ConfigError, TitoError  # no Strands: cheap at start-up
+from ..errors import ConfigError, TitoError  # no Strands: cheap at start-up
+from .audit import add_audit_command, run_audit
+from .serve import add_serve_command, run_serve
+from .view import add_view_command, decoding_tokenizer, run_view
 
-__all__ = ["main"]
+__all__ = ["run"]
 
 logger = logging.getLogger("tito")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run(argv: Sequence[str] | None = None) -> int:
     """Run the ``tito`` command line; returns the exit status.
 
-    Ctrl-C at any moment (imports, start-up, a model call, a write) exits 130 with one line: a rollout's finished
-    records are on disk and a rerun resumes.
+    Ctrl-C at any moment (start-up, a model call, a write) exits 130 with one line: a rollout's finished records
+    are on disk and a rerun resumes.
     """
     args: argparse.Namespace | None = None
     try:
         parser = _parser()
         args, rest = parser.parse_known_args(argv)
         if args.command == "demo":
-            from .demo import main as demo_main
+            from ..demo import main as demo_main
 
             return demo_main(rest)
         if rest:
@@ -177,8 +177,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _rollout(args: argparse.Namespace) -> int:
-    from .runner import JsonReporter, QuietReporter, RichReporter, rollout
-    from .runner.progress import Reporter
+    from ..runner import JsonReporter, QuietReporter, RichReporter, rollout
+    from ..runner.progress import Reporter
 
     reporter: Reporter
     if args.quiet:
@@ -243,10 +243,10 @@ def _executor(args: argparse.Namespace) -> Any:
         if args.address is not None or args.workers is not None:
             raise ConfigError("--address and --workers go with --executor ray")
         return None
-    from ._optional import ray
+    from .._optional import ray
 
     ray()  # a clear error now, before the config and the servers are checked, when Ray is not installed
-    from .runner.ray_executor import RayExecutor
+    from ..runner.ray_executor import RayExecutor
 
     return RayExecutor(2 if args.workers is None else args.workers, address=args.address)
 
@@ -262,8 +262,8 @@ class _JsonFormatter(logging.Formatter):
 
 
 def _export(args: argparse.Namespace) -> int:
-    from .runner import read_records
-    from .runner.samples import training_rows
+    from ..runner import read_records
+    from ..runner.samples import training_rows
 
     if args.out is not None and args.output is not None and args.out != args.output:
         raise ConfigError(f"two output files given: {args.out!r} and -o {args.output!r}")
@@ -301,8 +301,8 @@ def _export(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .runner import read_records
-    from .runner.samples import generated_tokens
+    from ..runner import read_records
+    from ..runner.samples import generated_tokens
 
     console = Console()
     records = [r for r in read_records(args.rollouts) if args.task_id is None or r.task_id == args.task_id]
@@ -390,7 +390,7 @@ def _versions(record: Any) -> str:
 
 def _file_versions(records: Sequence[Any]) -> str:
     """The line under ``tito inspect``'s table: the weight-version range of the records, and how many are stale."""
-    from .versions import version_range
+    from ..versions import version_range
 
     versions = [v for r in records for v in (r.weight_version_min, r.weight_version_max) if v is not None]
     span = version_range(versions)
@@ -430,7 +430,3 @@ def _show_segments(console: Any, record: Any, tokenizer: Any) -> None:
         style = "bold green" if seg.kind == "output" else "dim"
         console.print(Text(f"[turn {seg.turn} {seg.kind}, {seg.end - seg.start} tokens]", style="italic"))
         console.print(Text(shown, style=style))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

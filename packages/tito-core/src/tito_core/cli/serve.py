@@ -55,9 +55,9 @@ def add_serve_command(commands: Any) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``tito serve``; returns the exit status."""
-    from .gateway.server import api_key_from, serve
-    from .runner.interrupts import run_interruptible
-    from .runner.run import prepare_config
+    from ..gateway.server import api_key_from, serve
+    from ..runner.interrupts import run_interruptible
+    from ..runner.run import prepare_config
 
     logging.basicConfig(level=logging.WARNING, format="tito: %(message)s")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["add_audit_command", "run_audit"]
 
@@ -66,8 +66,8 @@ def run_audit(args: argparse.Namespace) -> int:
     """Run ``tito audit``; returns the exit status."""
     from rich.console import Console
 
-    from .audit import audit
-    from .records import read_records
+    from ..audit import audit
+    from ..records import read_records
 
     if args.max_kl is not None and not (args.max_kl >= 0 and math.isfinite(args.max_kl)):
         raise ConfigError(f"--max-kl must be a non-negative number, got {args.max_kl}")
@@ -109,7 +109,7 @@ async def _audit(records: list[Any], args: argparse.Namespace, console: Any, aud
     """The logprob report, and the drift report with ``--drift`` (else None)."""
     from rich.progress import Progress
 
-    from .runner.run import prepare_config
+    from ..runner.run import prepare_config
 
     config, base_dir = await prepare_config(args.config, {}) if args.config else (None, None)
     scorer, closing = await _scorer(args, config)
@@ -126,9 +126,9 @@ async def _audit(records: list[Any], args: argparse.Namespace, console: Any, aud
 
 
 def _drift(records: list[Any], config: Any, base_dir: Any, examples: int) -> Any:
-    from .conversation import tool_specs_to_chat
-    from .drift.ledger import DriftLedger
-    from .runner.worker import import_object
+    from ..conversation import tool_specs_to_chat
+    from ..drift.ledger import DriftLedger
+    from ..runner.worker import import_object
 
     setup = config.model_setup()
     specs = [import_object(path, search=base_dir).tool_spec for path in config.rollout.tools]
@@ -141,7 +141,7 @@ def _drift(records: list[Any], config: Any, base_dir: Any, examples: int) -> Any
 
 async def _scorer(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
     """The scorer, and what closes it (a backend built from the config), or None."""
-    from .audit import BackendScorer, TransformersScorer
+    from ..audit import BackendScorer, TransformersScorer
 
     if args.model:
         return await asyncio.to_thread(TransformersScorer, args.model, dtype=args.dtype), None
@@ -191,7 +191,7 @@ def _print(report: Any, console: Any) -> None:
 def _print_drift(drift: Any, console: Any) -> None:
     from rich.table import Table
 
-    from .drift import DRIFT_CATEGORIES
+    from ..drift import DRIFT_CATEGORIES
 
     console.print(
         f"[bold]drift[/bold]: re-rendered as a text stack, {drift.different_ids} of {drift.compared} rollouts get "

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["add_view_command", "decoding_tokenizer", "run_view"]
 
@@ -54,15 +54,15 @@ def decoding_tokenizer(args: argparse.Namespace) -> Any:
 
     A config without ``tokenizer`` whose ``prepare`` hook sets it (the arithmetic example) has the hook run.
     """
-    from .tokenizers import load_tokenizer
+    from ..tokenizers import load_tokenizer
 
     if args.tokenizer:
         return load_tokenizer(args.tokenizer)
     if not args.config:
         return None
-    from .config import load_config
-    from .runner.interrupts import run_interruptible
-    from .runner.run import prepare_config
+    from ..config import load_config
+    from ..runner.interrupts import run_interruptible
+    from ..runner.run import prepare_config
 
     config = load_config(args.config)
     if config.tokenizer is None and config.rollout.prepare:
@@ -74,7 +74,7 @@ def decoding_tokenizer(args: argparse.Namespace) -> Any:
 
 def run_view(args: argparse.Namespace) -> int:
     """Serve ``args.records`` until SIGINT / SIGTERM; 0 then."""
-    from .viewer import FileSource
+    from ..viewer import FileSource
 
     if args.host not in LOOPBACK:
         raise ConfigError(f"--host {args.host}: the viewer has no credential, so it serves on loopback only "
@@ -88,7 +88,7 @@ def run_view(args: argparse.Namespace) -> int:
 async def _serve(source: Any, host: str, port: int) -> int:
     from aiohttp import web
 
-    from .viewer import browser_rules, viewer_app
+    from ..viewer import browser_rules, viewer_app
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
