@@ -209,4 +209,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from tito_core import clean_exit
+
+    clean_exit.install()
+    clean_exit.set_status(1)  # what Python exits with if main raises
+    clean_exit.set_status(status := main())
+    raise SystemExit(status)

@@ -4,7 +4,8 @@ This module is the entry point and stays light (no import beyond the standard li
 ``sys``). Loading the commands (argparse, asyncio, the runner, Strands, transformers) takes a few hundred
 milliseconds on a quiet machine and seconds on a busy one; :func:`main` takes over Ctrl-C before it, so a Ctrl-C
 during start-up exits 130 with one line, as one at any later moment does, instead of a traceback out of an import.
-The commands are in :mod:`tito_core.cli.commands`.
+As the program, it also guards the process's end (:mod:`tito_core.clean_exit`): threads abandoned in native code
+cannot turn its exit status into an abort. The commands are in :mod:`tito_core.cli.commands`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+
+from .. import clean_exit
 
 TYPE_CHECKING = False  # not typing's, which is not cheap to import
 if TYPE_CHECKING:
@@ -26,8 +29,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``tito`` command line; returns the exit status.
 
     Ctrl-C at any moment (start-up, a model call, a write) exits 130 with one line: a rollout's finished records
-    are on disk and a rerun resumes.
+    are on disk and a rerun resumes. Called without ``argv`` (the ``tito`` script, ``python -m tito_core.cli``), it
+    is the program, and its status is the process's exit status whatever threads are left
+    (:mod:`tito_core.clean_exit`).
     """
+    if argv is None:
+        clean_exit.install()
+        clean_exit.set_status(1)  # what Python exits with if what follows raises
     try:
         installed = _exit_on_ctrl_c(argv)
         try:
@@ -39,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # between the start-up handler's end and the commands' own handling
         print(_starting_line(argv), file=sys.stderr, flush=True)
         status = 130
+    clean_exit.set_status(status)
     return status
 
 
