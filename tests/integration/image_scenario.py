@@ -24,6 +24,8 @@ from typing import Any
 from tito_core.backend import Backend, GenerateRequest, GenerateResult, SamplingParams
 from tito_core.media import Image, MediaSpan, PromptMedia
 
+from . import cross_engine
+
 IM_END, NEWLINE = 151645, 198
 VISION_START, VISION_END = 151652, 151653
 VISION_IDS = (151652, 151653, 151655, 151656)  # never sampled: <|vision_start|>, <|vision_end|>, image/video pads
@@ -236,16 +238,11 @@ def describe_spans(trajectory: Any) -> str:
 
 def near_tie(model_dir: Path, processor: Any, ids: list[int], images: list[Image]) -> Callable[[int, int], float]:
     """``gap(position, theirs)``: how far apart the logprobs of ``ids[position]`` and ``theirs`` are after
-    ``ids[:position]`` under a plain bf16 forward pass of the checkpoint with the images shown so far."""
-    from .reference import Reference
+    ``ids[:position]`` under a plain bf16 forward pass of the checkpoint with the images shown so far
+    (:func:`~tests.integration.cross_engine.near_tie`)."""
 
-    reference = Reference()
-
-    def gap(position: int, theirs: int) -> float:
+    def shown_before(position: int) -> Any:
         shown = images[: ids[:position].count(VISION_START)]
-        pixels = processor.image_processor(images=[i.to_pil() for i in shown], return_tensors="pt") if shown else None
-        ours = reference.score(model_dir, ids[: position + 1], images=pixels)[-1]
-        other = reference.score(model_dir, [*ids[:position], theirs], images=pixels)[-1]
-        return abs(ours - other)
+        return processor.image_processor(images=[i.to_pil() for i in shown], return_tensors="pt") if shown else None
 
-    return gap
+    return cross_engine.near_tie(model_dir, ids, shown_before)

@@ -444,7 +444,8 @@ async def test_prompt_longer_than_the_context_raises_context_length_error(
 
 
 async def test_same_greedy_ids_as_vllm(sglang_backend: SGLangBackend, sglang_model_dir: Any, tokenizer: Any) -> None:
-    """The same tiny model and greedy prompt give the same ids on SGLang and vLLM (when both ran here)."""
+    """The same tiny model and greedy prompt give the same ids on SGLang and vLLM (when both ran here), but where
+    the two tokens are a near-tie under a bf16 forward pass (which one a kernel picks depends on the CPU)."""
     from ..cross_engine import greedy_ids, record_and_compare
 
     prompt, output = await greedy_ids(sglang_backend, tokenizer)

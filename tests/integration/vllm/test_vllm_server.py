@@ -7,6 +7,7 @@ outputs (``structured_outputs: {"regex": ...}``): the tokens are still the model
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import statistics
 import time
@@ -504,7 +505,8 @@ class TestModeCosts:
 
 
 async def test_same_greedy_ids_as_sglang(vllm_url: str, tiny_model_dir: Any, qwen3: Any) -> None:
-    """The same tiny model and greedy prompt give the same ids on vLLM and SGLang (when both ran here)."""
+    """The same tiny model and greedy prompt give the same ids on vLLM and SGLang (when both ran here), but where
+    the two tokens are a near-tie under a bf16 forward pass (which one a kernel picks depends on the CPU)."""
     from ..cross_engine import greedy_ids, record_and_compare
 
     backend = VLLMBackend(vllm_url)
@@ -529,16 +531,17 @@ async def test_a_weight_update_in_keep_mode_loses_no_rollout_in_flight(vllm_url:
     REPORT.append("weight update in keep mode, 8 rollouts in flight: " + check_versions(trajectories))
 
 
-async def test_a_reload_from_disk_of_a_tied_checkpoint_keeps_the_old_output_layer(
+async def test_a_reload_from_disk_of_a_tied_checkpoint_is_judged_by_the_weight_probe(
     vllm_url: str, tiny_model_dir: Any, qwen3: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """What vLLM 0.32's CPU build does on ``/collective_rpc`` ``reload_weights`` of a checkpoint with tied
-    embeddings (the tiny model): every weight is B's except the output layer, which still computes with A's
-    embedding matrix. Its logits go through a oneDNN handle that packed the matrix at startup; the reload skips
-    the tied ``lm_head`` (its weight is not in the checkpoint: "ParallelLMHead: Failed to load weights" in the
-    server log) and so never packs B's. Checked against transformers forward passes: B's files (far), and B's
-    files with A's output layer (within bf16 noise). The weight probe catches it: ``weight_update(..., probe=B's)``
-    raises and leaves the engine paused. (``test_weight_reload.py`` reloads an untied copy, which is exact.)"""
+    """vLLM 0.32's CPU build on ``/collective_rpc`` ``reload_weights`` of a checkpoint with tied embeddings (the
+    tiny model) serves the new checkpoint on some CPUs and, on others, the new checkpoint with the **old** output
+    layer (docs/async.md: a GEMM handle packed at startup that the reload never packs again). Which one this machine
+    gives is measured, not assumed: the engine's prompt logprobs of a fixed sequence (plain HTTP, not tito's
+    ``score``) against transformers forward passes of A, B and B with A's output layer. What tito promises holds
+    either way: ``weight_update(..., probe=B's)`` with the reload of B in its block passes exactly when the engine
+    serves B, and otherwise raises ``WeightUpdateError`` naming the engine and leaves it paused. Reloading A (the
+    weights the server started with) serves A on any CPU, and A's probe passes."""
     import subprocess
 
     from safetensors.torch import load_file, save_file
@@ -548,52 +551,80 @@ async def test_a_reload_from_disk_of_a_tied_checkpoint_keeps_the_old_output_laye
 
     from ..reference import Reference, trainer_probe, untied_checkpoint
     from ..weight_updates import BF16_MAX, BF16_MEAN, OTHER_MEAN
-    from .conftest import SERVER_PYTHON
+    from .conftest import SERVED_NAME, SERVER_PYTHON
 
     built = subprocess.run([SERVER_PYTHON, "-m", "tito_testing.tiny_model", "--seed", "1"],
                            capture_output=True, text=True, timeout=600, check=True)  # fmt: skip
     second = built.stdout.strip().splitlines()[-1]
-    # B with A's output layer: what the engine is expected to serve after the reload
+    # B with A's output layer: what the engine serves where the reload keeps the packed output layer
     stale = untied_checkpoint(second, tmp_path_factory.mktemp("stale") / "ckpt")
     tensors = load_file(str(stale / "model.safetensors"))
     tensors["lm_head.weight"] = load_file(str(tiny_model_dir / "model.safetensors"))["model.embed_tokens.weight"]
     save_file(tensors, str(stale / "model.safetensors"), metadata={"format": "pt"})
     ids = list(qwen3.encode("The engine reloads its weights from disk; a forward pass of the files says which."))
     reference = Reference()
-    expected = {"B": reference.score(second, ids), "A": reference.score(tiny_model_dir, ids),
+    checkpoints = {"A": tiny_model_dir, "B": second}
+    expected = {"A": reference.score(tiny_model_dir, ids), "B": reference.score(second, ids),
                 "B with A's output layer": reference.score(stale, ids)}  # fmt: skip
-    backend = VLLMBackend(vllm_url, endpoint="generate", timeout=300.0)
+
+    def diffs(got: list[float], name: str) -> tuple[float, float]:
+        d = [abs(a - b) for a, b in zip(got, expected[name], strict=True)]
+        return sum(d) / len(d), max(d)
+
+    for one, other in itertools.combinations(expected, 2):  # the three candidates are told apart by far
+        assert diffs(expected[one], other)[0] > OTHER_MEAN, (one, other)
 
     async def reload(path: Any) -> None:
         async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as client:
             body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
             (await client.post("/collective_rpc", json=body)).raise_for_status()
 
-    def mean(got: list[float | None], name: str) -> float:
-        return sum(abs((a or 0.0) - b) for a, b in zip(got, expected[name], strict=True)) / len(got)
+    async def served() -> list[float]:
+        """The engine's logprob of each of ``ids[1:]``: one plain ``/v1/completions`` prefill, no tito code."""
+        body = {"model": SERVED_NAME, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+        async with httpx.AsyncClient(base_url=vllm_url, timeout=120.0) as client:
+            response = await client.post("/v1/completions", json=body)
+        response.raise_for_status()
+        entries = response.json()["choices"][0]["prompt_logprobs"]
+        assert entries[0] is None and len(entries) == len(ids), entries[:2]
+        return [float(entry[str(token)]["logprob"]) for entry, token in zip(entries[1:], ids[1:], strict=True)]
 
+    async def paused() -> bool:
+        async with httpx.AsyncClient(base_url=vllm_url, timeout=30.0) as client:
+            return bool((await client.get("/is_paused")).json().get("is_paused"))
+
+    backend = VLLMBackend(vllm_url, endpoint="generate", timeout=300.0)
+    lines = []
     try:
-        await reload(second)
-        got = await backend.score(ids)
-        figures = {name: mean(got, name) for name in expected}
-        most = max(abs((a or 0.0) - b) for a, b in zip(got, expected["B with A's output layer"], strict=True))
-        assert figures["B"] > OTHER_MEAN and figures["A"] > OTHER_MEAN, figures  # neither checkpoint
-        assert figures["B with A's output layer"] < BF16_MEAN and most < BF16_MAX, figures
-        await reload(tiny_model_dir)  # reloading A gives A back (its output layer never changed)
-        assert mean(await backend.score(ids), "A") < BF16_MEAN
-        probe = trainer_probe(reference, second, qwen3)  # the trainer pushes B
-        with pytest.raises(WeightUpdateError) as caught:
-            async with weight_update([backend], version="1", probe=probe):
-                await reload(second)
-        assert caught.value.paused == [vllm_url] and not caught.value.probes[0].passed
+        for name in ("B", "A"):
+            probe = trainer_probe(reference, checkpoints[name], qwen3)  # the trainer pushes `name`
+            refused: WeightUpdateError | None = None
+            try:
+                async with weight_update([backend], version=name, probe=probe) as update:
+                    await reload(checkpoints[name])
+                (score,) = update.probes
+            except WeightUpdateError as error:
+                refused, (score,) = error, error.probes
+                assert error.paused == [vllm_url] and vllm_url in str(error), str(error)
+                assert await paused()
+                await backend.resume_generation()  # the weights the probe judged stay loaded: measure them
+            got = await served()
+            figures = {candidate: diffs(got, candidate) for candidate in expected}
+            mean, most = figures[name]
+            serves = mean < BF16_MEAN and most < BF16_MAX
+            assert serves or mean > OTHER_MEAN, figures  # the truth is clear: bf16 noise from it, or far
+            near = [c for c, (m, x) in figures.items() if m < BF16_MEAN and x < BF16_MAX] or ["none of them"]
+            verdict = "refused" if refused else "passed"
+            assert (refused is None) == serves == score.passed, (name, verdict, score, figures)
+            assert serves or name == "B", figures  # reloading the weights the server started with gives them back
+            lines.append(
+                f"reload of {name}: serves {near[0]} (mean/max |engine - forward pass| over {len(got)} tokens: "
+                + ", ".join(f"vs {c} {m:.1e}/{x:.1e}" for c, (m, x) in figures.items())
+                + f"); probe of {name} {verdict}: {score.describe()}"
+            )
     finally:
         await backend.resume_generation()
         await reload(tiny_model_dir)
         await backend.set_weight_version("default")
         await backend.aclose()
-    REPORT.append(
-        "reload from disk of a tied checkpoint (vLLM CPU): mean |engine - forward pass| over "
-        f"{len(ids) - 1} tokens: "
-        + ", ".join(f"vs {k} {v:.1e}" for k, v in figures.items())
-        + f"; the probe: {caught.value}"
-    )
+    REPORT.append("reload from disk of a tied checkpoint (vLLM CPU): " + " | ".join(lines))

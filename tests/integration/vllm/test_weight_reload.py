@@ -1,11 +1,12 @@
 """New weights loaded into a real vLLM 0.32 server (CPU) mid-rollout, checked against the checkpoints' files.
 
-vLLM's CPU build cannot reload a checkpoint with **tied** embeddings from disk: the output layer keeps the old
-weights (``test_vllm_server.py::test_a_reload_from_disk_of_a_tied_checkpoint_keeps_the_old_output_layer`` and
-docs/async.md). This module starts its own server on the tiny model with its output layer written out
-(``tie_word_embeddings`` false, ``lm_head.weight`` a copy of the embeddings: the same function, other files),
-which vLLM reloads exactly, and checks every token generated around an update against a transformers forward
-pass of the checkpoint its span names.
+On some CPUs vLLM's CPU build does not reload a checkpoint with **tied** embeddings from disk: the output layer
+keeps the old weights (docs/async.md, and
+``test_vllm_server.py::test_a_reload_from_disk_of_a_tied_checkpoint_is_judged_by_the_weight_probe``). This module
+starts its own server on the tiny model with its output layer written out (``tie_word_embeddings`` false,
+``lm_head.weight`` a copy of the embeddings: the same function, other files), which vLLM reloads exactly, and
+checks every token generated around an update against a transformers forward pass of the checkpoint its span
+names.
 """
 
 from __future__ import annotations
