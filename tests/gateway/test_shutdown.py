@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.gateway.conftest import GrammarBackend, config
 from tito_core.backend import GenerateRequest, GenerateResult
@@ -186,3 +187,75 @@ async def test_sigterm_to_tito_serve_with_calls_in_flight_writes_every_answer(tm
     for body in ok:
         assert [body["tito"]["output_ids"]] == recorded[body["tito"]["rollout_id"]]
     assert len(recorded) == 10  # every opened rollout written, called or refused
+
+
+async def _slow_upload(base: str, token: str, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client that sends a request's headers and part of its body, then stalls (the connection stays open).
+
+    ``Expect: 100-continue`` makes the gateway say when its handler has the request: the ``100 Continue`` line is
+    the event this waits on, so the handler is reading the body before the test goes on.
+    """
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n"
+    )
+    writer.write(head.encode())
+    await writer.drain()
+    line = await asyncio.wait_for(reader.readline(), 60)  # hang guard only
+    assert line.startswith(b"HTTP/1.1 100"), line
+    await reader.readline()  # the blank line after the interim response
+    writer.write(b'{"model": "m", "messages": [{"role": "user", "content": "')
+    await writer.drain()
+    return reader, writer
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+async def test_a_client_still_uploading_does_not_hold_the_shutdown(tmp_path: Path, suffix: str) -> None:
+    """`tito serve --drain-s 2`, SIGTERM while a client is mid-body: the process writes every answered call and
+    exits while that client is still connected. Before, aiohttp's runner waited its default 60 s for the handler
+    reading the body (64 s to exit), and a Parquet output's last part was written only after that."""
+    import json
+    import signal
+    import sys
+
+    from tito_testing.tokenizers import qwen_tokenizer_dir
+
+    tok = json.dumps(str(qwen_tokenizer_dir("qwen3")))
+    cfg = tmp_path / "tito.toml"
+    replies = json.dumps([f"answer {i}" for i in range(3)])
+    cfg.write_text(
+        f'backend = "scripted"\ntokenizer = {tok}\n[backend_options]\ntokenizer = {tok}\nreplies = {replies}\n'
+    )
+    out = tmp_path / f"served{suffix}"
+    code = "import sys; from tito_core.cli import main; sys.exit(main())"
+    args = ["serve", "--config", str(cfg), "--port", "0", "--output", str(out), "--drain-s", "2"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    writer = None
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()  # hang guard only
+        base = line.rsplit(" ", 1)[1].strip()
+        async with aiohttp.ClientSession() as session:
+            opened = [(await _post(session, f"{base}/rollouts", {"task_id": f"t{i}"}))[2] for i in range(4)]
+            answers = [await _post(session, f"{o['base_url']}/chat/completions", USER, o["token"]) for o in opened[:3]]
+        assert [status for status, _, _ in answers] == [200] * 3
+        slow = opened[3]
+        _, writer = await _slow_upload(base, slow["token"], f"/rollouts/{slow['id']}/v1/chat/completions")
+        proc.send_signal(signal.SIGTERM)
+        # a guard far below aiohttp's 60 s default: the exit does not wait for the stalled upload
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        assert not writer.is_closing()  # the slow client never gave up: the gateway did not wait for it
+    finally:
+        if writer is not None:
+            writer.close()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    recorded = _recorded_outputs(out)
+    for _, _, body in answers:
+        assert recorded[body["tito"]["rollout_id"]] == [body["tito"]["output_ids"]]
+    assert recorded[slow["id"]] == []  # the stalled call was never taken: its rollout is written, with no output

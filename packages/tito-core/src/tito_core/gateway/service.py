@@ -47,6 +47,11 @@ __all__ = ["Gateway", "GatewayRollout"]
 
 logger = logging.getLogger("tito")
 _KEEP_FINISHED = 1024  # finished rollouts whose trajectory GET /rollouts/<id> still answers
+SEND_GRACE_S = 1.0
+"""At shutdown, after the drain: how long requests still open get to end (an answer being sent) before they are cut.
+
+A request then is no call (the calls were drained): an answer on its way, or a body still arriving, which
+would be refused anyway. aiohttp's default (60 s) let one stalled upload hold the exit for a minute."""
 
 
 class Gateway:
@@ -141,7 +146,7 @@ class Gateway:
         if self._runner is not None:
             raise ConfigError("the gateway is already started")
         await self.prepare()
-        runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+        runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False, shutdown_timeout=SEND_GRACE_S)
         await runner.setup()
         site = web.TCPSite(runner, host, port)
         await site.start()
@@ -170,8 +175,10 @@ class Gateway:
         to ``drain_s`` seconds to finish (:meth:`stop_draining` ends the wait), each recorded before it is
         answered; a call still running then is cancelled (aborted on the engine, recorded as a cancelled call, its
         client answered 503, never 200); then every open rollout ends ``aborted`` (unless it ended otherwise) and
-        is written. No answer is sent whose output ids are not in a written record. The backend is closed when
-        the gateway built it (no ``backend`` was given); a given one is left open.
+        is written, and the output closed (a Parquet file's last part). Requests still open then (an answer being
+        sent, a body still arriving) get :data:`SEND_GRACE_S` to end before their connections are closed. No answer
+        is sent whose output ids are not in a written record. The backend is closed when the gateway built it (no
+        ``backend`` was given); a given one is left open.
         """
         self._closing = True
         await self.registry.stop()
@@ -180,9 +187,9 @@ class Gateway:
         for rollout in self.registry.drain():
             traj = self._end(rollout, "shutdown", Stopped("the gateway shut down before the rollout was finished"))
             self._write(rollout, traj, None)
+        self.records.close()  # every record is written: nothing below waits on a client
         if runner is not None:
             await runner.cleanup()
-        self.records.close()
         if self._owns_backend:
             await self.backend.aclose()
 
