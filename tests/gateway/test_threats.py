@@ -7,6 +7,7 @@ a DNS-rebound one); each is refused before anything is opened, called, read or f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from tests.gateway.conftest import config
 from tito_core.errors import ConfigError
 from tito_core.gateway import Gateway
+from tito_core.gateway.errors import MAX_JSON_DEPTH
 from tito_core.gateway.server import api_key_from
 from tito_core.records import read_records
 
@@ -29,8 +31,6 @@ async def send(method: str, url: str, body: bytes | None = None, **headers: str)
 
 
 def json_body(data: Any) -> bytes:
-    import json
-
     return json.dumps(data).encode()
 
 
@@ -39,8 +39,6 @@ async def _opened(gateway: Gateway, backend: Any, **fields: Any) -> dict[str, An
         "POST", f"{gateway.base_url}/rollouts", json_body(fields), **{"Content-Type": "application/json"}
     )
     assert status == 201, text
-    import json
-
     opened: dict[str, Any] = json.loads(text)
     return opened
 
@@ -198,3 +196,71 @@ def test_the_key_comes_from_a_file_or_the_environment_not_only_the_command_line(
         _api_key(args(api_key_file=str(tmp_path / "empty")))
     with pytest.raises(ConfigError, match="cannot read it"):
         _api_key(args(api_key_file=str(tmp_path / "missing")))
+
+
+def _nested(depth: int) -> bytes:
+    """A JSON body whose arrays and objects nest ``depth`` deep: ``{"metadata": {"deep": [[...]]}}``."""
+    return b'{"metadata": {"deep": ' + b"[" * (depth - 2) + b"]" * (depth - 2) + b"}}"
+
+
+@pytest.mark.parametrize("depth", [1000, MAX_JSON_DEPTH + 1])
+async def test_json_nested_too_deep_is_a_400_in_each_fronts_shape_on_every_post_route(
+    gateway: Gateway, backend: Any, depth: int
+) -> None:
+    """1,000 deep was an uncaught RecursionError in msgspec: aiohttp's plain-text 500 on every POST route. Just
+    over the bound decodes, and was taken (a record nested ~1,000 deep failed to be written at finish)."""
+    opened = await _opened(gateway, backend)
+    base, rid = gateway.base_url, opened["id"]
+    routes = ["/rollouts", f"/rollouts/{rid}/reward", f"/rollouts/{rid}/finish"]
+    for prefix in (f"/rollouts/{rid}", ""):  # the rollout by its path, or by its token alone
+        routes += [
+            f"{prefix}/v1/{api}" for api in ("chat/completions", "responses", "messages", "messages/count_tokens")
+        ]
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {opened['token']}"}
+    for route in routes:
+        status, _, text = await send("POST", base + route, _nested(depth), **headers)
+        assert status == 400, (route, text)
+        body = json.loads(text)
+        if "/v1/messages" in route:  # Anthropic's error object
+            assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", (route, body)
+        else:  # OpenAI's
+            assert body["error"]["type"] == "invalid_request_error" and body["error"]["param"] == "body", (route, body)
+        assert f"nested deeper than {MAX_JSON_DEPTH} levels" in body["error"]["message"], (route, body)
+    assert backend.requests == [] and len(gateway.registry) == 1  # nothing opened, called or finished
+
+
+async def test_json_as_deep_as_the_bound_is_taken_and_written(gateway: Gateway, backend: Any, tmp_path: Path) -> None:
+    headers = {"Content-Type": "application/json"}
+    status, _, text = await send("POST", f"{gateway.base_url}/rollouts", _nested(MAX_JSON_DEPTH), **headers)
+    assert status == 201, text
+    opened = json.loads(text)
+    headers["Authorization"] = f"Bearer {opened['token']}"
+    finish = f"{gateway.base_url}/rollouts/{opened['id']}/finish"
+    status, _, text = await send("POST", finish, _nested(MAX_JSON_DEPTH), **headers)
+    assert status == 200, text
+    (record,) = read_records(tmp_path / "out.jsonl")  # written in the handler, its stack below the decoder's
+    deep, depth = record.trajectory.metadata["deep"], 0
+    while deep is not None:
+        deep, depth = (deep[0] if deep else None), depth + 1
+    assert depth == MAX_JSON_DEPTH - 2
+
+
+async def test_tool_call_arguments_nested_too_deep_are_a_400_naming_them(gateway: Gateway, backend: Any) -> None:
+    """Arguments are a JSON string in the body: json.loads raised RecursionError (a 500) at 1,000 deep."""
+    opened = await _opened(gateway, backend)
+    for depth in (1000, MAX_JSON_DEPTH + 1):
+        arguments = "[" * depth + "]" * depth
+        call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+        messages = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c", "content": "done"},
+        ]
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {opened['token']}"}
+        url = f"{opened['base_url']}/chat/completions"
+        status, _, text = await send("POST", url, json_body({"messages": messages}), **headers)
+        assert status == 400, text
+        error = json.loads(text)["error"]
+        assert error["param"] == "messages[1].tool_calls[0].function.arguments", error
+        assert f"nested deeper than {MAX_JSON_DEPTH} levels" in error["message"]
+    assert backend.requests == []

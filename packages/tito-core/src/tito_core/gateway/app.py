@@ -41,7 +41,7 @@ from ..viewer import viewer_app
 from .access import Access
 from .anthropic_messages import sse_events as message_events
 from .completion import sse_chunks
-from .errors import GatewayError, bad_request, error_body
+from .errors import GatewayError, bad_request, bounded_depth, error_body, too_deep
 from .openai_chat import ChatRequest
 from .openai_responses import sse_events as response_events
 from .registry import GatewayRollout
@@ -166,9 +166,12 @@ async def _body(request: web.Request, *, optional: bool = False) -> Any:
     if not raw and optional:
         return {}
     try:
-        return _DECODER.decode(raw)
+        value = _DECODER.decode(raw)
+    except RecursionError:  # msgspec stops at Python's recursion limit
+        raise too_deep("body") from None
     except ValueError as exc:
         raise bad_request("body", f"not valid JSON: {exc}") from None
+    return bounded_depth(value, "body")
 
 
 def _fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:

@@ -25,7 +25,12 @@ from ..errors import (
     UnsupportedContentError,
 )
 
-__all__ = ["GatewayError", "bad_request", "error_body", "error_of", "known_fields"]
+__all__ = ["MAX_JSON_DEPTH", "GatewayError", "bad_request", "bounded_depth", "error_body", "error_of", "known_fields"]
+
+MAX_JSON_DEPTH = 128
+"""How deep a request's JSON arrays and objects may nest (serde_json's default). Deeper ones are a 400: msgspec and
+``json`` decode them up to Python's recursion limit (~1,000), and what takes them later (the chat template, the
+record's encoder) runs out of stack before that: a 500, or a finished rollout whose record could not be written."""
 
 
 class GatewayError(TitoError):
@@ -75,6 +80,29 @@ def known_fields(body: Any, known: frozenset[str], api: str) -> Mapping[str, Any
         if key not in known:
             raise bad_request(str(key), f"this field is not supported by the tito gateway's {api}")
     return body
+
+
+def bounded_depth(value: Any, where: str) -> Any:
+    """``value`` when its arrays and objects nest at most :data:`MAX_JSON_DEPTH` deep; else a 400 naming ``where``.
+
+    One level at a time (decoded JSON holds plain dicts and lists): ~1 ms on a 1.4 MB body of 1,500 messages.
+    """
+    level = [value] if type(value) is dict or type(value) is list else []
+    for _ in range(MAX_JSON_DEPTH):
+        level = [
+            child
+            for item in level
+            for child in (item.values() if type(item) is dict else item)
+            if type(child) is dict or type(child) is list
+        ]
+        if not level:
+            return value
+    raise too_deep(where)
+
+
+def too_deep(where: str) -> GatewayError:
+    """The 400 for JSON nested deeper than :data:`MAX_JSON_DEPTH` at ``where``."""
+    return bad_request(where, f"JSON nested deeper than {MAX_JSON_DEPTH} levels of arrays and objects")
 
 
 def error_body(error: GatewayError) -> dict[str, Any]:

@@ -32,12 +32,12 @@ _Key = tuple[str, str | None, tuple[tuple[str, str], ...]]
 def arguments_key(arguments: Any) -> str:
     """Tool-call arguments (a JSON string or a mapping) as canonical JSON; unparsable text stays as it is."""
     value = arguments
-    if isinstance(arguments, str):
-        try:
+    try:
+        if isinstance(arguments, str):
             value = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            return "\0" + arguments  # never equal to the canonical JSON of a parsed value
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except (ValueError, RecursionError):  # not JSON, or nested too deep (the request's check answers it: a 400)
+        return "\0" + str(arguments)  # never equal to the canonical JSON of a parsed value
 
 
 def _text(content: Any) -> str:

@@ -21,7 +21,7 @@ from ..backend import SamplingParams
 from ..conversation import ChatMessage, Conversation, ToolSpec
 from ..errors import ConfigError
 from ..media import Image
-from .errors import bad_request, known_fields
+from .errors import bad_request, bounded_depth, known_fields, too_deep
 from .images import ImageReader, message_content
 from .matching import ReplyBook
 
@@ -324,8 +324,11 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
+            except RecursionError:
+                raise too_deep(f"{at}.function.arguments") from None
             except ValueError as exc:
                 raise bad_request(f"{at}.function.arguments", f"is not JSON: {exc}") from None
+            bounded_depth(arguments, f"{at}.function.arguments")
         if not isinstance(arguments, Mapping):
             raise bad_request(f"{at}.function.arguments", "must be a JSON object")
         call_id = call.get("id")
