@@ -264,3 +264,38 @@ async def test_tool_call_arguments_nested_too_deep_are_a_400_naming_them(gateway
         assert error["param"] == "messages[1].tool_calls[0].function.arguments", error
         assert f"nested deeper than {MAX_JSON_DEPTH} levels" in error["message"]
     assert backend.requests == []
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "source"),
+    [(["--api-key", ""], None, "--api-key"), (["--api-key", " \t"], None, "--api-key"),
+     ([], "", "TITO_API_KEY"), ([], "  ", "TITO_API_KEY")],
+)  # fmt: skip
+def test_an_empty_api_key_is_an_error_not_no_key(tmp_path: Path, flag: list[str], env: str | None, source: str) -> None:
+    """`tito serve --api-key ""` (or `TITO_API_KEY=` set empty) served with no key at all; it exits 2 with one line
+    naming where the empty key came from, before any work."""
+    import os
+    import subprocess
+    import sys
+
+    from tito_testing.tokenizers import qwen_tokenizer_dir
+
+    tok = json.dumps(str(qwen_tokenizer_dir("qwen3")))
+    cfg = tmp_path / "tito.toml"
+    cfg.write_text(f'backend = "scripted"\ntokenizer = {tok}\n[backend_options]\ntokenizer = {tok}\n')
+    environ = {k: v for k, v in os.environ.items() if k != "TITO_API_KEY"}
+    if env is not None:
+        environ["TITO_API_KEY"] = env
+    code = "import sys; from tito_core.cli import main; sys.exit(main())"
+    args = [sys.executable, "-c", code, "serve", "--config", str(cfg), "--port", "0", *flag]
+    # a hang guard only: before the fix the gateway served (with no key) until killed
+    done = subprocess.run(args, env=environ, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"tito serve: error: {source} is empty"), done.stderr
+
+
+@pytest.mark.parametrize("key", ["", "   "])
+async def test_the_python_api_refuses_an_empty_key(backend: Any, qwen3_tokenizer: Any, key: str) -> None:
+    with pytest.raises(ConfigError, match="api_key must be a string that is not empty or only whitespace"):
+        Gateway(config(), tokenizer=qwen3_tokenizer, backend=backend, api_key=key)

@@ -60,6 +60,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ..runner.run import prepare_config
 
     logging.basicConfig(level=logging.WARNING, format="tito: %(message)s")
+    api_key = api_key_from(args.api_key, args.api_key_file)  # a bad key is an error before any work
 
     async def prepared_then_served() -> int:
         # as `tito rollout` does: the config's `rollout.prepare` hook (which may build the model and set
@@ -70,7 +71,7 @@ def run_serve(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             output=args.output,
-            api_key=api_key_from(args.api_key, args.api_key_file),
+            api_key=api_key,
             idle_timeout=args.idle_timeout,
             drain_s=args.drain_s,
             allow_hosts=args.allow_host,

@@ -27,12 +27,16 @@ __all__ = ["api_key_from", "serve"]
 def api_key_from(api_key: str | None, api_key_file: str | None) -> str | None:
     """The gateway's key: ``--api-key``, ``--api-key-file`` (its first line) or ``TITO_API_KEY``; one at most.
 
+    None when none is given. A key given empty (``--api-key ""``, ``TITO_API_KEY=``) is an error, not "no key": a
+    gateway meant to be locked would otherwise serve anyone.
+
     Raises:
-        ConfigError: Both flags given, a file that cannot be read or whose first line is empty.
+        ConfigError: Both flags given; a key that is empty or only whitespace (naming where it came from); a file
+            that cannot be read.
     """
-    if api_key and api_key_file:
+    if api_key is not None and api_key_file is not None:
         raise ConfigError("give the api key once: --api-key or --api-key-file")
-    if api_key_file:
+    if api_key_file is not None:
         try:
             lines = Path(api_key_file).read_text().splitlines()
         except OSError as exc:
@@ -41,7 +45,16 @@ def api_key_from(api_key: str | None, api_key_file: str | None) -> str | None:
         if not key:
             raise ConfigError(f"--api-key-file {api_key_file}: the file's first line is empty")
         return key
-    return api_key or os.environ.get("TITO_API_KEY") or None
+    if api_key is not None:
+        return _not_blank(api_key, "--api-key")
+    env = os.environ.get("TITO_API_KEY")
+    return None if env is None else _not_blank(env, "TITO_API_KEY")
+
+
+def _not_blank(key: str, source: str) -> str:
+    if not key.strip():
+        raise ConfigError(f"{source} is empty: give a key, or leave it out (unset) to serve on loopback without one")
+    return key
 
 
 async def serve(

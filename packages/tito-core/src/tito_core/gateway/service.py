@@ -93,8 +93,8 @@ class Gateway:
         allow_hosts: Sequence[str] = (),
         allow_origins: Sequence[str] = (),
     ) -> None:
-        if api_key is not None and (not isinstance(api_key, str) or not api_key):
-            raise ConfigError("api_key must be a non-empty string or None")
+        if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+            raise ConfigError("api_key must be a string that is not empty or only whitespace, or None")
         if max_body_bytes <= 0:
             raise ConfigError(f"max_body_bytes must be positive, got {max_body_bytes!r}")
         if idle_timeout <= 0:
