@@ -3,13 +3,16 @@ conversation as chat completions (thinking, tool_use and tool_result blocks), it
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import anthropic
 import pytest
 from anthropic import AsyncAnthropic
 
+from tests.gateway.conftest import config
 from tests.helpers import hermes_call
+from tito_core.errors import BackendConnectionError, BackendError, BackendThrottledError, BackendTimeoutError
 from tito_core.gateway import Gateway
 from tito_core.grammar import answer_grammar
 
@@ -157,3 +160,100 @@ async def test_claude_codes_system_message_and_output_config_are_taken(
     assert request.grammar == answer_grammar(schema)
     prompt = qwen3_tokenizer.decode(request.input_ids)
     assert "<|im_start|>user\n2 + 3?<|im_end|>\n<|im_start|>system\nAnswer in JSON.<|im_end|>" in prompt
+
+
+def _raise(exc: Exception) -> Any:
+    def reply(request: Any) -> str:
+        raise exc
+
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("exc", "status", "kind"),
+    [
+        (BackendThrottledError("busy", backend="scripted"), 429, "rate_limit_error"),
+        (BackendError("the engine broke", backend="scripted"), 502, "api_error"),
+        (BackendConnectionError("refused", backend="scripted"), 503, "overloaded_error"),
+        (BackendTimeoutError("too slow", backend="scripted"), 504, "timeout_error"),
+        (RuntimeError("a bug"), 500, "api_error"),
+    ],
+    ids=["429", "502", "503", "504", "500"],
+)
+async def test_engine_failures_are_anthropics_error_types(
+    gateway: Gateway, backend: Any, exc: Exception, status: int, kind: str
+) -> None:
+    """Every 5xx was `server_error`, a type Anthropic does not have."""
+    backend.add(_raise(exc))
+    rollout = gateway.open()
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        await client(rollout).messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "x"}])
+    assert caught.value.status_code == status
+    body = caught.value.body
+    assert isinstance(body, dict) and body["type"] == "error" and body["error"]["type"] == kind, body
+
+
+async def test_request_errors_are_anthropics_error_types(backend: Any, qwen3_tokenizer: Any, tmp_path: Any) -> None:
+    """413 was `invalid_request_error` (Anthropic's is `request_too_large`); the others were right and stay so."""
+    gateway = Gateway(config(), tokenizer=qwen3_tokenizer, backend=backend, max_body_bytes=4096)
+    await gateway.start()
+    try:
+        rollout = gateway.open()
+        sdk = client(rollout)
+        user = [{"role": "user", "content": "x"}]
+        cases: list[tuple[Any, type[anthropic.APIStatusError], str]] = [
+            (sdk.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "x" * 10_000}]),
+             anthropic.ContentTooLargeError, "request_too_large"),
+            (sdk.with_options(api_key="wrong").messages.create(model="m", max_tokens=8, messages=user),
+             anthropic.AuthenticationError, "authentication_error"),
+            (AsyncAnthropic(base_url=f"{gateway.base_url}/rollouts/nope", api_key=rollout.token, max_retries=0)
+             .messages.create(model="m", max_tokens=8, messages=user), anthropic.NotFoundError, "not_found_error"),
+            (sdk.with_options(default_headers={"Host": "evil.example"}).messages.create(
+                model="m", max_tokens=8, messages=user), anthropic.PermissionDeniedError, "permission_error"),
+        ]  # fmt: skip
+        for call, error, kind in cases:
+            with pytest.raises(error) as caught:
+                await call
+            body = caught.value.body
+            assert isinstance(body, dict) and body["error"]["type"] == kind, (kind, body)
+        finished = gateway.open()
+        await gateway.finish(finished.id)
+        with pytest.raises(anthropic.ConflictError) as conflict:
+            await client(finished).messages.create(model="m", max_tokens=8, messages=user)
+        assert isinstance(conflict.value.body, dict) and conflict.value.body["error"]["type"] == "conflict_error"
+    finally:
+        await gateway.close()
+    assert not backend.requests
+
+
+async def test_the_shutdown_503_is_an_overloaded_error(gateway: Gateway, backend: Any) -> None:
+    """It was `server_error`. Anthropic's type for "temporarily unable to serve" is overloaded_error; the header
+    x-should-retry: false still tells the SDK not to retry a gateway that is going away."""
+    entered, release = asyncio.Event(), asyncio.Event()
+    generate = backend.generate
+
+    async def held(request: Any) -> Any:
+        entered.set()
+        await release.wait()
+        return await generate(request)
+
+    backend.generate = held
+    backend.add("in flight")
+    busy, other = gateway.open(), gateway.open()
+    user = [{"role": "user", "content": "x"}]
+    in_flight = asyncio.ensure_future(client(busy).messages.create(model="m", max_tokens=8, messages=user))
+    await entered.wait()
+    closing = asyncio.ensure_future(gateway.close(drain_s=600))  # a guard: the call ends when released
+    while not gateway.closing:
+        await asyncio.sleep(0)
+    try:
+        with pytest.raises(anthropic.APIStatusError) as caught:
+            await client(other).messages.create(model="m", max_tokens=8, messages=user)
+    finally:
+        release.set()
+        await in_flight
+        await closing
+    assert caught.value.status_code == 503 and caught.value.response.headers["x-should-retry"] == "false"
+    body = caught.value.body
+    assert isinstance(body, dict) and body["error"]["type"] == "overloaded_error", body
+    assert body["error"]["code"] == "shutting_down"

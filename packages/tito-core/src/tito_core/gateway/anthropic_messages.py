@@ -19,9 +19,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import bad_request, known_fields
+from .errors import GatewayError, bad_request, known_fields
 
-__all__ = ["chat_body", "message_of", "sse_events"]
+__all__ = ["chat_body", "error_body", "message_of", "sse_events"]
 
 # Accepted and without effect on tokens: what the SDKs and Claude Code send.
 _IGNORED = frozenset({"model", "metadata", "thinking", "service_tier", "context_management"})
@@ -31,6 +31,22 @@ _MAPPED = frozenset(
 )  # fmt: skip
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "stop": "end_turn"}
 _KNOWN = _MAPPED | _IGNORED
+# Anthropic's error types by status (docs.claude.com/en/api/errors; the SDK's ErrorType, which adds 409's and
+# 504's): another 4xx is an invalid_request_error (as Anthropic says it answers them), another 5xx an api_error.
+# A 503 (the gateway shutting down, its engine unreachable) is overloaded_error, "temporarily unable to serve",
+# not an unexpected fault.
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
 
 
 def chat_body(body: Any, *, counting: bool = False) -> dict[str, Any]:
@@ -199,6 +215,13 @@ def _tool_choice(choice: Any) -> dict[str, Any]:
     if isinstance(choice, Mapping) and choice.get("disable_parallel_tool_use"):
         out["parallel_tool_calls"] = False
     return out
+
+
+def error_body(error: GatewayError) -> dict[str, Any]:
+    """Anthropic's error JSON for ``error``: ``{"type": "error", "error": {"type", "message", "param", "code"}}``."""
+    kind = _ERROR_TYPES.get(error.status, "invalid_request_error" if error.status < 500 else "api_error")
+    detail = {"type": kind, "message": error.message, "param": error.param, "code": error.code}
+    return {"type": "error", "error": detail}
 
 
 # ---------------------------------------------------------------------------------------------------- answer

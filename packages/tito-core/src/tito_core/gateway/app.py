@@ -18,10 +18,11 @@
                                                rollouts, read-only; its data routes take the viewer key
 =============================================  ================================================================
 
-Every error is OpenAI's error JSON (:mod:`~tito_core.gateway.errors`) and bodies are bounded (413). Every route of
-a rollout takes its token (``Authorization: Bearer <token>`` or ``x-api-key``), which ``POST /rollouts`` returns;
-with an api key, opening a rollout takes the key (which every rollout's routes take too). A web page is refused
-(a foreign ``Host``, an ``Origin`` not allowed, a POST that is not JSON: 403 / 415), and no CORS header is sent.
+Every error is OpenAI's error JSON (:mod:`~tito_core.gateway.errors`; Anthropic's on the Messages routes) and bodies
+are bounded (413). Every route of a rollout takes its token (``Authorization: Bearer <token>`` or ``x-api-key``),
+which ``POST /rollouts`` returns; with an api key, opening a rollout takes the key (which every rollout's routes
+take too). A web page is refused (a foreign ``Host``, an ``Origin`` not allowed, a POST that is not JSON: 403 /
+415), and no CORS header is sent.
 A 404 or 409 says ``x-should-retry: false``: the OpenAI SDKs would otherwise retry a 409 that cannot succeed.
 A rollout id is one path segment, percent-quoted in URLs (``base_url`` quotes it); the routes match it unquoted.
 """
@@ -39,6 +40,7 @@ from ..records import RolloutRecord
 from ..records.schema import ENCODER
 from ..viewer import viewer_app
 from .access import Access
+from .anthropic_messages import error_body as message_error
 from .anthropic_messages import sse_events as message_events
 from .completion import sse_chunks
 from .errors import GatewayError, bad_request, bounded_depth, error_body, too_deep
@@ -114,8 +116,7 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 
 def _error(error: GatewayError, *, anthropic: bool = False) -> web.Response:
-    body = error_body(error)
-    response = _json({"type": "error", **body} if anthropic else body, error.status)  # Anthropic's shape
+    response = _json(message_error(error) if anthropic else error_body(error), error.status)
     # an unknown, finished or busy rollout, a gateway shutting down: retrying the same request cannot help
     if error.status in (404, 409) or error.code == "shutting_down":
         response.headers["x-should-retry"] = "false"
