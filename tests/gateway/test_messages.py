@@ -82,10 +82,46 @@ async def test_the_stream_is_the_apis_events_and_its_final_message(gateway: Gate
     raw = [e for e in events if e not in ("text", "thinking", "input_json", "signature")]  # the SDK's own extras
     assert raw == [
         "message_start",
-        "content_block_start", "content_block_delta", "content_block_stop",
+        "content_block_start", "content_block_delta", "content_block_delta", "content_block_stop",  # + signature
         "content_block_start", "content_block_delta", "content_block_stop",
         "message_delta", "message_stop",
     ]  # fmt: skip
+
+
+async def test_a_thinking_block_is_signed_and_taken_back(gateway: Gateway, backend: Any) -> None:
+    """A thinking block had an empty signature and its stream no signature_delta: Anthropic's stream ends a thinking
+    block with one, and its clients keep the signature to send the block back."""
+    backend.add("<think>\nsum them\n</think>\n\n" + hermes_call("add", {"a": 1, "b": 2}))
+    backend.add("<think>\nsum them\n</think>\n\n" + hermes_call("add", {"a": 1, "b": 2}))
+    backend.add("It is 3.")
+    streamed, plain = gateway.open(), gateway.open()
+    user: list[Any] = [{"role": "user", "content": "1 + 2?"}]
+    deltas: list[tuple[int, str]] = []
+    async with client(streamed).messages.stream(model="m", max_tokens=64, messages=user, tools=[ADD]) as stream:
+        async for event in stream:
+            if event.type == "content_block_delta":
+                deltas.append((event.index, event.delta.type))
+            elif event.type == "content_block_stop":
+                deltas.append((event.index, "stop"))
+        final = await stream.get_final_message()
+    assert deltas[:3] == [(0, "thinking_delta"), (0, "signature_delta"), (0, "stop")]  # signed, then stopped
+    thinking = final.content[0]
+    assert thinking.type == "thinking" and thinking.thinking.strip() == "sum them"
+    assert isinstance(thinking.signature, str) and thinking.signature  # the SDK accumulated the signature_delta
+    answer = await client(plain).messages.create(model="m", max_tokens=64, messages=user, tools=[ADD])
+    assert answer.content[0].type == "thinking" and answer.content[0].signature == thinking.signature
+    use = final.content[1]
+    assert use.type == "tool_use"
+    history = [
+        *user,
+        {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in final.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "3"}]},
+    ]
+    assert history[1]["content"][0]["signature"] == thinking.signature  # sent back as the SDK keeps it
+    last = await client(streamed).messages.create(model="m", max_tokens=64, messages=history, tools=[ADD])
+    assert last.content[0].type == "text" and last.content[0].text == "It is 3."
+    traj = gateway.registry.get(streamed.id).rollout.trajectory
+    assert not traj.branches and len(traj.turns) == 2  # the block was matched with the reply: no fork
 
 
 async def test_max_tokens_stop_sequences_and_top_k(gateway: Gateway, backend: Any) -> None:

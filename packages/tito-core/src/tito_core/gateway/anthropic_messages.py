@@ -15,13 +15,14 @@ stream (``message_start``, ``content_block_start`` / ``_delta`` / ``_stop``, ``m
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
 
 from .errors import GatewayError, bad_request, known_fields
 
-__all__ = ["chat_body", "error_body", "message_of", "sse_events"]
+__all__ = ["chat_body", "error_body", "message_of", "signature", "sse_events"]
 
 # Accepted and without effect on tokens: what the SDKs and Claude Code send.
 _IGNORED = frozenset({"model", "metadata", "thinking", "service_tier", "context_management"})
@@ -231,7 +232,8 @@ def message_of(completion: Mapping[str, Any]) -> dict[str, Any]:
     message = choice["message"]
     content: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
-        content.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
+        thinking = message["reasoning_content"]
+        content.append({"type": "thinking", "thinking": thinking, "signature": signature(thinking)})
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or ():
@@ -257,6 +259,15 @@ def message_of(completion: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def signature(thinking: str) -> str:
+    """The ``signature`` of a thinking block tito answers: an opaque digest of its text.
+
+    Anthropic's clients keep it and send the block back with it. tito checks nothing with it: a replayed block is
+    matched by its text (docs/gateway.md, "Matching rules"), and one sent back with any signature, or none, is taken.
+    """
+    return "tito-sha256-" + hashlib.sha256(thinking.encode()).hexdigest()
+
+
 def sse_events(message: Mapping[str, Any]) -> list[bytes]:
     """``message`` replayed as the Messages API's server-sent events."""
     events: list[bytes] = []
@@ -277,6 +288,7 @@ def sse_events(message: Mapping[str, Any]) -> list[bytes]:
                 "content_block_start", index=index, content_block={"type": "thinking", "thinking": "", "signature": ""}
             )
             send("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": block["thinking"]})
+            send("content_block_delta", index=index, delta={"type": "signature_delta", "signature": block["signature"]})
         else:
             send("content_block_start", index=index, content_block={**block, "input": {}})
             partial = json.dumps(block["input"], ensure_ascii=False)
