@@ -7,11 +7,13 @@ import asyncio
 from typing import Any
 
 import anthropic
+import msgspec
 import pytest
 from anthropic import AsyncAnthropic
 
-from tests.gateway.conftest import config
+from tests.gateway.conftest import GrammarBackend, config
 from tests.helpers import hermes_call
+from tito_core.backend import GenerateRequest, GenerateResult
 from tito_core.errors import BackendConnectionError, BackendError, BackendThrottledError, BackendTimeoutError
 from tito_core.gateway import Gateway
 from tito_core.grammar import answer_grammar
@@ -293,3 +295,49 @@ async def test_the_shutdown_503_is_an_overloaded_error(gateway: Gateway, backend
     body = caught.value.body
     assert isinstance(body, dict) and body["error"]["type"] == "overloaded_error", body
     assert body["error"]["code"] == "shutting_down"
+
+
+class StopStringBackend(GrammarBackend):
+    """Ends a reply at the request's first stop string, as vLLM and SGLang do: the tokens before it, no stop token,
+    and the string reported as ``matched_stop``."""
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        result = await super().generate(request)
+        text = self.tokenizer.decode(result.output_ids)
+        hits = [(text.index(stop), stop) for stop in request.sampling.stop if stop in text]
+        if not hits:
+            return result
+        at, stop = min(hits)
+        ids = self.tokenizer.encode(text[:at], add_special_tokens=False)
+        logprobs = None if result.output_logprobs is None else result.output_logprobs[: len(ids)]
+        return msgspec.structs.replace(
+            result, output_ids=ids, output_logprobs=logprobs, finish_reason="stop", matched_stop=stop
+        )
+
+
+async def test_a_stop_sequence_hit_is_the_stop_reason(qwen3_tokenizer: Any, tmp_path: Any) -> None:
+    """stop_reason was never stop_sequence: a call the engine stopped on one of the request's stop_sequences said
+    end_turn, with stop_sequence null."""
+    backend = StopStringBackend(qwen3_tokenizer, ["one two END three", "one two END three", "no stop here"])
+    gateway = Gateway(config(), tokenizer=qwen3_tokenizer, backend=backend)
+    await gateway.start()
+    try:
+        rollout = gateway.open()
+        sdk = client(rollout)
+        user = [{"role": "user", "content": "count"}]
+        answer = await sdk.messages.create(model="m", max_tokens=32, stop_sequences=["zz", "END"], messages=user)
+        assert (answer.stop_reason, answer.stop_sequence) == ("stop_sequence", "END")
+        assert answer.content[0].type == "text" and answer.content[0].text.strip() == "one two"
+        turn = gateway.registry.get(rollout.id).rollout.trajectory.turns[0]
+        assert turn.matched_stop == "END"  # what the engine said, recorded
+        async with client(gateway.open()).messages.stream(
+            model="m", max_tokens=32, stop_sequences=["END"], messages=user
+        ) as stream:
+            final = await stream.get_final_message()
+        assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "END")  # from message_delta
+        plain = await client(gateway.open()).messages.create(
+            model="m", max_tokens=32, stop_sequences=["END"], messages=user
+        )
+        assert (plain.stop_reason, plain.stop_sequence) == ("end_turn", None)  # ended on its stop token
+    finally:
+        await gateway.close()

@@ -9,8 +9,9 @@ message's ``thinking``, ``text`` and ``tool_use`` blocks are one assistant turn;
 ``system`` message in ``messages`` (Claude Code sends them) is a system message where it stands.
 
 :func:`message_of` writes the recorded call back as a ``Message`` (``thinking``, ``text``, ``tool_use`` blocks,
-``stop_reason`` ``end_turn`` / ``tool_use`` / ``max_tokens``), and :func:`sse_events` replays it as the API's
-stream (``message_start``, ``content_block_start`` / ``_delta`` / ``_stop``, ``message_delta``, ``message_stop``).
+``stop_reason`` ``end_turn`` / ``tool_use`` / ``max_tokens`` / ``stop_sequence``), and :func:`sse_events` replays
+it as the API's stream (``message_start``, ``content_block_start`` / ``_delta`` / ``_stop``, ``message_delta``,
+``message_stop``).
 """
 
 from __future__ import annotations
@@ -226,9 +227,16 @@ def error_body(error: GatewayError) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- answer
-def message_of(completion: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``Message`` of a recorded call, from its ChatCompletion body."""
+def message_of(completion: Mapping[str, Any], stop_sequences: Any = None) -> dict[str, Any]:
+    """The ``Message`` of a recorded call, from its ChatCompletion body and the request's ``stop_sequences``.
+
+    ``stop_reason`` is ``stop_sequence`` when the engine says generation ended on one of them (``matched_stop``).
+    """
     choice = completion["choices"][0]
+    stop_reason, stop_sequence = _STOP_REASONS[choice["finish_reason"]], None
+    matched = completion["tito"].get("matched_stop")
+    if stop_reason == "end_turn" and isinstance(matched, str) and matched in (stop_sequences or ()):
+        stop_reason, stop_sequence = "stop_sequence", matched
     message = choice["message"]
     content: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
@@ -247,8 +255,8 @@ def message_of(completion: Mapping[str, Any]) -> dict[str, Any]:
         "role": "assistant",
         "model": completion["model"],
         "content": content,
-        "stop_reason": _STOP_REASONS[choice["finish_reason"]],
-        "stop_sequence": None,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
         "usage": {
             "input_tokens": usage["prompt_tokens"],
             "output_tokens": usage["completion_tokens"],
@@ -294,7 +302,7 @@ def sse_events(message: Mapping[str, Any]) -> list[bytes]:
             partial = json.dumps(block["input"], ensure_ascii=False)
             send("content_block_delta", index=index, delta={"type": "input_json_delta", "partial_json": partial})
         send("content_block_stop", index=index)
-    delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]}
     send("message_delta", delta=delta, usage={"output_tokens": usage["output_tokens"]})
     send("message_stop")
     return events

@@ -70,7 +70,12 @@ async def chat_call(
         output_ids=result.output_ids,
         logprobs=result.output_logprobs if request.logprobs else None,
         token_text=lambda token: renderer.decode([token]),
-        tito={"rollout_id": rollout.id, "branch": result.branch, "turn": result.turn},
+        tito={
+            "rollout_id": rollout.id,
+            "branch": result.branch,
+            "turn": result.turn,
+            "matched_stop": result.matched_stop,
+        },
     )
     return body_out, request
 

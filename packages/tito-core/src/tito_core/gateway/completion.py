@@ -4,7 +4,8 @@ The message is the parsed output: ``content``, ``reasoning_content``, ``tool_cal
 malformed call is not offered as a call: its raw text is appended to the content (the call is counted in the
 trajectory's ``tool_parse_errors``). ``finish_reason`` is ``length`` at the token limit, ``tool_calls`` when the
 output calls tools, else ``stop``. With ``logprobs`` every output token (the stop token included: it is what the
-engine generated) comes with its logprob. The ``tito`` field carries the output ids, the rollout, branch and turn.
+engine generated) comes with its logprob. The ``tito`` field carries the output ids, the rollout, branch and turn,
+and the stop string or token id that ended generation when the engine says (``matched_stop``).
 A stream is the same answer replayed as ``chat.completion.chunk`` events, ending with ``data: [DONE]``.
 """
 

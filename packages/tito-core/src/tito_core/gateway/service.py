@@ -346,7 +346,7 @@ class Gateway:
         """
         chat = translated(self.get(rollout_id), lambda: messages_chat_body(body))
         completion_body, request = await self.chat(rollout_id, chat)
-        return anthropic_message(completion_body), request.stream
+        return anthropic_message(completion_body, chat.get("stop")), request.stream
 
     async def count_tokens(self, rollout_id: str, body: Any) -> int:
         """The prompt's token count of a Messages ``count_tokens`` body on rollout ``rollout_id``; nothing recorded."""

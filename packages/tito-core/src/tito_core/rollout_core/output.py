@@ -35,6 +35,7 @@ class CallResult(msgspec.Struct, frozen=True, kw_only=True):
         latency_ms: The engine call's time.
         output_ids: The output's token ids, as recorded (the engine's, verbatim).
         output_logprobs: Their logprobs, as recorded (empty when the engine returned none).
+        matched_stop: The stop string or token id that ended generation, when the engine says (as recorded).
         rid: The request id of the call (the first one when a weight update cut and continued it).
         turn: The call's index among the branch's turns.
         branch: The branch it was recorded on.
@@ -46,6 +47,7 @@ class CallResult(msgspec.Struct, frozen=True, kw_only=True):
     latency_ms: int
     output_ids: tuple[int, ...] = ()
     output_logprobs: tuple[float | None, ...] = ()
+    matched_stop: str | int | None = None
     rid: str = ""
     turn: int = 0
     branch: int = 0
@@ -170,6 +172,7 @@ def record_call(
         latency_ms=latency_ms,
         output_ids=tuple(result.output_ids),
         output_logprobs=tuple(result.output_logprobs or ()),
+        matched_stop=result.matched_stop,
         rid=request.rid,
         turn=turn_index,
         branch=traj.branch,
