@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import GatewayError, bad_request, known_fields
+from .ranges import integer, number, token_limit
 
 __all__ = ["chat_body", "error_body", "message_of", "signature", "sse_events"]
 
@@ -67,7 +68,10 @@ def chat_body(body: Any, *, counting: bool = False) -> dict[str, Any]:
     for i, message in enumerate(raw):
         messages += _message(message, f"messages[{i}]")
     chat: dict[str, Any] = {"messages": messages}
-    limit = body.get("max_tokens")
+    limit = token_limit(body, "max_tokens")
+    number(body, "temperature", 0, 1)  # Anthropic's range
+    number(body, "top_p", 0, 1, above_low=True)
+    integer(body, "top_k", 1, 2**31 - 1)
     if limit is None and not counting:
         raise bad_request("max_tokens", "is required")
     if limit is not None:

@@ -24,6 +24,7 @@ from ..media import Image
 from .errors import bad_request, bounded_depth, known_fields, too_deep
 from .images import ImageReader, message_content
 from .matching import ReplyBook
+from .ranges import integer, number, token_limit
 
 __all__ = ["ChatRequest", "answer_schema", "parse_request"]
 
@@ -153,18 +154,19 @@ def _check_unsupported(body: Mapping[str, Any]) -> None:
 
 def _sampling(body: Mapping[str, Any], base: SamplingParams) -> SamplingParams:
     changes: dict[str, Any] = {}
-    max_tokens, max_completion = body.get("max_tokens"), body.get("max_completion_tokens")
+    max_tokens, max_completion = token_limit(body, "max_tokens"), token_limit(body, "max_completion_tokens")
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
         raise bad_request("max_completion_tokens", "differs from max_tokens; give one of them")
     limit = max_completion if max_completion is not None else max_tokens
     if limit is not None:
-        field = "max_completion_tokens" if max_completion is not None else "max_tokens"
-        if type(limit) is not int or limit < 1:
-            raise bad_request(field, f"must be a positive integer, got {limit!r}")
         changes["max_new_tokens"] = limit
-    for key in ("temperature", "top_p", "top_k", "seed"):  # top_k: vLLM's and SGLang's extension
-        if body.get(key) is not None:
-            changes[key] = body[key]
+    checked = {  # OpenAI's ranges; top_p 0 and top_k 0 are refused by the engines
+        "temperature": number(body, "temperature", 0, 2),
+        "top_p": number(body, "top_p", 0, 1, above_low=True),
+        "top_k": integer(body, "top_k", 1, 2**31 - 1, also=-1),  # vLLM's and SGLang's extension; -1: none
+        "seed": integer(body, "seed", -(2**63), 2**63 - 1),
+    }
+    changes.update({key: value for key, value in checked.items() if value is not None})
     stop = body.get("stop")
     if stop is not None:
         stops = [stop] if isinstance(stop, str) else stop

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import bad_request, known_fields
+from .ranges import number, token_limit
 
 __all__ = ["ResponseChain", "chat_body", "response_of", "sse_events"]
 
@@ -102,10 +103,12 @@ def chat_body(body: Any, chain: ResponseChain) -> tuple[dict[str, Any], list[Any
     include = body.get("include") or ()
     if isinstance(include, list) and "message.output_text.logprobs" in include:
         chat["logprobs"] = True
+    number(body, "temperature", 0, 2)  # OpenAI's ranges, checked here to name the Responses field
+    number(body, "top_p", 0, 1, above_low=True)
     for key in ("parallel_tool_calls", "temperature", "top_p", "stream", "top_logprobs"):
         if body.get(key) is not None:
             chat[key] = body[key]
-    if body.get("max_output_tokens") is not None:
+    if token_limit(body, "max_output_tokens") is not None:
         chat["max_completion_tokens"] = body["max_output_tokens"]
     text = body.get("text")
     if text is not None:
