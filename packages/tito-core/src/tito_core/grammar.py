@@ -127,7 +127,7 @@ class Ebnf:
 
     def reserve(self, hint: str) -> str:
         """A fresh rule name from ``hint`` (defined later with :meth:`define`)."""
-        base = _NAME_CHARS.sub("_", hint).strip("_").lower() or "r"
+        base = _NAME_CHARS.sub("_", hint).strip("_").lower()[:48].rstrip("_") or "r"  # deep hints: unique by number
         if not base[0].isalpha():
             base = "r_" + base
         name, n = base, 1
@@ -252,7 +252,8 @@ class _SchemaConverter:
         # written yet, after(i) when one was (so each needs its ", "). Linear in the number of properties.
         first, after = "", ""
         for i, (key, sub) in reversed(list(enumerate(props.items()))):
-            pair = f"{literal(_dump(str(key)) + ': ')} {self.value(sub, f'{hint}_{key}')}"
+            value = self._named(self.value(sub, f"{hint}_{key}"), f"{hint}_{key}")  # an optional pair is written twice
+            pair = f"{literal(_dump(str(key)) + ': ')} {value}"
             tail = f" {after}" if after else ""
             if key in required:
                 new_after, new_first = f'", " {pair}{tail}', f"{pair}{tail}"
@@ -264,11 +265,22 @@ class _SchemaConverter:
         return f'"{{" {first} "}}"'
 
     def _array(self, schema: Mapping[str, Any], hint: str) -> str:
-        item = self.value(schema.get("items"), f"{hint}_item")
+        item = self._named(self.value(schema.get("items"), f"{hint}_item"), f"{hint}_item")  # written twice
         min_items = schema.get("minItems")
         if isinstance(min_items, int) and min_items >= 1:
             return f'"[" {item} ( ", " {item} )* "]"'
         return f'"[" ( {item} ( ", " {item} )* )? "]"'
+
+    def _named(self, expression: str, hint: str) -> str:
+        """``expression`` as a rule of its own unless it is one already (written twice in its parent, once here).
+
+        Copied inline, an array's item nested n arrays deep was written 2**n times (a tool schema 20 arrays deep
+        made a 37 MB grammar; one 60 deep took the gateway's memory).
+        """
+        return expression if _NAME.fullmatch(expression) else self.ebnf.rule(hint, expression)
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 def _dump(value: Any) -> str:
