@@ -94,7 +94,7 @@ def check_mask_and_hover(page: Any, data: dict[str, Any]) -> None:
 
 
 def test_the_arithmetic_examples_output(browser: Any, arithmetic: str) -> None:
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
     try:
         open_page(page, arithmetic + "/")
         assert page.locator("table.runs tr.run").count() == 4
@@ -108,7 +108,7 @@ def test_the_arithmetic_examples_output(browser: Any, arithmetic: str) -> None:
 
 
 def test_the_look_agents_picture_is_at_its_span(browser: Any, look: str) -> None:
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
     try:
         open_page(page, look + "/#/record/0")
         data = page.evaluate("() => fetch('api/records/0').then(r => r.json())")

@@ -2,8 +2,10 @@
 
 The command runs as users run it (a subprocess serving a rollout file on a free loopback port); the checks read
 what the page drew: the runs table and its charts, the loss mask's classes, the hover details, the picture at
-its span, the branch tree, the version bands and the audit heat map. Each page is also photographed and the
-photo must not be blank (``TITO_SCREENSHOTS=DIR`` keeps them: docs/viewer.md's pictures).
+its span, the branch tree, the version bands and legends and the audit heat map; at a desktop's 1400x900 and a
+phone's 390x844: nothing wider than the window (a wide table scrolls inside its box), the token details always
+inside the window, sorting and token details by keyboard. Each page is also photographed and the photo must not
+be blank (``TITO_SCREENSHOTS=DIR`` keeps them: docs/viewer.md's pictures).
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ import pytest
 
 from tito_testing.tokenizers import qwen_tokenizer_dir
 
-from ..helpers.viewer_rollouts import IMAGE_PADS, write_rollouts
+from ..helpers.viewer_rollouts import IMAGE_PADS, write_audit, write_rollouts
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (nox -s browser installs it)")
 CHROMIUM = os.environ.get("TITO_CHROMIUM", "/usr/bin/chromium")
 SHOTS = os.environ.get("TITO_SCREENSHOTS")
+DESKTOP, PHONE = {"width": 1400, "height": 900}, {"width": 390, "height": 844}
+HEATED = 12  # calc's first output tokens, audited 1e-6 .. ~0.3 nats off: the heat map's whole scale
 
 
 def start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
@@ -66,14 +70,13 @@ def files(qwen3_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> dic
     rollouts = write_rollouts(tmp / "rollouts.jsonl", qwen3_tokenizer)
     from tito_core.records import read_records
 
-    first = next(iter(read_records(rollouts)))
-    deltas: list[float | None] = [None] * len(first.trajectory.token_ids)
-    out_start = first.trajectory.segments[1].start
-    for k, i in enumerate(range(out_start, out_start + 12)):
-        deltas[i] = 10.0 ** (-6 + k / 2)  # 1e-6 .. ~3e-1: the heat map's whole scale
-    report = tmp / "audit.json"
-    report.write_text(json.dumps({"scorer": "test scorer", "records": 1, "free": {"tokens": 12, "mean_abs": 0.05,
-                                  "max_abs": 0.3, "k3": 0.01}, "tokens": {"calc:0": {"0": deltas}}}))  # fmt: skip
+    out_start = next(iter(read_records(rollouts))).trajectory.segments[1].start
+
+    def shift(task: str, i: int) -> float:
+        k = i - out_start
+        return 10.0 ** (-6 + k / 2) if task == "calc" and 0 <= k < HEATED else 0.0
+
+    report = write_audit(rollouts, tmp / "audit.json", shift)
     figure = tmp / "figure.png"
     from PIL import Image
 
@@ -94,16 +97,69 @@ def browser(files: dict[str, Path]) -> Iterator[Any]:
     yield from chromium()
 
 
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+def new_page(browser: Any, viewport: dict[str, int]) -> Iterator[Any]:
+    """A page in a fresh context; at its end, no script error and no refused resource (the CSP would log one)."""
+    context = browser.new_context(viewport=viewport)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
     yield page
     context.close()
-    assert not errors, errors  # no script error, no refused resource (the CSP would log one)
+    assert not errors, errors
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    yield from new_page(browser, DESKTOP)
+
+
+@pytest.fixture(params=[DESKTOP, PHONE], ids=["desktop", "phone"])
+def any_page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    yield from new_page(browser, request.param)
+
+
+# elements sticking out of the window, other than inside a box that scrolls sideways
+OUTSIDE = """() => {
+  const width = document.documentElement.clientWidth;
+  const scrolls = (e) => { for (let p = e.parentElement; p; p = p.parentElement) {
+    if (["auto", "scroll", "hidden"].includes(getComputedStyle(p).overflowX)) return true; } return false; };
+  const out = [...document.querySelectorAll("body *")].filter((e) => {
+    const r = e.getBoundingClientRect();
+    return r.width > 0 && (r.right > width + 0.5 || r.left < -0.5) && !scrolls(e);
+  }).map((e) => `${e.tagName}.${e.className}#${e.id}: ${Math.round(e.getBoundingClientRect().left)}..` +
+    `${Math.round(e.getBoundingClientRect().right)}`);
+  if (document.documentElement.scrollWidth > width) out.push(`the page: ${document.documentElement.scrollWidth}`);
+  return out;
+}"""
+
+# the token nearest the window's bottom right corner, brought into view at the bottom of the window
+CORNER_TOKEN = """() => {
+  const tokens = [...document.querySelectorAll(".tokens .t")];
+  const last = tokens[tokens.length - 1];
+  last.scrollIntoView({ block: "end" });
+  const H = window.innerHeight;
+  const seen = tokens.filter((t) => { const r = t.getBoundingClientRect(); return r.bottom <= H && r.top >= 0; });
+  seen.sort((a, b) => b.getBoundingClientRect().bottom - a.getBoundingClientRect().bottom ||
+    b.getBoundingClientRect().right - a.getBoundingClientRect().right);
+  return Number(seen[0].dataset.i);
+}"""
+
+
+def fits(page: Any) -> None:
+    """Nothing sticks out of the window sideways (wide tables scroll inside their boxes)."""
+    assert page.evaluate(OUTSIDE) == [], page.viewport_size
+
+
+def tip_inside(page: Any) -> str:
+    """The token details are shown, wholly inside the window; their text."""
+    tip = page.locator("#tip")
+    tip.wait_for(state="visible")
+    box = tip.bounding_box()
+    size = page.evaluate("() => [document.documentElement.clientWidth, window.innerHeight]")
+    assert box["x"] >= 0 and box["y"] >= 0, box
+    assert box["x"] + box["width"] <= size[0] and box["y"] + box["height"] <= size[1], (box, size)
+    return tip.inner_text()
 
 
 def open_page(page: Any, url: str) -> None:
@@ -139,7 +195,55 @@ def test_the_runs_page_lists_filters_and_sorts_the_records_with_its_charts(page:
     page.click("th[data-key=reward]")  # descending; a record without reward last
     tasks = [row.split("\t")[0] for row in page.locator("table.runs tr.run").all_inner_texts()]
     assert tasks[-1] == "broken" and tasks[-2] == "fork"
+    turns = {row.split("\t")[0]: row.split("\t")[7] for row in page.locator("table.runs tr.run").all_inner_texts()}
+    assert turns == {"calc": "2", "look": "2", "fork": "3", "broken": "0"}  # every branch's calls, each once
     photo(page, "runs")
+
+
+def test_the_worst_rollouts_are_one_key_press_away(any_page: Any, viewer: str) -> None:
+    """The audit's per-rollout columns sort by keyboard: Tab reaches a header, Enter sorts (again: reverses)."""
+    page = any_page
+    open_page(page, viewer + "/")
+    heads = page.locator("table.runs th").all_inner_texts()
+    assert heads[-2:] == ["max |Δ|", "free k3"]
+    for _ in range(60):  # Tab through the page to the column's header, as a keyboard user does
+        page.keyboard.press("Tab")
+        if page.evaluate("() => document.activeElement.closest('th')?.dataset.key") == "audit_max_abs":
+            break
+    else:
+        raise AssertionError("Tab never reached the max |Δ| header")
+    page.keyboard.press("Enter")
+    page.keyboard.press("Enter")
+    header = page.locator("th[data-key=audit_max_abs]")
+    assert header.get_attribute("aria-sort") == "descending"
+    assert page.evaluate("() => document.activeElement.closest('th')?.dataset.key") == "audit_max_abs"  # kept
+    rows = [row.split("\t") for row in page.locator("table.runs tr.run").all_inner_texts()]
+    assert [r[0] for r in rows] == ["calc", "look", "fork", "broken"]  # the worst first; nothing scored last
+    assert rows[0][-2] == "3.16e-1" and rows[-1][-2] == "–"
+    fits(page)
+    if page.viewport_size == PHONE:
+        assert page.evaluate(
+            "() => document.getElementById('runs').parentElement.scrollWidth > innerWidth"
+        )  # scrolls inside
+        photo(page, "phone-runs")
+
+
+def test_one_colour_per_weight_version_on_every_page(page: Any, viewer: str) -> None:
+    open_page(page, viewer + "/")
+    legend = page.locator("#version-legend .version")
+    assert [legend.nth(k).get_attribute("data-version") for k in range(legend.count())] == ["1", "2"]
+    swatch = "e => getComputedStyle(e).backgroundColor"
+    colours = {v: page.locator(f"#version-legend [data-version='{v}'] .swatch").evaluate(swatch) for v in "12"}
+    assert colours["1"] != colours["2"]
+    for record, versions in (("0", "12"), ("2", "2")):  # fork:0 has weights 2 only: still version 2's colour
+        open_page(page, f"{viewer}/#/record/{record}")
+        page.wait_for_selector(".tokens .t")
+        bands = page.locator(".band .version")
+        assert {bands.nth(k).evaluate(swatch) for k in range(bands.count())} == {colours[v] for v in versions}
+        own = page.locator("#record-versions .version")
+        assert [own.nth(k).get_attribute("data-version") for k in range(own.count())] == list(versions)
+        assert {v: page.locator(f"#record-versions [data-version='{v}'] .swatch").evaluate(swatch)
+                for v in versions} == {v: colours[v] for v in versions}  # fmt: skip
 
 
 def test_the_record_page_colours_the_loss_mask_and_shows_each_tokens_details(page: Any, viewer: str) -> None:
@@ -166,12 +270,81 @@ def test_the_record_page_colours_the_loss_mask_and_shows_each_tokens_details(pag
     page.check("#heat")
     page.wait_for_selector(".tokens.heat .t.o[data-heat]")  # redrawn when the chunk is in view
     heated = page.locator(".tokens.heat .t.o[data-heat]")
-    assert heated.count() == 12  # the audited tokens, coloured by |Δ| (log scale: 1e-6 .. 1 nats as 0 .. 9)
-    levels = [int(heated.nth(k).get_attribute("data-heat")) for k in range(12)]
+    scored = [d for d, k in zip(data["branches"][0]["deltas"], kinds, strict=True) if k == "o" and d is not None]
+    assert heated.count() == len(scored) > HEATED  # every audited token, coloured by |Δ| (log scale: 1e-6 .. 1 nat)
+    levels = [int(heated.nth(k).get_attribute("data-heat")) for k in range(HEATED)]
     assert levels == sorted(levels) and levels[0] == 0 and levels[-1] >= 8
-    colours = {heated.nth(k).evaluate("e => getComputedStyle(e).backgroundColor") for k in (0, 11)}
+    colours = {heated.nth(k).evaluate("e => getComputedStyle(e).backgroundColor") for k in (0, HEATED - 1)}
     assert len(colours) == 2  # drawn differently
+    scale = page.locator("#heat-scale [data-heat]")
+    assert scale.count() == 10  # the legend: the same colours, level by level
+    assert scale.nth(HEATED - 1 if levels[-1] == 9 else levels[-1]).evaluate(
+        "e => getComputedStyle(e).backgroundColor") in colours  # fmt: skip
     photo(page, "heat")
+
+
+def test_a_newline_token_is_drawn_and_marked(page: Any, viewer: str) -> None:
+    open_page(page, viewer + "/#/record/0")
+    page.wait_for_selector(".tokens .t.b")
+    data = page.evaluate("() => fetch('api/records/0').then(r => r.json())")
+    branch = data["branches"][0]
+    newline = next(i for i, (t, k) in enumerate(zip(branch["texts"], branch["kinds"], strict=True))
+                   if t == "\n" and k == "b")  # fmt: skip
+    token = page.locator(f".t[data-i='{newline}']")
+    assert token.inner_text().startswith("↵") and token.bounding_box()["width"] > 4  # visible, in its colour
+    assert token.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(253, 233, 200)"  # --boundary
+
+
+def test_the_token_details_stay_inside_the_window(any_page: Any, viewer: str) -> None:
+    """Next to the token, flipped above or to its left where the window ends: hovered, or tapped on a phone."""
+    page = any_page
+    open_page(page, viewer + "/#/record/0")
+    page.wait_for_selector(".tokens .t.o")
+    fits(page)
+    corner = page.evaluate(CORNER_TOKEN)
+    token = page.locator(f".t[data-i='{corner}']")
+    if page.viewport_size == PHONE:
+        token.click()  # a tap: the details stay (pinned) until Esc or a tap elsewhere
+        assert "pinned" in tip_inside(page)
+        photo(page, "phone-record")
+    else:
+        token.hover()
+        assert f"token {corner} " in tip_inside(page)
+    first = page.evaluate(
+        "() => { const t = document.querySelector('.tokens .t'); t.scrollIntoView(); return Number(t.dataset.i); }"
+    )
+    page.mouse.click(1, 1)  # elsewhere: the details close
+    page.locator(f".t[data-i='{first}']").hover()
+    assert f"token {first} " in tip_inside(page)
+
+
+def test_the_tokens_are_read_by_keyboard(any_page: Any, viewer: str) -> None:
+    page = any_page
+    open_page(page, viewer + "/#/record/0")
+    page.wait_for_selector(".tokens .t")
+    for _ in range(60):
+        page.keyboard.press("Tab")
+        if page.evaluate("() => document.activeElement.id") == "tokens":
+            break
+    else:
+        raise AssertionError("Tab never reached the tokens")
+    assert page.locator(".t.sel").get_attribute("data-i") == "0"
+    assert tip_inside(page).startswith("token 0 · id ")
+    for _ in range(3):
+        page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowLeft")
+    assert page.locator(".t.sel").get_attribute("data-i") == "2"
+    assert tip_inside(page).startswith("token 2 · id ")
+    page.keyboard.press("Enter")  # pin: the details stay while the mouse goes elsewhere
+    assert "pinned" in tip_inside(page)
+    page.locator(".t[data-i='5']").hover()
+    assert tip_inside(page).startswith("token 2 · id ")
+    page.keyboard.press("End")
+    last = int(page.locator(".t.sel").get_attribute("data-i"))
+    assert last == len(page.evaluate("() => fetch('api/records/0').then(r => r.json())")["branches"][0]["ids"]) - 1
+    assert tip_inside(page).startswith(f"token {last} · id ")  # brought into view, details beside it
+    page.keyboard.press("Escape")
+    page.locator("#tip").wait_for(state="hidden")
 
 
 def test_the_picture_is_drawn_at_its_span(page: Any, viewer: str) -> None:
@@ -196,7 +369,10 @@ def test_the_branch_tree_reaches_each_branch(page: Any, viewer: str) -> None:
     tree = page.locator("#tree")
     assert tree.locator("li.branch").count() == 2
     assert tree.locator("li.branch[data-branch='0'] li.branch[data-branch='1']").count() == 1  # a child of 0
-    assert "forked at token" in tree.locator("li.branch[data-branch='1']").inner_text()
+    data = page.evaluate("() => fetch('api/records/2').then(r => r.json())")
+    shared = data["branches"][1]["shared"]
+    assert f"shares {shared} tokens with branch 0 (forked at token {data['branches'][1]['fork_at']})" in tree.locator(
+        "li.branch[data-branch='1']").inner_text()  # fmt: skip
     assert "the client rewrote the history" in tree.inner_text()
     assert "once more, louder" in page.locator("#tokens").inner_text()  # the final branch first
     tree.locator("li.branch[data-branch='0'] > a").click()
@@ -222,8 +398,11 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
     assert proc.stdout is not None and proc.stderr is not None
     line = proc.stdout.readline()
     assert line.startswith("tito serve: serving on "), (line, proc.stderr.read() if proc.poll() is not None else "")
-    viewer = next(line for line in proc.stderr if "viewer at" in line).rsplit(" ", 1)[1].strip()
+    viewer = proc.stdout.readline()  # on the same stream, right after
+    assert viewer.startswith("tito serve: viewer at "), viewer
+    viewer = viewer.rsplit(" ", 1)[1].strip()
     threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining: a full pipe would block it
+    threading.Thread(target=proc.stdout.read, daemon=True).start()
     yield line.rsplit(" ", 1)[1].strip(), viewer
     proc.terminate()
     assert proc.wait(timeout=60) == 0
@@ -245,7 +424,7 @@ def test_the_gateways_ui_lists_its_live_rollouts_with_its_key_only(browser: Any,
     answer = _post(f"{opened['base_url']}/chat/completions", {"model": "m", "messages": [
         {"role": "user", "content": "What colour is the sky?"}]}, opened["token"])  # fmt: skip
     assert answer["choices"][0]["message"]["content"] == "The sky is blue."
-    context = browser.new_context(viewport={"width": 1280, "height": 700})
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
     try:
         open_page(page, viewer)  # the key moves from the address into the tab's session storage
@@ -253,6 +432,10 @@ def test_the_gateways_ui_lists_its_live_rollouts_with_its_key_only(browser: Any,
         row = page.locator("table.runs tr.run")
         assert row.count() == 1 and row.inner_text().split("\t")[:3] == ["sky", "0", "running"]
         photo(page, "gateway")
+        _post(f"{base}/rollouts", {"task_id": "sea"})  # the page shows it by itself (it refreshes every 2 s)
+        page.wait_for_function("() => document.querySelectorAll('table.runs tr.run').length === 2", timeout=60_000)
+        assert "live: refreshed every 2 s" in page.locator("#live").inner_text()
+        row = page.locator("table.runs tr.run", has_text="sky")
         row.locator("a").click()
         page.wait_for_selector(".tokens .t.o")
         assert "".join(page.locator(".tokens .t.o").all_inner_texts()) == "The sky is blue.<|im_end|>"

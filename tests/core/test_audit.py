@@ -11,9 +11,11 @@ import asyncio
 import io
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tito_core.audit import AuditReport, Ledger, audit, gap_stats
@@ -111,6 +113,22 @@ def test_constrained_turns_are_reported_apart_from_the_free_ones() -> None:
     assert report.constrained.tokens == 3 and report.constrained.max_abs == pytest.approx(3.0)
     assert report.free.tokens == 2 and report.free.max_abs == 0.0 and report.free.k3 == 0.0
     assert set(report.by["constrained"]) == {"constrained", "free"}
+    assert list(report.by["constrained_turn"]) == ["0"] and list(report.by["free_turn"]) == ["1"]  # the plot's rows
+    assert report.by["constrained_turn"]["0"].tokens == 3 and report.by["free_turn"]["1"].max_abs == 0.0
+
+
+def test_each_rollout_has_its_own_figures_and_its_records_fingerprint() -> None:
+    from tito_core.records import rollout_digest
+
+    calm, off = two_turns(), two_turns(constrained=True)
+    records = [record_of(calm), msgspec.structs.replace(record_of(off), sample=1)]
+    report = asyncio.run(audit(records, OffsetScorer(table_of(calm), lambda token: 0.5 * (token == 21))))
+    assert set(report.rollouts) == {"t:0", "t:1"}
+    assert report.rollouts["t:0"].digest == rollout_digest(records[0])
+    assert report.rollouts["t:0"].all.max_abs == 0.5 and report.rollouts["t:0"].free.tokens == 5
+    assert report.rollouts["t:1"].free.tokens == 2  # its first turn is constrained
+    assert rollout_digest(records[0]) == rollout_digest(records[1])  # the same tokens
+    assert rollout_digest(record_of(with_an_image())) != rollout_digest(records[0])
 
 
 def test_a_forked_branch_files_only_its_own_tokens() -> None:
@@ -133,7 +151,8 @@ def test_a_forked_branch_files_only_its_own_tokens() -> None:
     assert report.by["branch"]["0"].tokens == 3 and report.by["branch"]["1"].tokens == 2
 
 
-def test_tokens_after_an_image_are_not_scored_by_a_text_only_scorer() -> None:
+def with_an_image() -> Trajectory:
+    """Prompt 1-2, output 10-11 (turn 0), an image's placeholders 7 7 7 and text 8, output 20-21 (turn 1)."""
     traj = Trajectory("t:0")
     traj.append("prompt", [1, 2], turn=0)
     traj.append("output", [10, 11], [-0.5, -1.0], turn=0)
@@ -146,7 +165,11 @@ def test_tokens_after_an_image_are_not_scored_by_a_text_only_scorer() -> None:
     traj.add_media([PromptMedia(span=span, item=image)])
     traj.append("output", [20, 21], [-2.0, -0.5], turn=1)
     traj.add_turn(turn(1, 4, 4, 2))
-    traj.close("completed")
+    return traj.close("completed")
+
+
+def test_tokens_after_an_image_are_not_scored_by_a_text_only_scorer() -> None:
+    traj = with_an_image()
     scorer = OffsetScorer(table_of(traj), lambda token: 0.0)
     report = asyncio.run(audit([record_of(traj)], scorer))
     assert report.all.tokens == 2  # the first output; the second follows the image
@@ -189,15 +212,142 @@ def test_the_command_refuses_bad_options_and_a_backend_that_cannot_score(
         main(["audit", str(out)])
 
 
-def test_a_gate_with_nothing_to_check_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+@pytest.fixture
+def offset_scorer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tito audit`` scores with an exact :class:`OffsetScorer` of the file's records, built where the real one is."""
     import tito_core.cli.audit as cli_audit
 
-    async def no_model(args, config):  # a scorer for a file whose records have no free turn
-        return OffsetScorer({}, lambda token: 0.0), None
+    async def exact(args, config, records):
+        return OffsetScorer(table_of(*(Trajectory.from_record(r.trajectory) for r in records)), lambda t: 0.0), None
 
-    monkeypatch.setattr(cli_audit, "_scorer", no_model)
+    monkeypatch.setattr(cli_audit, "_scorer", exact)
+
+
+@pytest.fixture
+def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model load (or an engine built from the config) fails the test: a bad input is refused before it."""
+    import tito_core.audit as audit_module
+    from tito_core.config import TitoConfig
+
+    def loaded(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was loaded before the bad input was refused")
+
+    monkeypatch.setattr(audit_module, "TransformersScorer", loaded)
+    monkeypatch.setattr(TitoConfig, "create_backend", loaded)
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+def written(path: Path, *trajs: Trajectory) -> Path:
+    with open_writer(path) as writer:
+        for sample, traj in enumerate(trajs):
+            writer.write(msgspec.structs.replace(record_of(traj), sample=sample))
+    return path
+
+
+def test_a_gate_with_nothing_to_check_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], offset_scorer: None
+) -> None:
+    forced = Trajectory("t:0")  # a record whose only turn is constrained: no free-turn token
+    forced.append("prompt", [1, 2, 3], turn=0)
+    forced.append("output", [10, 11], [-0.5, -1.0], turn=0)
+    forced.add_turn(turn(0, 0, 3, 2, constrained=True))
+    out = written(tmp_path / "forced.jsonl", forced.close("completed"))
+    assert main(["audit", str(out), "--model", "unused", "--max-kl", "1"]) == 1
+    assert "no free-turn token was scored" in capsys.readouterr().err
+    assert main(["audit", str(out), "--model", "unused"]) == 0  # no gate: a report of constrained tokens only
+
+
+def test_a_malformed_line_is_named_by_its_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_model: None
+) -> None:
+    out = written(tmp_path / "rollouts.jsonl", two_turns())
+    out.write_bytes(out.read_bytes() + b"[1, 2]\n")
+    assert main(["audit", str(out), "--model", "m"]) == 2
+    assert one_line_error(capsys).startswith(f"tito audit: error: {out}: line 2 is not a rollout record: Expected")
+
+
+def test_an_empty_file_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str], no_model: None) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    assert main(["audit", str(empty), "--model", "unused", "--max-kl", "1"]) == 1
-    assert "no free-turn token was scored" in capsys.readouterr().err
-    assert main(["audit", str(empty), "--model", "unused"]) == 0  # no gate: an empty report
+    assert main(["audit", str(empty), "--model", "m"]) == 2
+    assert one_line_error(capsys) == f"tito audit: error: {empty}: no rollout records in it: nothing to audit"
+
+
+def test_a_partial_last_line_is_skipped_aloud_and_the_rest_audited(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], offset_scorer: None
+) -> None:
+    out = written(tmp_path / "rollouts.jsonl", two_turns())
+    out.write_bytes(out.read_bytes() + b'{"task_id": "t", "sam')
+    assert main(["audit", str(out), "--model", "m", "--json", str(tmp_path / "r.json")]) == 0
+    assert capsys.readouterr().err.startswith(f"tito audit: {out}: skipped 1 partial last line (21 bytes")
+    assert json.loads((tmp_path / "r.json").read_text())["records"] == 1
+
+
+def test_a_trajectory_file_is_audited(tmp_path: Path, offset_scorer: None) -> None:
+    """`tito demo` saves one trajectory (Trajectory.to_json, no newline at its end): it is audited as a record."""
+    path = tmp_path / "tito-demo-trajectory.json"
+    path.write_bytes(two_turns().to_json())
+    assert main(["audit", str(path), "--model", "m", "--json", str(tmp_path / "r.json")]) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["records"] == 1 and report["all"]["tokens"] == 5 and list(report["rollouts"]) == ["t:0:0"]
+
+
+def test_the_outputs_are_checked_before_any_scoring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_model: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = written(tmp_path / "rollouts.jsonl", two_turns())
+    missing = tmp_path / "no-such-folder" / "report.json"
+    assert main(["audit", str(out), "--model", "m", "--json", str(missing)]) == 2
+    assert one_line_error(capsys) == (f"tito audit: error: --json {missing}: its folder "
+                                      f"{str(missing.parent)!r} does not exist")  # fmt: skip
+    assert main(["audit", str(out), "--model", "m", "--json", str(tmp_path)]) == 2
+    assert one_line_error(capsys) == f"tito audit: error: --json {tmp_path}: a folder, not a file to write"
+    assert main(["audit", str(out), "--model", "m", "--plot", str(tmp_path / "plot.txt")]) == 2
+    assert one_line_error(capsys) == f"tito audit: error: --plot {tmp_path / 'plot.txt'}: name a .png, .svg, .pdf file"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
+    assert main(["audit", str(out), "--model", "m", "--plot", str(tmp_path / "plot.png")]) == 2
+    assert one_line_error(capsys).startswith(
+        'tito audit: error: --plot needs matplotlib: pip install "tito-core[plot]"'
+    )
+
+
+def test_a_model_that_cannot_score_the_records_is_refused_before_it_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_model: None
+) -> None:
+    out = written(tmp_path / "rollouts.jsonl", two_turns())
+    assert main(["audit", str(out), "--model", str(tmp_path / "nowhere")]) == 2
+    assert one_line_error(capsys) == f"tito audit: error: --model {tmp_path / 'nowhere'}: no such model directory"
+    model = tmp_path / "model"
+    model.mkdir()
+    assert main(["audit", str(out), "--model", str(model)]) == 2
+    assert one_line_error(capsys) == (f"tito audit: error: --model {model}: not a model directory (config.json: "
+                                      "No such file or directory)")  # fmt: skip
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 16}))
+    assert main(["audit", str(out), "--model", str(model)]) == 2  # the records hold id 21: another tokenizer's
+    assert one_line_error(capsys) == (f"tito audit: error: these records were not made with the tokenizer of the "
+                                      f"llama model at {model}: they hold token id 21, beyond its vocabulary of 16 "
+                                      "ids")  # fmt: skip
+
+
+def test_records_with_images_need_a_scorer_that_sees_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_model: None
+) -> None:
+    out = written(tmp_path / "rollouts.jsonl", with_an_image(), two_turns())
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "vocab_size": 64}))
+    assert main(["audit", str(out), "--model", str(model)]) == 2
+    assert one_line_error(capsys) == (f"tito audit: error: 1 record has images, and the qwen3 model at {model} takes "
+                                      "none: audit them with the vision model they were made with (--model its "
+                                      "directory, or a --config whose backend_options.model_path is it)")  # fmt: skip
+    config = tmp_path / "tito.toml"
+    tok = qwen_tokenizer_dir("qwen3")
+    config.write_text(f'backend = "scripted"\ntokenizer = "{tok}"\n[backend_options]\ntokenizer = "{tok}"\n')
+    assert main(["audit", str(out), "--config", str(config)]) == 2
+    assert one_line_error(capsys).startswith("tito audit: error: 1 record has images, and the scripted engine's score "
+                                             "route takes none")  # fmt: skip

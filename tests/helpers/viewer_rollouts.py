@@ -3,13 +3,16 @@
 Four records on the offline Qwen3 tokenizer, each built as tito records one: the first prompt rendered by the
 template, outputs as exact ids with logprobs and weight versions, boundaries and tool results from the
 incremental render. ``calc:0`` is a forced tool call then a free answer (weights 1 then 2); ``look:0`` has a
-picture in its tool result; ``fork:0`` has two branches; ``broken:0`` failed before any output.
+picture in its tool result; ``fork:0`` has two branches (weights 2 only); ``broken:0`` failed before any output.
+
+:func:`write_audit` writes a real ``tito audit --json --per-token`` report of such a file, its gaps chosen.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,13 +88,13 @@ def write_rollouts(path: Path, tokenizer: Any) -> Path:
     records.append((look.close("completed"), "look", 1.0, None))
 
     fork = _first(renderer, "fork:0", "Say hi twice.")
-    _output(fork, renderer, "hi", 0)
+    _output(fork, renderer, "hi", 0, version="2")
     keep = len(fork)
     _prompt(fork, renderer, [{"role": "user", "content": "again"}], 1)
-    _output(fork, renderer, "hi hi", 1)
+    _output(fork, renderer, "hi hi", 1, version="2")
     child = fork.fork(keep, "the client rewrote the history")
     _prompt(child, renderer, [{"role": "user", "content": "once more, louder"}], 1)
-    _output(child, renderer, "HI", 1)
+    _output(child, renderer, "HI", 1, version="2")
     records.append((child.close("truncated", "max_model_calls reached (2)"), "fork", 0.0, None))
 
     broken = _first(renderer, "broken:0", "Fail.")
@@ -103,3 +106,35 @@ def write_rollouts(path: Path, tokenizer: Any) -> Path:
                                         started=0.0, wall_s=1.0, agent_s=1.0, tool_calls=1,
                                         turn_rewards=turn_rewards))  # fmt: skip
     return path
+
+
+class ShiftScorer:
+    """Re-scores each branch as its recorded logprobs plus ``shift(task_id, position)``: every gap is known."""
+
+    takes_images = True
+    description = "test scorer"
+
+    def __init__(self, records: Sequence[Any], shift: Callable[[str, int], float]) -> None:
+        from tito_core.trajectory import Trajectory
+
+        self.shift = shift
+        self.table = {
+            tuple(branch.token_ids): (record.task_id, branch.logprobs)
+            for record in records
+            for branch in Trajectory.from_record(record.trajectory).all_branches
+        }
+
+    async def score(self, token_ids: Sequence[int], media: Sequence[Any] = ()) -> list[float | None]:
+        task, old = self.table[tuple(token_ids)]
+        return [None if lp is None else lp + self.shift(task, i) for i, lp in enumerate(old)]
+
+
+def write_audit(rollouts: Path, out: Path, shift: Callable[[str, int], float]) -> Path:
+    """Audit ``rollouts`` with a :class:`ShiftScorer` and write the report as ``tito audit --json --per-token`` does."""
+    from tito_core.audit import audit
+    from tito_core.records import read_records
+
+    records = list(read_records(rollouts))
+    report = asyncio.run(audit(records, ShiftScorer(records, shift), per_token=True))
+    out.write_bytes(report.to_json())
+    return out

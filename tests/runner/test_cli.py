@@ -569,3 +569,27 @@ def test_export_and_inspect_carry_the_weight_versions(
     n = len(event["response"]["choices"][0]["token_ids"])
     assert event["model_version"] == 5
     assert event["response"]["choices"][0]["weight_versions"] == [{"version": "5", "start": 0, "end": n}]
+
+
+def test_quiet_prints_nothing_when_a_loop_limit_ends_a_rollout(tmp_path: Path) -> None:
+    """Strands logs the limiter's LoopLimitError as an error; the record says why the rollout ended, so --quiet
+    prints nothing (a real process: logging is set up as the command sets it up)."""
+    (tmp_path / "tools.py").write_text(
+        'from strands import tool\n\n\n@tool\ndef add(a: int, b: int) -> str:\n    """Add.\n\n    Args:\n'
+        '        a: One.\n        b: Two.\n    """\n    return str(a + b)\n'
+    )
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>'
+    tok = json.dumps(tokenizer_dir())
+    (tmp_path / "tito.toml").write_text(
+        f'backend = "scripted"\ntokenizer = {tok}\ntool_parser = "hermes"\n'
+        f"[backend_options]\ntokenizer = {tok}\nreplies = {json.dumps([call] * 4)}\n"
+        '[rollout]\ngroup_size = 1\ntools = ["tools:add"]\nmax_model_calls = 1\n'
+    )
+    write_jsonl(tmp_path / "t.jsonl", tasks(1))
+    out = tmp_path / "out.jsonl"
+    command = [sys.executable, "-m", "tito_core.cli", "rollout", "--config", str(tmp_path / "tito.toml"),
+               "--dataset", str(tmp_path / "t.jsonl"), "--output", str(out), "--quiet"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    statuses = {record["status_reason"] for record in lines(out)}
+    assert statuses == {"loop limit: max_model_calls=1 reached"}

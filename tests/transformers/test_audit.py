@@ -83,11 +83,76 @@ def test_the_config_scores_with_its_embedded_model_and_a_sample(records: Path, t
     assert str(tiny_model_dir) in report["scorer"] and report["free"]["max_abs"] < 1e-4
 
 
-def test_the_plot_is_drawn(records: Path, tiny_model_dir: Path) -> None:
+def test_the_plot_draws_free_and_forced_turns_apart(records: Path, tiny_model_dir: Path) -> None:
     pytest.importorskip("matplotlib")
+    from PIL import Image
+
     png = records.with_name("audit.png")
     assert main(["audit", str(records), "--model", str(tiny_model_dir), "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    width, height = Image.open(png).size
+    assert (width, height) == (1100, 748)  # two rows of 10 x 3.4 inches at 110 dpi: free turns, then forced ones
+
+
+def test_the_report_is_shown_by_the_viewer_of_its_file_only(
+    records: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from tito_core.viewer import FileSource
+
+    code, report = audit(records, "--model", str(tiny_model_dir), "--sample", "3")
+    assert code == 0 and len(report["rollouts"]) == 3
+    path = records.with_name(f"report-{len(list(records.parent.glob('report-*'))) - 1}.json")
+    rows = FileSource(records, audit=path).runs()["rows"]
+    audited = [row for row in rows if row["audit_max_abs"] is not None]
+    free = [row["audit_free_k3"] for row in audited if row["audit_free_k3"] is not None]  # None: no free turn
+    assert len(audited) == 3 and free and max(free) < 1e-9
+
+
+@pytest.fixture(scope="module")
+def look_records(tiny_vl_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/look_agent's rollout on the tiny Qwen2.5-VL (bf16): a forced `look` call, its picture, a free answer."""
+    import asyncio
+
+    from tito_core.records import open_writer, rollout_record
+
+    from .test_vision_agent import _example
+
+    _, traj, _ = asyncio.run(_example().run(0, model_dir=tiny_vl_dir))
+    out = tmp_path_factory.mktemp("look") / "look.jsonl"
+    with open_writer(out) as writer:
+        writer.write(rollout_record(traj.close(), task_id="look", sample=0, group=0, reward=None, server=None,
+                                    started=0.0, wall_s=1.0, agent_s=1.0, tool_calls=1))  # fmt: skip
+    return out
+
+
+def test_records_with_images_are_scored_by_the_vision_model(look_records: Path, tiny_vl_dir: Path) -> None:
+    code, report = audit(look_records, "--model", str(tiny_vl_dir), "--dtype", "bfloat16", "--max-kl", "1e-3")
+    assert code == 0 and report["skipped"] == {}
+    free = report["free"]
+    print(f"free turn of the image record, bf16 re-score: {free}")
+    assert free["tokens"] >= 8 and report["by"]["images"]["with images"]["tokens"] == free["tokens"]
+    assert free["mean_abs"] < 5e-3 and free["max_abs"] < 2e-2  # bf16 noise (tests/integration/weight_updates.py)
+    assert report["constrained"]["mean_diff"] < -1.0  # the forced `look` call: post-grammar logprobs
+
+
+def test_the_vision_scorer_is_a_plain_forward_pass_with_the_picture(look_records: Path, tiny_vl_dir: Path) -> None:
+    """Its pixel inputs and 3-D positions (the embedded backend's) give what transformers computes on its own."""
+    import asyncio
+
+    from tito_core.audit import TransformersScorer
+    from tito_core.records import read_records
+    from tito_core.trajectory import Trajectory
+
+    from .test_vision_agent import _rescore
+
+    traj = Trajectory.from_record(next(iter(read_records(look_records))).trajectory)
+    scorer = TransformersScorer(tiny_vl_dir, dtype="bfloat16")
+    assert scorer.takes_images
+    scored = asyncio.run(scorer.score(traj.token_ids, traj.prompt_media()))
+    plain = _rescore(tiny_vl_dir, traj)
+    gap = max(abs(a - b) for a, b in zip(scored[1:], plain[1:], strict=True))
+    print(f"vision scorer against a plain forward pass: max |diff| {gap:.3g}")
+    assert gap < 1e-4  # the same computation (measured: 0): far below bf16 noise
 
 
 TOOL_MODULE = '''

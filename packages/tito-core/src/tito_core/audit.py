@@ -15,13 +15,20 @@ constrained vs free turns and turns with vs without images:
 
 A constrained turn (a forced tool call) recorded the engine's post-constraint logprobs, which a plain forward pass
 does not reproduce: those turns are reported apart, and ``free`` (the unconstrained turns) is what a gate checks.
-A text-only scorer cannot score tokens that follow an image (their context holds pixels it does not see): they are
-counted as skipped, not scored.
+A vision-language model (:class:`TransformersScorer` on a Qwen2.5-VL directory) scores records with images: it sees
+their pixels as the embedded backend did when it sampled. A text-only scorer cannot score the tokens that follow an
+image (their context holds pixels it does not see): :func:`check_scorable` refuses such records before any scoring
+(``tito audit`` calls it), and the ledger counts those tokens as skipped for a scorer given them anyway.
+
+Each report also holds, per rollout, its own figures and a fingerprint of its token ids
+(:attr:`AuditReport.rollouts`): ``tito view --audit`` shows the figures as columns and refuses a report made from
+other records.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 from collections import defaultdict
@@ -32,7 +39,8 @@ import msgspec
 
 from .backend import Backend
 from .errors import ConfigError
-from .records import RolloutRecord
+from .media import PromptMedia
+from .records import RolloutRecord, highest_token_id, rollout_digest
 from .trajectory import Trajectory
 
 __all__ = [
@@ -41,14 +49,29 @@ __all__ = [
     "BackendScorer",
     "GapStats",
     "Ledger",
+    "ModelFacts",
+    "RolloutGaps",
     "Scorer",
     "TransformersScorer",
     "audit",
+    "check_scorable",
     "gap_stats",
+    "model_facts",
 ]
 
-AXES = ("turn", "branch", "weight_version", "server", "finish_reason", "constrained", "images")
-"""The breakdowns of a report, each a key of :attr:`AuditReport.by`."""
+AXES = (
+    "turn",
+    "free_turn",
+    "constrained_turn",
+    "branch",
+    "weight_version",
+    "server",
+    "finish_reason",
+    "constrained",
+    "images",
+)
+"""The breakdowns of a report, each a key of :attr:`AuditReport.by` (``free_turn`` and ``constrained_turn``: by turn
+index, the free turns' tokens and the constrained ones' apart)."""
 
 
 class Scorer(Protocol):
@@ -58,11 +81,82 @@ class Scorer(Protocol):
     """What scores (a model directory and dtype, an engine URL): the report names it."""
 
     takes_images: bool
-    """Whether :meth:`score` sees the images of a sequence; a text-only scorer skips tokens after an image."""
+    """Whether :meth:`score` sees the images of a sequence (it is then given ``media``); a text-only scorer is given
+    the tokens before the first image only."""
 
-    async def score(self, token_ids: Sequence[int]) -> list[float | None]:
-        """``log p(token_ids[i] | token_ids[:i])`` for every position (None at 0 and where there is none)."""
+    async def score(self, token_ids: Sequence[int], media: Sequence[PromptMedia] = ()) -> list[float | None]:
+        """``log p(token_ids[i] | token_ids[:i])`` for every position (None at 0 and where there is none).
+
+        ``media``: the images and videos among ``token_ids`` (only for a scorer that :attr:`takes_images`).
+        """
         ...
+
+
+class ModelFacts(msgspec.Struct, frozen=True):
+    """What a model directory's ``config.json`` says, read before its weights load (:func:`model_facts`).
+
+    Attributes:
+        path: The directory.
+        model_type: Its ``model_type``.
+        vocab_size: Its vocabulary (the text model's): every token id of its records is below it.
+        vision: A vision-language model (a ``vision_config``): it sees images.
+    """
+
+    path: str
+    model_type: str
+    vocab_size: int | None
+    vision: bool
+
+
+def model_facts(path: str | os.PathLike[str], what: str = "--model") -> ModelFacts:
+    """Read ``path/config.json`` (no weights, no transformers); ``what`` names the path in an error.
+
+    Raises:
+        ConfigError: No such directory, or no readable ``config.json`` in it.
+    """
+    folder = os.fspath(path)
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{what} {folder}: no such model directory")
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as fh:
+            config = json.load(fh)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(f"{what} {folder}: not a model directory (config.json: {reason})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{what} {folder}: not a model directory (config.json is not an object)")
+    text_config = config.get("text_config")
+    text: dict[str, Any] = text_config if isinstance(text_config, dict) else {}
+    vocab = config.get("vocab_size") or text.get("vocab_size")
+    return ModelFacts(
+        path=folder,
+        model_type=str(config.get("model_type", "unknown")),
+        vocab_size=int(vocab) if isinstance(vocab, int) else None,
+        vision=isinstance(config.get("vision_config"), dict),
+    )
+
+
+def check_scorable(records: Sequence[RolloutRecord], *, scorer: str, vocab_size: int | None, images: bool) -> None:
+    """Refuse, before any scoring, records that ``scorer`` cannot score.
+
+    Token ids beyond its vocabulary are another model's records; images need a scorer that takes them.
+
+    Raises:
+        ConfigError: One line naming what does not fit.
+    """
+    highest = highest_token_id(records)
+    if vocab_size is not None and highest >= vocab_size:
+        raise ConfigError(
+            f"these records were not made with the tokenizer of {scorer}: they hold token id {highest}, beyond "
+            f"its vocabulary of {vocab_size} ids"
+        )
+    pictured = sum(1 for r in records if any(b.media for b in (*r.trajectory.branches, r.trajectory)))
+    if pictured and not images:
+        have = "1 record has" if pictured == 1 else f"{pictured} records have"
+        raise ConfigError(
+            f"{have} images, and {scorer} takes none: audit them with the vision model they were made with "
+            "(--model its directory, or a --config whose backend_options.model_path is it)"
+        )
 
 
 class TransformersScorer:
@@ -74,24 +168,27 @@ class TransformersScorer:
         num_threads: torch threads.
     """
 
-    takes_images = False
-
     def __init__(self, model_path: str | os.PathLike[str], *, dtype: str = "float32", num_threads: int = 1) -> None:
         try:
-            from tito_transformers.scoring import load_model
+            from tito_transformers.scoring import load_model, vision_of
         except ImportError as exc:
             raise ConfigError(
                 'scoring with a model directory needs tito-transformers: pip install "tito-core[transformers]" '
                 f"(or score with the engine: --config) ({exc})"
             ) from exc
         self.model = load_model(str(model_path), dtype=dtype, num_threads=num_threads)
+        self.vision = vision_of(self.model, str(model_path))
+        self.takes_images = self.vision is not None
         self.description = f"transformers forward pass of {model_path} ({dtype})"
 
-    async def score(self, token_ids: Sequence[int]) -> list[float | None]:
-        """One forward pass on a worker thread (:func:`tito_transformers.scoring.token_logprobs`)."""
+    async def score(self, token_ids: Sequence[int], media: Sequence[PromptMedia] = ()) -> list[float | None]:
+        """One forward pass on a worker thread (:func:`tito_transformers.scoring.token_logprobs`).
+
+        A vision model sees ``media`` as the embedded backend did when it sampled.
+        """
         from tito_transformers.scoring import token_logprobs
 
-        return await asyncio.to_thread(token_logprobs, self.model, list(token_ids))
+        return await asyncio.to_thread(token_logprobs, self.model, list(token_ids), media=media, vision=self.vision)
 
 
 class BackendScorer:
@@ -108,7 +205,7 @@ class BackendScorer:
         self.backend = backend
         self.description = description or f"the {backend.capabilities().name} engine's score route"
 
-    async def score(self, token_ids: Sequence[int]) -> list[float | None]:
+    async def score(self, token_ids: Sequence[int], media: Sequence[PromptMedia] = ()) -> list[float | None]:
         """The engine's prompt logprobs of ``token_ids``, None first (the first token has no context)."""
         scored = await self.backend.score(token_ids)
         return [None, *scored]
@@ -162,6 +259,20 @@ def gap_stats(diffs: Sequence[float]) -> GapStats:
     )
 
 
+class RolloutGaps(msgspec.Struct, frozen=True, kw_only=True):
+    """One rollout's figures in a report, and what ties them to its record.
+
+    Attributes:
+        digest: :func:`~tito_core.records.rollout_digest` of the record audited.
+        all: Its scored trained tokens (every branch).
+        free: Those of its free turns.
+    """
+
+    digest: str
+    all: GapStats
+    free: GapStats
+
+
 class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
     """What :func:`audit` found.
 
@@ -177,6 +288,7 @@ class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
         skipped: Why tokens or records were not scored, with counts.
         tokens: With ``per_token``: per rollout (``task_id:sample``) and branch number, each token's
             ``new - old`` logprob (None where not scored), for ``tito view --audit``.
+        rollouts: Per rollout (``task_id:sample``), its own figures and its record's fingerprint.
     """
 
     scorer: str
@@ -188,6 +300,7 @@ class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
     by: dict[str, dict[str, GapStats]]
     skipped: dict[str, int]
     tokens: dict[str, dict[str, list[float | None]]] | None = None
+    rollouts: dict[str, RolloutGaps] = msgspec.field(default_factory=dict)
 
     def to_json(self) -> bytes:
         """The report as JSON (NaN, for an empty selection, written as null)."""
@@ -215,16 +328,19 @@ class Ledger:
         self._all: list[float] = []
         self._by: dict[tuple[str, str], list[float]] = defaultdict(list)
         self.skipped: dict[str, int] = defaultdict(int)
+        self._rollouts: dict[str, tuple[str, list[float], list[float]]] = {}
 
     async def add(self, record: RolloutRecord) -> None:
         """Score every branch of ``record`` and file its trained tokens."""
         self.records += 1
+        key = f"{record.task_id}:{record.sample}"
+        self._rollouts[key] = (rollout_digest(record), [], [])
         traj = Trajectory.from_record(record.trajectory)
         for branch in traj.all_branches:
             if not any(segment.kind == "output" for segment in branch.segments):
                 self.skipped["branches without output"] += 1
                 continue
-            await self._add_branch(branch, record.server, f"{record.task_id}:{record.sample}")
+            await self._add_branch(branch, record.server, key)
 
     async def _add_branch(self, branch: Trajectory, server: str | None, key: str) -> None:
         ids, mask, old = branch.token_ids, branch.loss_mask, branch.logprobs
@@ -238,7 +354,10 @@ class Ledger:
             ids_scored = ids
         if not any(mask[branch.fork_at or 0 : len(ids_scored)]):
             return
-        new = await self.scorer.score(ids_scored)
+        if self.scorer.takes_images and branch.media:
+            new = await self.scorer.score(ids_scored, branch.prompt_media())
+        else:
+            new = await self.scorer.score(ids_scored)
         if len(new) != len(ids_scored):
             raise ConfigError(f"the scorer gave {len(new)} logprobs for {len(ids_scored)} tokens")
         self.branches += 1
@@ -251,6 +370,7 @@ class Ledger:
         per_token: list[float | None] | None = None
         if self.tokens is not None:
             per_token = self.tokens.setdefault(key, {}).setdefault(str(branch.branch), [None] * len(ids))
+        _, rollout_all, rollout_free = self._rollouts[key]
         own = branch.fork_at or 0  # a later branch starts with a copy of its parent's tokens: filed once, there
         for i in range(own, len(ids_scored)):
             o, n = old[i], new[i]
@@ -264,13 +384,18 @@ class Ledger:
             if per_token is not None:
                 per_token[i] = r
             turn = turns.get(turn_of[i])
+            forced = turn is not None and turn.constrained
+            rollout_all.append(r)
+            if not forced:
+                rollout_free.append(r)
             keys = {
                 "turn": str(turn_of[i]),
+                "constrained_turn" if forced else "free_turn": str(turn_of[i]),
                 "branch": str(branch.branch),
                 "weight_version": versions[i] or "unknown",
                 "server": server or "unknown",
                 "finish_reason": turn.finish_reason if turn is not None else "unknown",
-                "constrained": "constrained" if turn is not None and turn.constrained else "free",
+                "constrained": "constrained" if forced else "free",
                 "images": "with images" if has_images and i > first_image else "without images",
             }
             for axis, value in keys.items():
@@ -291,6 +416,10 @@ class Ledger:
             by=by,
             skipped=dict(self.skipped),
             tokens=self.tokens,
+            rollouts={
+                key: RolloutGaps(digest=digest, all=gap_stats(diffs), free=gap_stats(free))
+                for key, (digest, diffs, free) in self._rollouts.items()
+            },
         )
 
 

@@ -3,18 +3,29 @@
 One forward pass of the whole sequence with a plain Hugging Face causal LM (no cache, no sampling), then
 ``log_softmax`` in float32 at each position, read at the next token. This is the trainer's side of the
 sampler/trainer mismatch that :func:`tito_core.drift.logprob_gap` measures.
+
+A vision-language model (Qwen2.5-VL and its kin) scores a sequence with images or videos too: give ``media`` (the
+trajectory's :meth:`~tito_core.trajectory.Trajectory.prompt_media`) and its :func:`vision_of`. Their pixel inputs
+and 3-D positions are made as the embedded backend makes them when it samples (the model directory's processors,
+each span checked against its placeholders).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["load_model", "token_logprobs", "token_logprobs_at"]
+if TYPE_CHECKING:
+    from tito_core.media import PromptMedia
+
+__all__ = ["load_model", "token_logprobs", "token_logprobs_at", "vision_of"]
 
 
 def load_model(model_path: str, *, dtype: str = "float32", device: str = "cpu", num_threads: int | None = 1) -> Any:
-    """Load ``model_path`` with ``AutoModelForCausalLM`` for scoring (eval mode).
+    """Load ``model_path`` for scoring (eval mode).
+
+    ``AutoModelForCausalLM`` loads it, or ``AutoModelForImageTextToText`` for a vision-language model (a
+    ``vision_config``).
 
     Args:
         model_path: A local model directory (nothing is fetched).
@@ -23,36 +34,80 @@ def load_model(model_path: str, *, dtype: str = "float32", device: str = "cpu", 
         num_threads: ``torch.set_num_threads`` (None leaves torch's default).
     """
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from ._load import _auto_class
 
     if num_threads is not None:
         torch.set_num_threads(num_threads)
-    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    model: Any = _auto_class(model_path).from_pretrained(model_path, dtype=getattr(torch, dtype))
     return model.to(device).eval()
 
 
-def token_logprobs(model: Any, token_ids: Sequence[int], *, temperature: float = 1.0) -> list[float | None]:
+def vision_of(model: Any, model_path: str) -> Any | None:
+    """The vision side of a model loaded from ``model_path`` (its processors), or None for a text-only model.
+
+    What :func:`token_logprobs` sees a sequence's ``media`` through.
+    """
+    from ._vision import _vision_of
+
+    return _vision_of("scoring", model_path, model)
+
+
+def token_logprobs(
+    model: Any,
+    token_ids: Sequence[int],
+    *,
+    temperature: float = 1.0,
+    media: Sequence[PromptMedia] = (),
+    vision: Any = None,
+) -> list[float | None]:
     """``log p(token_ids[i] | token_ids[:i])`` for every position, None at position 0 (no context).
 
     Computed in float32 from the model's logits, whatever the model's dtype. ``temperature`` divides the
-    logits first (the distribution a sampler at that temperature draws from, without top-k / top-p).
+    logits first (the distribution a sampler at that temperature draws from, without top-k / top-p). ``media``:
+    the images and videos among ``token_ids``, seen through ``vision`` (:func:`vision_of`).
     """
-    return token_logprobs_at(model, token_ids, (temperature,))[0]
+    return token_logprobs_at(model, token_ids, (temperature,), media=media, vision=vision)[0]
 
 
-def token_logprobs_at(model: Any, token_ids: Sequence[int], temperatures: Sequence[float]) -> list[list[float | None]]:
-    """:func:`token_logprobs` at several temperatures from one forward pass (one list per temperature)."""
+def token_logprobs_at(
+    model: Any,
+    token_ids: Sequence[int],
+    temperatures: Sequence[float],
+    *,
+    media: Sequence[PromptMedia] = (),
+    vision: Any = None,
+) -> list[list[float | None]]:
+    """:func:`token_logprobs` at several temperatures from one forward pass (one list per temperature).
+
+    Raises:
+        ValueError: ``media`` without a ``vision`` to see it.
+        tito_core.errors.BackendRequestError: An item does not fit its span (its grid, its placeholder count).
+    """
     import torch
 
     if any(t <= 0 for t in temperatures):
         raise ValueError(f"temperatures must be positive, got {list(temperatures)}")
+    if media and vision is None:
+        raise ValueError("a sequence with images or videos needs the model's `vision` (vision_of): a text-only model")
     if not token_ids:
         return [[] for _ in temperatures]
     device = next(model.parameters()).device
     ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
+    inputs: dict[str, Any] = {}
+    if media:
+        from tito_core.backend import GenerateRequest, SamplingParams
+
+        from ._vision import _rope_positions
+
+        request = GenerateRequest(rid="score", input_ids=list(token_ids), prefix_len=0, sampling=SamplingParams(),
+                                  media=tuple(media))  # fmt: skip
+        pixels = vision.pixels(request)
+        positions, _ = _rope_positions(model, ids, pixels, vision)
+        inputs = {**pixels.forward_inputs(device, model.dtype), "position_ids": positions}
     out: list[list[float | None]] = []
     with torch.inference_mode():
-        logits = model(input_ids=ids).logits[0, :-1].float()
+        logits = model(input_ids=ids, **inputs).logits[0, :-1].float()
         for temperature in temperatures:
             scaled = logits if temperature == 1.0 else logits / temperature
             logprobs = torch.log_softmax(scaled, dim=-1).gather(1, ids[0, 1:, None])[:, 0]

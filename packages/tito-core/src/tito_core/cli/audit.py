@@ -5,7 +5,9 @@
     tito audit rollouts.jsonl --config tito.toml --drift   # also: what a text stack would have trained on
 
 Exits 1 when the free turns' k3 KL is above ``--max-kl``, or no free-turn token was scored (a CI gate that has
-nothing to check fails), 2 on an error found before scoring.
+nothing to check fails), 2 on an error. Every error of the arguments or the records (a malformed line, an empty
+file, an output that cannot be written, ``--plot`` without matplotlib, records the model cannot score) is found
+before any model loads.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import random
 import sys
 from pathlib import Path
@@ -23,6 +26,9 @@ import msgspec
 from ..errors import ConfigError
 
 __all__ = ["add_audit_command", "run_audit"]
+
+DTYPES = ("float32", "bfloat16", "float16")
+PLOT_TYPES = (".png", ".svg", ".pdf")
 
 
 def add_audit_command(commands: Any) -> None:
@@ -41,7 +47,9 @@ def add_audit_command(commands: Any) -> None:
         "--config",
         help="score with the config's engine (its score route), or its embedded model (backend_options.model_path)",
     )
-    audit.add_argument("--dtype", default="float32", help="the --model weights' dtype (default float32)")
+    audit.add_argument(
+        "--dtype", default="float32", choices=DTYPES, help="the --model weights' dtype (default float32)"
+    )
     audit.add_argument("--sample", type=int, metavar="N", help="audit N records drawn at random (seeded)")
     audit.add_argument("--seed", type=int, default=0, help="the --sample draw's seed")
     audit.add_argument("--json", dest="json_out", metavar="OUT", help="write the whole report as JSON")
@@ -67,17 +75,15 @@ def run_audit(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..audit import audit
-    from ..records import read_records
+    from ..records import read_rollout_file
 
-    if args.max_kl is not None and not (args.max_kl >= 0 and math.isfinite(args.max_kl)):
-        raise ConfigError(f"--max-kl must be a non-negative number, got {args.max_kl}")
-    if args.sample is not None and args.sample <= 0:
-        raise ConfigError(f"--sample must be positive, got {args.sample}")
-    if args.per_token and not args.json_out:
-        raise ConfigError("--per-token writes into the --json report: give --json OUT")
-    if args.drift and not args.config:
-        raise ConfigError("--drift needs --config: the chat template, tool parser and tools the rollouts ran with")
-    records = list(read_records(args.records))
+    _check_options(args)
+    rollouts = read_rollout_file(args.records)
+    for note in rollouts.notes():
+        print(f"tito audit: {note}", file=sys.stderr)
+    records = rollouts.records
+    if not records:
+        raise ConfigError(f"{args.records}: no rollout records in it: nothing to audit")
     if args.sample is not None and args.sample < len(records):
         records = random.Random(args.seed).sample(records, args.sample)
     report, drift = asyncio.run(_audit(records, args, Console(stderr=True), audit))
@@ -105,6 +111,42 @@ def run_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """The options' errors, found before the records are read or a model loads."""
+    if args.max_kl is not None and not (args.max_kl >= 0 and math.isfinite(args.max_kl)):
+        raise ConfigError(f"--max-kl must be a non-negative number, got {args.max_kl}")
+    if args.sample is not None and args.sample <= 0:
+        raise ConfigError(f"--sample must be positive, got {args.sample}")
+    if args.examples < 0:
+        raise ConfigError(f"--examples must be 0 or more, got {args.examples}")
+    if args.per_token and not args.json_out:
+        raise ConfigError("--per-token writes into the --json report: give --json OUT")
+    if args.drift and not args.config:
+        raise ConfigError("--drift needs --config: the chat template, tool parser and tools the rollouts ran with")
+    if args.json_out:
+        _check_writable("--json", args.json_out)
+    if args.plot:
+        if Path(args.plot).suffix.lower() not in PLOT_TYPES:
+            raise ConfigError(f"--plot {args.plot}: name a {', '.join(PLOT_TYPES)} file")
+        _check_writable("--plot", args.plot)
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(f'--plot needs matplotlib: pip install "tito-core[plot]" ({exc})') from None
+
+
+def _check_writable(option: str, path: str) -> None:
+    """``path`` can be written: its folder exists and is writable, and it is not a folder itself."""
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise ConfigError(f"{option} {path}: a folder, not a file to write")
+    if not folder.is_dir():
+        raise ConfigError(f"{option} {path}: its folder {str(folder)!r} does not exist")
+    if not os.access(target if target.exists() else folder, os.W_OK):
+        raise ConfigError(f"{option} {path}: not writable")
+
+
 async def _audit(records: list[Any], args: argparse.Namespace, console: Any, audit: Any) -> tuple[Any, Any]:
     """The logprob report, and the drift report with ``--drift`` (else None)."""
     from rich.progress import Progress
@@ -112,7 +154,7 @@ async def _audit(records: list[Any], args: argparse.Namespace, console: Any, aud
     from ..runner.run import prepare_config
 
     config, base_dir = await prepare_config(args.config, {}) if args.config else (None, None)
-    scorer, closing = await _scorer(args, config)
+    scorer, closing = await _scorer(args, config, records)
     try:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("scoring", total=len(records))
@@ -139,19 +181,27 @@ def _drift(records: list[Any], config: Any, base_dir: Any, examples: int) -> Any
     return ledger.report()
 
 
-async def _scorer(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
-    """The scorer, and what closes it (a backend built from the config), or None."""
-    from ..audit import BackendScorer, TransformersScorer
+async def _scorer(args: argparse.Namespace, config: Any, records: list[Any]) -> tuple[Any, Any]:
+    """The scorer, and what closes it (a backend built from the config), or None.
 
-    if args.model:
-        return await asyncio.to_thread(TransformersScorer, args.model, dtype=args.dtype), None
-    model_path = config.backend_options.get("model_path")
-    if model_path:  # an embedded model: the trainer's forward pass on its directory
+    The records are checked against it first (:func:`~tito_core.audit.check_scorable`), before a model loads.
+    """
+    from ..audit import BackendScorer, TransformersScorer, check_scorable, model_facts
+
+    model_path, dtype, what = args.model, args.dtype, "--model"
+    if model_path is None:
+        model_path, what = config.backend_options.get("model_path"), f"{args.config}: backend_options.model_path"
         dtype = config.backend_options.get("dtype") or args.dtype
+    if model_path:  # a model directory (an embedded model: the trainer's forward pass on its directory)
+        facts = model_facts(model_path, what)
+        check_scorable(records, scorer=f"the {facts.model_type} model at {model_path}", vocab_size=facts.vocab_size,
+                       images=facts.vision)  # fmt: skip
         return await asyncio.to_thread(TransformersScorer, model_path, dtype=dtype), None
-    backend = config.create_backend()
     url = config.backend_options.get("base_url")
-    return BackendScorer(backend, f"the {config.backend} engine at {url}" if url else None), backend.aclose
+    engine = f"the {config.backend} engine at {url}" if url else f"the {config.backend} engine"
+    check_scorable(records, scorer=f"{engine}'s score route", vocab_size=None, images=False)
+    backend = config.create_backend()
+    return BackendScorer(backend, engine if url else None), backend.aclose
 
 
 def _cells(stats: Any) -> list[str]:
@@ -221,7 +271,11 @@ def _print_drift(drift: Any, console: Any) -> None:
 
 
 def plot_report(report: Any, path: str) -> None:
-    """Mean and max |Δ|, k3, and the importance-ratio quantiles per turn index, as a PNG (matplotlib)."""
+    """Per turn index, mean and max |Δ|, k3, and the importance-ratio quantiles, as an image (matplotlib).
+
+    Free turns and constrained (forced) turns are drawn apart, a row each: a forced turn's recorded logprobs are
+    post-grammar, and mixed in they would make a healthy run look broken.
+    """
     try:
         import matplotlib
 
@@ -229,26 +283,29 @@ def plot_report(report: Any, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise ConfigError(f'--plot needs matplotlib: pip install "tito-core[plot]" ({exc})') from exc
-    turns = report.by.get("turn", {})
-    xs = [int(turn) for turn in turns]
-    fig, (gaps, ratios) = plt.subplots(1, 2, figsize=(10, 3.6))
-    gaps.plot(xs, [s.mean_abs for s in turns.values()], "o-", label="mean |Δ|")
-    gaps.plot(xs, [s.max_abs for s in turns.values()], "s--", label="max |Δ|")
-    gaps.plot(xs, [s.k3 for s in turns.values()], "^:", label="k3 KL")
-    gaps.set_yscale("symlog", linthresh=1e-6)
-    gaps.set_xlabel("turn")
-    gaps.set_title("recorded vs re-scored logprobs")
-    gaps.legend()
-    for name, style in (("ratio_p1", "v-"), ("ratio_p50", "o-"), ("ratio_p99", "^-")):
-        ratios.plot(xs, [getattr(s, name) for s in turns.values()], style, label=name.replace("ratio_", ""))
-    ratios.axhline(1.0, color="grey", linewidth=0.8)
-    ratios.set_yscale("log")
-    for axes in (gaps, ratios):
-        axes.set_xticks(xs)
-    ratios.set_xlabel("turn")
-    ratios.set_title("importance ratio exp(Δ)")
-    ratios.legend()
-    fig.suptitle(f"{report.records} records; free k3 {report.free.k3:.3g}", fontsize=9)
+    rows = [(name, report.by.get(axis, {})) for name, axis in (("free turns", "free_turn"),
+                                                                ("constrained turns", "constrained_turn"))]  # fmt: skip
+    rows = [(name, turns) for name, turns in rows if turns] or [("free turns", {})]
+    fig, axes = plt.subplots(len(rows), 2, figsize=(10, 3.4 * len(rows)), squeeze=False)
+    for (name, turns), (gaps, ratios) in zip(rows, axes, strict=True):
+        xs = [int(turn) for turn in turns]
+        gaps.plot(xs, [s.mean_abs for s in turns.values()], "o-", label="mean |Δ|")
+        gaps.plot(xs, [s.max_abs for s in turns.values()], "s--", label="max |Δ|")
+        gaps.plot(xs, [s.k3 for s in turns.values()], "^:", label="k3 KL")
+        gaps.set_yscale("symlog", linthresh=1e-6)
+        gaps.set_title(f"{name}: recorded vs re-scored logprobs")
+        for stat, style in (("ratio_p1", "v-"), ("ratio_p50", "o-"), ("ratio_p99", "^-")):
+            ratios.plot(xs, [getattr(s, stat) for s in turns.values()], style, label=stat.replace("ratio_", ""))
+        ratios.axhline(1.0, color="grey", linewidth=0.8)
+        ratios.set_yscale("log")
+        ratios.set_title(f"{name}: importance ratio exp(Δ)")
+        for ax in (gaps, ratios):
+            ax.set_xticks(xs)
+            ax.set_xlabel("turn")
+            if xs:
+                ax.legend(fontsize=8)
+    fig.suptitle(f"{report.records} records; free k3 {report.free.k3:.3g}; constrained turns are post-grammar",
+                 fontsize=9)  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -4,7 +4,9 @@
         [--figure report.png ...]
 
 It serves on loopback only (it has no credential; a non-loopback ``--host`` is refused) until Ctrl-C, and
-prints ``tito view: serving on http://HOST:PORT`` once it does. Exits 2 on an error found before serving.
+prints ``tito view: serving on http://HOST:PORT`` once it does. Exits 2 on an error found before serving: every
+error of the arguments and the file (a malformed line, an empty file, a report of other records, a tokenizer the
+records were not made with) is one line, found before the tokenizer loads where it can be.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ def add_view_command(commands: Any) -> None:
         description="Serve a rollout file (JSONL or Parquet, its images) as web pages: the runs, and each record "
         "token by token with its loss mask, logprobs, weight versions, images and branches. Loopback only.",
     )
-    view.add_argument("records", help="a rollout file (.jsonl, .parquet) of `tito rollout` or `tito serve`")
+    view.add_argument(
+        "records", help="a rollout file (.jsonl, .parquet) of `tito rollout` or `tito serve`, or a trajectory file "
+        "(`tito demo`'s, Trajectory.to_json)",
+    )  # fmt: skip
     view.add_argument("--port", type=int, default=8200, help="the port (default 8200; 0: any free port)")
     view.add_argument("--host", default="127.0.0.1", help="a loopback address (default 127.0.0.1)")
     decode = view.add_mutually_exclusive_group()
@@ -74,14 +79,30 @@ def decoding_tokenizer(args: argparse.Namespace) -> Any:
 
 def run_view(args: argparse.Namespace) -> int:
     """Serve ``args.records`` until SIGINT / SIGTERM; 0 then."""
+    from ..records import read_rollout_file
     from ..viewer import FileSource
 
     if args.host not in LOOPBACK:
         raise ConfigError(f"--host {args.host}: the viewer has no credential, so it serves on loopback only "
                           f"({', '.join(LOOPBACK)}); reach it from elsewhere through an SSH tunnel")  # fmt: skip
     started = time.perf_counter()
-    source = FileSource(args.records, decoding_tokenizer(args), audit=args.audit, figures=args.figure)
-    print(f"tito view: {len(source.records)} records read in {time.perf_counter() - started:.2f} s", file=sys.stderr)
+    rollouts = read_rollout_file(args.records)
+    for note in rollouts.notes():
+        print(f"tito view: {note}", file=sys.stderr)
+    if not rollouts.records:
+        raise ConfigError(f"{args.records}: no rollout records in it: nothing to show")
+    source = FileSource(rollouts, audit=args.audit, figures=args.figure)
+    read = f"{len(source.records)} records read in {time.perf_counter() - started:.2f} s"
+    if rollouts.trajectories:
+        read += " (a trajectory file: each trajectory shown as a record)"
+    started = time.perf_counter()
+    tokenizer = decoding_tokenizer(args)
+    if tokenizer is not None:
+        source.decode_with(
+            tokenizer, f"--tokenizer {args.tokenizer}" if args.tokenizer else f"{args.config}'s tokenizer"
+        )
+        read += f"; tokenizer loaded in {time.perf_counter() - started:.1f} s"
+    print(f"tito view: {read}", file=sys.stderr)
     return asyncio.run(_serve(source, args.host, args.port))
 
 

@@ -96,7 +96,7 @@ async def serve(
             raise
         print(f"tito serve: serving on {base}", flush=True)
         key = "<the api key>" if api_key else gateway.access.viewer_key  # a key the operator has is not echoed
-        print(f"tito serve: viewer at {base}/ui/#key={key}", file=sys.stderr, flush=True)
+        print(f"tito serve: viewer at {base}/ui/#key={key}", flush=True)
         await stop.wait()
         in_flight = len(gateway.registry.busy())
         print(

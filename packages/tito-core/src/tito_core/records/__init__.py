@@ -36,7 +36,16 @@ drops records so that they run again, by rewriting the file (JSONL) or the part 
 under a temporary name, synced, then renamed over the old one: a kill leaves either the old or the new file.
 """
 
-from .files import check_output, open_writer, read_records, rollout_record
+from .files import (
+    RolloutFile,
+    check_output,
+    highest_token_id,
+    open_writer,
+    read_records,
+    read_rollout_file,
+    rollout_digest,
+    rollout_record,
+)
 from .jsonl import JsonlWriter
 from .lock import OutputLock, OutputLockedError
 from .parquet import ParquetWriter
@@ -64,14 +73,18 @@ __all__ = [
     "OutputLockedError",
     "ParquetWriter",
     "RecordWriter",
+    "RolloutFile",
     "RolloutRecord",
     "Timings",
     "TokenCounts",
     "arrow_schema",
     "check_output",
+    "highest_token_id",
     "open_writer",
     "read_records",
+    "read_rollout_file",
     "record_from_row",
     "record_to_row",
+    "rollout_digest",
     "rollout_record",
 ]

@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -32,6 +33,7 @@ from .writer import RecordWriter, fsync_dir, with_image_files
 __all__ = ["JsonlWriter", "read_jsonl"]
 
 logger = logging.getLogger("tito.runner")
+_T = TypeVar("_T")
 
 
 class JsonlWriter(RecordWriter):
@@ -145,17 +147,39 @@ def _removes_line(line: bytes, keys: set[Key]) -> bool:
     return (view.task_id, view.sample) in keys
 
 
-def read_jsonl(source: Path) -> Iterator[RolloutRecord]:
-    """Every record of a JSONL rollout file, in file order, with its task's last advantage entry applied."""
+def read_jsonl(source: Path, *, on_partial: Callable[[int], None] | None = None) -> Iterator[RolloutRecord]:
+    """Every record of a JSONL rollout file, in file order, with its task's last advantage entry applied.
+
+    A last line without its newline (a run still writing it, or killed mid-write) is skipped: ``on_partial`` is
+    called with its size in bytes (without it, a warning is logged).
+
+    Raises:
+        ConfigError: A line that is not a record or an advantages entry, named by its number.
+    """
     entries: dict[str, GroupAdvantages] = {}
     skip: set[int] = set()
     with source.open("rb") as fh:  # first pass: the advantage entries (records are only skimmed for their kind)
         for number, line in enumerate(fh):
-            if line.endswith(b"\n") and line.strip() and KEY_DECODER.decode(line).kind == "advantages":
-                entry = ADVANTAGES_DECODER.decode(line)
+            if not line.endswith(b"\n"):
+                if line.strip():
+                    if on_partial is None:
+                        logger.warning("%s: skipped a partial last line (%d bytes, no newline)", source, len(line))
+                    else:
+                        on_partial(len(line))
+                continue
+            if line.strip() and _decoded(source, number, line, KEY_DECODER).kind == "advantages":
+                entry = _decoded(source, number, line, ADVANTAGES_DECODER)
                 entries[entry.task_id] = entry
                 skip.add(number)
     with source.open("rb") as fh:
         for number, line in enumerate(fh):
             if line.endswith(b"\n") and line.strip() and number not in skip:
-                yield with_advantage(RECORD_DECODER.decode(line), entries)
+                yield with_advantage(_decoded(source, number, line, RECORD_DECODER), entries)
+
+
+def _decoded(source: Path, number: int, line: bytes, decoder: msgspec.json.Decoder[_T]) -> _T:
+    """``line`` (0-based ``number``) decoded; a ConfigError naming the file and the line (1-based) if it is not."""
+    try:
+        return decoder.decode(line)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ConfigError(f"{source}: line {number + 1} is not a rollout record: {exc}") from None

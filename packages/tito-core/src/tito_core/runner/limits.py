@@ -3,11 +3,13 @@
 A model call over the limit (or one with too many messages) is refused before it reaches the model by
 raising :class:`~tito_core.errors.LoopLimitError`, which ends the agent's loop; the runner then closes the
 rollout ``truncated`` with the reason. A tool call over the limit is cancelled (the model never sees its
-result: the next model call is refused with the same reason).
+result: the next model call is refused with the same reason). Strands logs every exception that ends its loop as
+an error; the limiter's is not one (the record says why the rollout ended), so that line is dropped.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from strands.hooks import BeforeModelCallEvent, BeforeToolCallEvent, HookProvider, HookRegistry
@@ -15,6 +17,13 @@ from strands.hooks import BeforeModelCallEvent, BeforeToolCallEvent, HookProvide
 from ..errors import LoopLimitError
 
 __all__ = ["LoopLimiter"]
+
+_EVENT_LOOP_LOG = logging.getLogger("strands.event_loop.event_loop")
+
+
+def _not_a_loop_limit(record: logging.LogRecord) -> bool:
+    """Drop Strands' "exception=<LoopLimitError> | event loop cycle failed": the limiter ended the loop."""
+    return not (isinstance(record.args, tuple) and record.args[:1] == (LoopLimitError.__name__,))
 
 
 class LoopLimiter(HookProvider):
@@ -38,6 +47,7 @@ class LoopLimiter(HookProvider):
 
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
         """Count before every model call and tool call."""
+        _EVENT_LOOP_LOG.addFilter(_not_a_loop_limit)  # once: a filter already there is not added again
         registry.add_callback(BeforeModelCallEvent, self._before_model)
         registry.add_callback(BeforeToolCallEvent, self._before_tool)
 

@@ -9,9 +9,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..records import RolloutRecord
-from ..trajectory import Trajectory
+from ..trajectory import Trajectory, TrajectoryRecord
+from ..versions import version_key
 
-__all__ = ["TokenTexts", "group_rewards", "record_fields", "record_view", "run_row"]
+__all__ = ["TokenTexts", "group_rewards", "model_calls", "record_fields", "record_view", "run_row", "weight_versions"]
 
 KIND_CODES = {"prompt": "p", "output": "o", "boundary": "b"}
 """One letter per token in a branch's ``kinds`` string: what the model saw (p), produced (o: loss mask 1), or the
@@ -39,15 +40,36 @@ class TokenTexts:
         return [cache[token] for token in ids]
 
 
+def model_calls(traj: TrajectoryRecord) -> int:
+    """The model calls of a rollout, over all its branches: a fork's copy of its parent's turns counted once."""
+    return sum(
+        sum(1 for turn in branch.turns if turn.output_start + turn.output_len > branch.fork_at)
+        for branch in (*traj.branches, traj)
+    )
+
+
+def weight_versions(traj: TrajectoryRecord) -> set[str]:
+    """The weight versions of a rollout's generated tokens, over all its branches."""
+    return {
+        span.version
+        for branch in (*traj.branches, traj)
+        for turn in branch.turns
+        for span in turn.weight_versions or ()
+    }
+
+
 def run_row(index: str, record: RolloutRecord) -> dict[str, Any]:
-    """The runs table's row of one record: its key (e.g. its place in the file), fields and counts."""
+    """The runs table's row of one record: its key (e.g. its place in the file), fields and counts.
+
+    ``turns`` counts the model calls of every branch; ``turn_tokens`` are the final branch's output lengths.
+    """
     traj = record.trajectory
     return {
         "index": index,
         **record_fields(record),
         "tokens": record.tokens.total,
         "output_tokens": record.tokens.output,
-        "turns": len(traj.turns),
+        "turns": model_calls(traj),
         "tool_calls": record.tokens.tool_calls,
         "branches": 1 + len(traj.branches),
         "images": len(traj.media),
@@ -84,6 +106,7 @@ def record_view(
     *,
     deltas: Mapping[str, Sequence[float | None]] | None = None,
     image_url: Any = None,
+    versions: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """One rollout for the record page: ``fields`` (its header), and every branch of ``traj`` token by token.
 
@@ -94,10 +117,27 @@ def record_view(
         deltas: Per branch number (as a string), each token's ``new - old`` logprob from an audit
             (``tito audit --per-token``), None where not scored.
         image_url: ``image_url(sha256) -> str`` for the images of the record.
+        versions: Every weight version of the file, in order: each keeps one colour on every page (the record's
+            own versions, in order, without it).
     """
     branches = [_branch_view(branch, texts, image_url, (deltas or {}).get(str(branch.branch)))
                 for branch in traj.all_branches]  # fmt: skip
-    return {**fields, "decoded": texts.tokenizer is not None, "branches": branches}
+    ids = {branch.branch: branch.token_ids for branch in traj.all_branches}
+    for view in branches:
+        parent = ids.get(view["parent"]) if view["parent"] is not None else None
+        view["shared"] = _common_prefix(view["ids"], parent) if parent is not None else 0
+    if versions is None:
+        own = {v for branch in branches for v in branch["versions"] or () if v is not None}
+        versions = sorted(own, key=version_key)
+    return {**fields, "decoded": texts.tokenizer is not None, "branches": branches, "version_order": list(versions)}
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def _branch_view(branch: Trajectory, texts: TokenTexts, image_url: Any, deltas: Sequence[float | None] | None) -> Any:

@@ -3,11 +3,18 @@
 
 const PAGE_ROWS = 200; // rows of the runs table drawn at a time
 const CHUNK = 1500; // tokens drawn at a time on the record page, when scrolled into view
+const POLL_MS = 2000; // a live source's runs page (the gateway's /ui) is fetched again this often
 const KINDS = { p: "prompt", o: "output (loss mask 1)", b: "template boundary" };
 const PALETTE = ["#2f6fdd", "#e07b24", "#2ca05a", "#c53a8a", "#7a5af5", "#1a9aa8", "#b8860b", "#6b7280"];
-const state = { runs: null, shown: PAGE_ROWS, sort: { key: "index", asc: true }, filter: "", status: "", heat: false };
+const state = {
+  runs: null, shown: PAGE_ROWS, sort: { key: "index", asc: true }, filter: "", status: "", heat: false,
+  versions: [], // every weight version of the source, in order: a version's colour is its place here, on every page
+  poll: null, // the live runs page's timer
+};
 const main = () => document.getElementById("main");
-let current = null; // the branch drawn on the record page (for the hover details)
+let current = null; // the record page's branch: { branch, images } (for the token details)
+let selected = null; // the token chosen by keyboard or click: its index; its details stay shown while pinned
+let pinned = false;
 
 // --- data -------------------------------------------------------------------------------------------
 
@@ -53,19 +60,32 @@ function svg(tag, attrs = {}) {
 
 const esc = (s) => s.replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
 const num = (v, digits = 3) => (v === null || v === undefined ? "–" : Number(v).toFixed(digits));
-const colour = (i) => PALETTE[i % PALETTE.length];
+const sci = (v) => (v === null || v === undefined ? "–" : Number(v).toExponential(2));
+const scroller = (...children) => el("div", { class: "scroll" }, ...children); // scrolls sideways on a narrow screen
+
+function versionColour(version) {
+  // the palette, then hues a golden angle apart: a file with many versions still gives each its own
+  const at = state.versions.indexOf(version) < 0 ? state.versions.length : state.versions.indexOf(version);
+  return at < PALETTE.length ? PALETTE[at] : `hsl(${Math.round((at * 137.508) % 360)} 65% 42%)`;
+}
+
+function versionLegend(versions, id) {
+  if (!versions.length) return null;
+  return el("div", { class: "legend versions", id },
+    el("span", { class: "muted", text: "weights:" }),
+    ...versions.map((v) => el("span", { class: "version", "data-version": v },
+      el("i", { class: "swatch", style: `background:${versionColour(v)}` }), ` ${v}`)));
+}
 
 // --- the runs page ------------------------------------------------------------------------------------
 
 async function runsPage() {
   const data = (state.runs = await api("api/runs"));
+  state.versions = data.versions || [];
   document.getElementById("source").textContent = data.title + (data.live ? " (live)" : "");
   const root = main();
-  const n = data.rows.length;
-  root.replaceChildren(el("h2", { text: `${n} rollout${n === 1 ? "" : "s"}` }));
-  root.append(el("div", { class: "chips", id: "statuses" },
-    ...Object.entries(data.statuses).map(([s, n]) => el("span", { class: s, text: `${s}: ${n}` }))));
-  root.append(el("div", { class: "charts" }, rewardChart(data.groups), turnChart(data.rows)));
+  root.replaceChildren(el("h2", { id: "title" }), el("div", { class: "chips", id: "statuses" }),
+    el("div", { class: "charts", id: "charts" }), el("div", { id: "versions" }));
   if (data.audit) root.append(auditTable(data.audit));
   if (data.figures && data.figures.length) {
     const box = el("div", { class: "figures" });
@@ -76,15 +96,51 @@ async function runsPage() {
     });
     root.append(box);
   }
-  const filter = el("input", { type: "search", placeholder: "filter: task, status, reason", value: state.filter });
+  const filter = el("input", { type: "search", placeholder: "filter: task, status, reason", value: state.filter,
+    "aria-label": "filter the rollouts" });
   filter.addEventListener("input", () => { state.filter = filter.value.toLowerCase(); state.shown = PAGE_ROWS; drawTable(); });
-  const status = el("select", {}, el("option", { value: "", text: "any status" }),
+  const status = el("select", { id: "status", "aria-label": "status" });
+  status.addEventListener("change", () => { state.status = status.value; state.shown = PAGE_ROWS; drawTable(); });
+  root.append(el("div", { class: "controls" }, filter, status, el("span", { class: "muted", id: "count" }),
+    data.live ? el("span", { class: "muted", id: "live", text: `live: refreshed every ${POLL_MS / 1000} s` }) : null));
+  root.append(scroller(el("table", { class: "runs", id: "runs" })), el("div", { id: "more" }));
+  drawRuns();
+  if (data.live) poll();
+}
+
+function drawRuns() {
+  const data = state.runs;
+  const n = data.rows.length;
+  document.getElementById("title").textContent = `${n} rollout${n === 1 ? "" : "s"}`;
+  document.getElementById("statuses").replaceChildren(
+    ...Object.entries(data.statuses).map(([s, k]) => el("span", { class: s, text: `${s}: ${k}` })));
+  document.getElementById("charts").replaceChildren(rewardChart(data.groups), turnChart(data.rows));
+  document.getElementById("versions").replaceChildren(versionLegend(state.versions, "version-legend") || "");
+  const status = document.getElementById("status");
+  status.replaceChildren(el("option", { value: "", text: "any status" }),
     ...Object.keys(data.statuses).map((s) => el("option", { value: s, text: s })));
   status.value = state.status;
-  status.addEventListener("change", () => { state.status = status.value; state.shown = PAGE_ROWS; drawTable(); });
-  root.append(el("div", { class: "controls" }, filter, status, el("span", { class: "muted", id: "count" })));
-  root.append(el("table", { class: "runs", id: "runs" }), el("div", { id: "more" }));
   drawTable();
+}
+
+function poll() {
+  clearTimeout(state.poll);
+  state.poll = setTimeout(async () => {
+    if (!document.getElementById("runs")) return; // left the runs page
+    try {
+      const data = await api("api/runs");
+      if (JSON.stringify(data) !== JSON.stringify(state.runs)) {
+        state.runs = data;
+        state.versions = data.versions || state.versions;
+        if (document.getElementById("runs")) drawRuns();
+      }
+      document.getElementById("live").textContent = `live: refreshed every ${POLL_MS / 1000} s`;
+    } catch (error) {
+      const live = document.getElementById("live");
+      if (live) live.textContent = `live: not refreshed (${error.message})`;
+    }
+    poll();
+  }, POLL_MS);
 }
 
 const COLUMNS = [
@@ -92,6 +148,17 @@ const COLUMNS = [
   ["advantage", "advantage"], ["tokens", "tokens"], ["turns", "turns"], ["branches", "branches"],
   ["images", "images"], ["weight_versions", "weights"],
 ];
+const AUDIT_COLUMNS = [["audit_max_abs", "max |Δ|"], ["audit_free_k3", "free k3"]]; // with --audit
+
+function columns() { return state.runs.audit ? [...COLUMNS, ...AUDIT_COLUMNS] : COLUMNS; }
+
+function cell(key, r) {
+  if (key === "task_id") return el("td", {}, el("a", { href: `#/record/${r.index}`, text: r.task_id }));
+  if (key === "status_reason") return el("td", { class: "reason", text: r.status_reason || "" });
+  if (key === "reward" || key === "advantage") return el("td", { text: num(r[key]) });
+  if (key.startsWith("audit_")) return el("td", { class: "audit-cell", text: sci(r[key]) });
+  return el("td", { text: r[key] ?? "–" });
+}
 
 function visibleRows() {
   const { filter, status, sort } = state;
@@ -100,7 +167,7 @@ function visibleRows() {
   const key = sort.key;
   rows.sort((a, b) => {
     const x = a[key], y = b[key];
-    if (x === y) return a.index - b.index;
+    if (x === y) return String(a.index).localeCompare(String(b.index), undefined, { numeric: true });
     if (x === null || x === undefined) return 1;
     if (y === null || y === undefined) return -1;
     const order = typeof x === "number" && typeof y === "number" ? x - y : String(x).localeCompare(String(y), undefined, { numeric: true });
@@ -112,28 +179,29 @@ function visibleRows() {
 function drawTable() {
   const rows = visibleRows();
   const table = document.getElementById("runs");
-  const head = el("tr", {}, ...COLUMNS.map(([key, label]) => {
-    const th = el("th", { "data-key": key, class: state.sort.key === key ? `sorted${state.sort.asc ? " asc" : ""}` : null, text: label });
+  const focused = document.activeElement && document.activeElement.closest && document.activeElement.closest("th");
+  const head = el("tr", {}, ...columns().map(([key, label]) => {
+    const sorted = state.sort.key === key;
+    const th = el("th", { "data-key": key, class: sorted ? `sorted${state.sort.asc ? " asc" : ""}` : null,
+      "aria-sort": sorted ? (state.sort.asc ? "ascending" : "descending") : "none" },
+    el("button", { type: "button", text: label, title: `sort by ${label}` })); // a button: Tab reaches it, Enter sorts
     th.addEventListener("click", () => {
       state.sort = { key, asc: state.sort.key === key ? !state.sort.asc : true };
       drawTable();
+      document.querySelector(`#runs th[data-key="${key}"] button`).focus();
     });
     return th;
   }));
-  const body = rows.slice(0, state.shown).map((r) => {
-    const link = el("a", { href: `#/record/${r.index}`, text: r.task_id });
-    return el("tr", { class: "run", "data-status": r.status }, el("td", {}, link), el("td", { text: r.sample }),
-      el("td", { text: r.status }), el("td", { class: "reason", text: r.status_reason || "" }),
-      el("td", { text: num(r.reward) }), el("td", { text: num(r.advantage) }), el("td", { text: r.tokens }),
-      el("td", { text: r.turns }), el("td", { text: r.branches }), el("td", { text: r.images }),
-      el("td", { text: r.weight_versions ?? "–" }));
-  });
+  const keys = columns().map(([key]) => key);
+  const body = rows.slice(0, state.shown).map((r) =>
+    el("tr", { class: "run", "data-status": r.status }, ...keys.map((key) => cell(key, r))));
   table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...body));
+  if (focused) { const again = table.querySelector(`th[data-key="${focused.dataset.key}"] button`); if (again) again.focus(); }
   document.getElementById("count").textContent = `${rows.length} shown of ${state.runs.rows.length}`;
   const more = document.getElementById("more");
   more.replaceChildren();
   if (rows.length > state.shown) {
-    const button = el("button", { text: `show ${Math.min(PAGE_ROWS, rows.length - state.shown)} more` });
+    const button = el("button", { type: "button", text: `show ${Math.min(PAGE_ROWS, rows.length - state.shown)} more` });
     button.addEventListener("click", () => { state.shown += PAGE_ROWS; drawTable(); });
     more.append(button);
   }
@@ -170,7 +238,7 @@ function rewardChart(groups) {
 }
 
 function turnChart(rows) {
-  const [box, plot] = chartBox("output tokens per turn (mean over rollouts)", "turn-chart", 360, 170);
+  const [box, plot] = chartBox("output tokens per turn (final branch, mean over rollouts)", "turn-chart", 360, 170);
   const sums = [], counts = [];
   for (const r of rows) r.turn_tokens.forEach((n, i) => { sums[i] = (sums[i] || 0) + n; counts[i] = (counts[i] || 0) + 1; });
   if (!sums.length) { box.append(el("p", { class: "muted", text: "no turns" })); return box; }
@@ -188,18 +256,18 @@ function turnChart(rows) {
 
 function auditTable(audit) {
   const row = (name, s) => el("tr", {}, el("td", { text: name }), el("td", { text: s ? s.tokens : "–" }),
-    el("td", { text: s && s.mean_abs != null ? s.mean_abs.toExponential(2) : "–" }),
-    el("td", { text: s && s.max_abs != null ? s.max_abs.toExponential(2) : "–" }),
-    el("td", { text: s && s.k3 != null ? s.k3.toExponential(2) : "–" }));
+    el("td", { text: sci(s && s.mean_abs) }), el("td", { text: sci(s && s.max_abs) }), el("td", { text: sci(s && s.k3) }));
   return el("div", { class: "chart audit" }, el("h3", { text: `audit: ${audit.scorer}` }),
-    el("table", { class: "runs" }, el("tr", {}, ...["tokens", "n", "mean |Δ|", "max |Δ|", "k3"].map((t) => el("th", { text: t }))),
-      row("free turns", audit.free), row("constrained turns", audit.constrained), row("all", audit.all)));
+    scroller(el("table", { class: "runs" }, el("tr", {}, ...["tokens", "n", "mean |Δ|", "max |Δ|", "k3"].map((t) => el("th", { text: t }))),
+      row("free turns", audit.free), row("constrained turns", audit.constrained), row("all", audit.all))),
+    el("p", { class: "muted", text: "per rollout: the max |Δ| and free k3 columns of the table below (click to sort)" }));
 }
 
 // --- the record page ----------------------------------------------------------------------------------
 
 async function recordPage(key, branchNo) {
   const rec = await api(`api/records/${encodeURIComponent(key)}`);
+  if (rec.version_order) state.versions = rec.version_order;
   const branches = rec.branches;
   const branch = branches.find((b) => String(b.branch) === branchNo) || branches[branches.length - 1];
   const root = main();
@@ -214,18 +282,34 @@ async function recordPage(key, branchNo) {
     ...field("branch shown", `${branch.branch} of ${branches.length} (${branch.status}` +
       (branch.status_reason ? `: ${branch.status_reason}` : "") + ")")));
   root.append(branchTree(key, branches, branch.branch));
-  const legend = el("div", { class: "legend" }, el("span", { class: "p", text: "prompt" }),
+  const legend = el("div", { class: "legend", id: "legend" }, el("span", { class: "p", text: "prompt" }),
     el("span", { class: "o", text: "output (trained)" }), el("span", { class: "b", text: "boundary" }),
-    el("span", { class: "forced", text: "forced turn output" }));
+    el("span", { class: "forced", text: "forced turn output" }),
+    el("span", { class: "muted marks", text: "marks: ↵ newline, · space" }));
   if (!rec.decoded) legend.append(el("span", { class: "muted", text: "token ids (start with --tokenizer or --config for text)" }));
+  const own = state.versions.filter((v) => (branch.versions || []).includes(v));
+  root.append(legend, versionLegend(own, "record-versions"));
   if (branch.deltas) {
     const heat = el("label", {}, el("input", { type: "checkbox", id: "heat" }), " audit |Δlogprob| heat map");
     heat.firstChild.checked = state.heat;
     heat.firstChild.addEventListener("change", (e) => { state.heat = e.target.checked; drawTokens(branch); });
-    legend.append(heat);
+    root.append(el("div", { class: "legend" }, heat, heatScale()));
   }
-  root.append(legend, el("div", { class: "tokens", id: "tokens" }));
+  root.append(el("p", { class: "muted keys", text: "tokens: hover or tap for details; Tab to them, ← → to move, " +
+      "Enter to pin the details, Esc to close" }),
+    el("div", { class: "tokens", id: "tokens", tabindex: "0", role: "group",
+      "aria-label": "tokens: arrow keys move between them, Enter pins the details, Escape closes them" }));
   drawTokens(branch);
+  const box = document.getElementById("tokens");
+  box.addEventListener("keydown", onTokenKey);
+  box.addEventListener("focus", () => { if (selected === null && box.matches(":focus-visible")) moveBy(1, -1); });
+}
+
+function heatScale() {
+  // |Δ| on a log scale, 1e-6 .. 1 nats, as 10 levels: the same colours as the tokens (viewer.css)
+  const steps = Array.from({ length: 10 }, (_, k) => el("span", { "data-heat": k, title: `|Δ| ≈ ${(10 ** (-6 + (6 * k) / 9)).toExponential(0)} nats` }));
+  return el("span", { class: "heat-scale", id: "heat-scale", "aria-label": "heat scale: |Δlogprob| from 1e-6 to 1 nat" },
+    el("span", { class: "muted", text: "1e-6" }), ...steps, el("span", { class: "muted", text: "1 nat" }));
 }
 
 function branchTree(key, branches, current) {
@@ -236,9 +320,11 @@ function branchTree(key, branches, current) {
     children.get(parent).push(b);
   }
   const known = new Set(branches.map((b) => b.branch));
+  const forked = (b) => ` · shares ${b.shared} token${b.shared === 1 ? "" : "s"} with branch ${b.parent}` +
+    (b.fork_at !== b.shared ? ` (forked at token ${b.fork_at})` : "") + `: ${b.fork_reason || "?"}`;
   const node = (b) => el("li", { class: "branch", "data-branch": b.branch },
     el("a", { href: `#/record/${key}/${b.branch}`, class: b.branch === current ? "current" : null, text: `branch ${b.branch}` }),
-    el("span", { class: "muted", text: ` · ${b.status}` + (known.has(b.parent) ? ` · forked at token ${b.fork_at}: ${b.fork_reason || "?"}`
+    el("span", { class: "muted", text: ` · ${b.status}` + (known.has(b.parent) ? forked(b)
       : b.fork_reason ? ` · ${b.fork_reason}` : "") }),
     list(b.branch));
   const list = (parent) => {
@@ -257,15 +343,16 @@ function turnBlocks(branch) {
 }
 
 function drawTokens(branch) {
-  current = branch;
+  const images = new Map(branch.images.map((im, k) => [im.start, { ...im, k }]));
+  current = { branch, images };
+  selected = null;
+  hideTip(true);
   const box = document.getElementById("tokens");
   box.replaceChildren();
   box.classList.toggle("heat", state.heat && !!branch.deltas);
   const turns = new Map(branch.turns.map((t) => [t.index, t]));
-  const images = new Map(branch.images.map((im, k) => [im.start, { ...im, k }]));
-  const versions = [...new Set((branch.versions || []).filter((v) => v !== null))];
   const observer = new IntersectionObserver((entries) => {
-    for (const entry of entries) if (entry.isIntersecting) { fillChunk(entry.target, branch, images); observer.unobserve(entry.target); }
+    for (const entry of entries) if (entry.isIntersecting) { fillChunk(entry.target); observer.unobserve(entry.target); }
   }, { rootMargin: "800px" });
   for (const [t, [start, end]] of turnBlocks(branch)) {
     const turn = turns.get(t);
@@ -283,7 +370,7 @@ function drawTokens(branch) {
       const band = el("div", { class: "band", title: "weight versions of this turn's output" });
       for (const [s, e, v] of turn.versions) {
         band.append(el("span", { class: "version", "data-version": v, title: `weights ${v}: tokens ${s}-${e}`,
-          style: `width:${(100 * (e - s)) / Math.max(turn.output_len, 1)}%;background:${colour(versions.indexOf(v))}` }));
+          style: `width:${(100 * (e - s)) / Math.max(turn.output_len, 1)}%;background:${versionColour(v)}` }));
       }
       block.append(band);
     }
@@ -307,7 +394,18 @@ function heatLevel(delta) {
   return Math.round(9 * Math.min(1, Math.max(0, (Math.log10(Math.abs(delta) + 1e-12) + 6) / 6)));
 }
 
-function fillChunk(chunk, branch, images) {
+function tokenHtml(text) {
+  // a token's text, its invisible characters marked: a newline as ↵ (then the break), spaces and tabs alone as · and →
+  if (text === "") return "∅";
+  const blank = /^[ \t]+$/.test(text);
+  const shown = blank ? `<i class="ws">${esc(text.replace(/ /g, "·").replace(/\t/g, "→"))}</i>` : esc(text);
+  return shown.replace(/\n/g, '<i class="nl">↵</i>\n');
+}
+
+function fillChunk(chunk) {
+  if (chunk.dataset.filled) return;
+  chunk.dataset.filled = "1";
+  const { branch, images } = current;
   const start = Number(chunk.dataset.start), end = Number(chunk.dataset.end);
   const { ids, texts, kinds, deltas } = branch;
   const heat = state.heat && !!deltas;
@@ -320,10 +418,10 @@ function fillChunk(chunk, branch, images) {
       i += image.length - 1;
       continue;
     }
-    const text = texts ? texts[i] : `[${ids[i]}]`;
     const level = heat && kinds[i] === "o" ? heatLevel(deltas[i]) : null;
     const attr = level === null ? "" : ` data-heat="${level}"`;
-    parts.push(`<span class="t ${kinds[i]}" data-i="${i}"${attr}>${esc(text === "" ? "∅" : text)}</span>`);
+    const sel = i === selected ? " sel" : "";
+    parts.push(`<span class="t ${kinds[i]}${sel}" data-i="${i}"${attr}>${texts ? tokenHtml(texts[i]) : `[${ids[i]}]`}</span>`);
   }
   chunk.innerHTML = parts.join("");
   chunk.style.minHeight = "";
@@ -333,32 +431,119 @@ function fillChunk(chunk, branch, images) {
   }
 }
 
-// --- hover details ------------------------------------------------------------------------------------
+// --- token details: hover, tap, keyboard ------------------------------------------------------------------
 
-function showTip(event) {
-  const tip = document.getElementById("tip");
-  const target = event.target;
-  if (!current || !target.classList || !target.classList.contains("t")) { tip.hidden = true; return; }
-  const i = Number(target.dataset.i);
-  const b = current;
+function tipLines(i) {
+  const b = current.branch;
   const lines = [`token ${i} · id ${b.ids[i]}`, `text ${JSON.stringify(b.texts ? b.texts[i] : null)}`,
     `${KINDS[b.kinds[i]]} · turn ${b.turn_of[i]}`];
   if (b.logprobs[i] !== null) lines.push(`logprob ${b.logprobs[i].toFixed(5)}`);
   if (b.versions && b.versions[i] !== null) lines.push(`weights ${b.versions[i]}`);
   if (b.deltas && b.deltas[i] !== null) lines.push(`audit Δlogprob ${b.deltas[i].toExponential(2)}`);
+  if (pinned && i === selected) lines.push("pinned: Esc closes");
+  return lines;
+}
+
+function placeTip(lines, anchor) {
+  // beside the anchor (a rectangle), flipped above it or to its left where it would leave the window
+  const tip = document.getElementById("tip");
   tip.textContent = lines.join("\n");
   tip.hidden = false;
-  tip.style.left = `${Math.min(event.clientX + 12, window.innerWidth - 440)}px`;
-  tip.style.top = `${event.clientY + 14}px`;
+  const width = document.documentElement.clientWidth, height = window.innerHeight, margin = 4;
+  const w = tip.offsetWidth, h = tip.offsetHeight;
+  let x = anchor.right + 8;
+  if (x + w > width - margin) x = anchor.left - 8 - w;
+  let y = anchor.bottom + 6;
+  if (y + h > height - margin) y = anchor.top - 6 - h;
+  tip.style.left = `${Math.max(margin, Math.min(x, width - margin - w))}px`;
+  tip.style.top = `${Math.max(margin, Math.min(y, height - margin - h))}px`;
+}
+
+function hideTip(unpin = false) {
+  if (unpin) pinned = false;
+  if (!pinned) document.getElementById("tip").hidden = true;
+}
+
+function showTip(event) {
+  const target = event.target;
+  if (!current || !target.closest) return;
+  const token = target.closest(".tokens .t");
+  if (!token) { if (selected === null) hideTip(); return; }
+  if (pinned) return; // the pinned details stay until Esc or a click elsewhere
+  const point = { left: event.clientX - 12, right: event.clientX + 12, top: event.clientY - 14, bottom: event.clientY + 14 };
+  placeTip(tipLines(Number(token.dataset.i)), point);
+}
+
+function tokenElement(i) {
+  // the element of token i, its chunk drawn first if it was not yet (scrolled out of view)
+  const box = document.getElementById("tokens");
+  let token = box.querySelector(`.t[data-i="${i}"]`);
+  if (!token) {
+    for (const chunk of box.querySelectorAll(".chunk")) {
+      if (Number(chunk.dataset.start) <= i && i < Number(chunk.dataset.end)) { fillChunk(chunk); break; }
+    }
+    token = box.querySelector(`.t[data-i="${i}"]`);
+  }
+  return token;
+}
+
+function select(i) {
+  const old = selected === null ? null : document.querySelector(`.tokens .t[data-i="${selected}"]`);
+  if (old) old.classList.remove("sel");
+  selected = i;
+  const token = tokenElement(i);
+  token.classList.add("sel");
+  token.scrollIntoView({ block: "nearest", inline: "nearest" });
+  placeTip(tipLines(i), token.getBoundingClientRect());
+}
+
+function moveBy(step, from = selected) {
+  // the next drawn token in that direction (a picture's placeholders are skipped)
+  const { branch, images } = current;
+  let i = from + step;
+  while (i >= 0 && i < branch.ids.length) {
+    const image = images.get(i) || [...images.values()].find((im) => im.start < i && i < im.start + im.length);
+    if (image) { i = step > 0 ? image.start + image.length : image.start - 1; continue; }
+    if (tokenElement(i)) { select(i); return; }
+    i += step;
+  }
+}
+
+function onTokenKey(event) {
+  if (!current) return;
+  const keys = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1 };
+  if (event.key in keys) {
+    event.preventDefault();
+    moveBy(keys[event.key], selected === null ? -1 : selected);
+  } else if (event.key === "Home" || event.key === "End") {
+    event.preventDefault();
+    moveBy(event.key === "Home" ? 1 : -1, event.key === "Home" ? -1 : current.branch.ids.length);
+  } else if ((event.key === "Enter" || event.key === " ") && selected !== null) {
+    event.preventDefault();
+    pinned = !pinned;
+    select(selected);
+  } else if (event.key === "Escape") {
+    hideTip(true);
+  }
+}
+
+function onClick(event) {
+  // a click or a tap on a token pins its details (a phone has no hover); anywhere else closes them
+  const token = current && event.target.closest ? event.target.closest(".tokens .t") : null;
+  if (token) { pinned = true; select(Number(token.dataset.i)); return; }
+  if (!event.target.closest || !event.target.closest("#tip")) hideTip(true);
 }
 
 // --- routing ------------------------------------------------------------------------------------------
 
 async function route() {
   credential();
+  clearTimeout(state.poll);
   const parts = location.hash.replace(/^#\/?/, "").split("/");
   try {
     current = null;
+    selected = null;
+    hideTip(true);
     if (parts[0] === "record" && parts[1] !== undefined) await recordPage(decodeURIComponent(parts[1]), parts[2]);
     else await runsPage();
   } catch (error) {
@@ -369,5 +554,10 @@ async function route() {
 }
 
 window.addEventListener("hashchange", route);
+window.addEventListener("scroll", () => { // the details of a chosen token follow it
+  const token = selected === null ? null : document.querySelector(`.tokens .t[data-i="${selected}"]`);
+  if (token) placeTip(tipLines(selected), token.getBoundingClientRect());
+}, { passive: true });
 document.addEventListener("mouseover", showTip);
+document.addEventListener("click", onClick);
 document.addEventListener("DOMContentLoaded", route);
