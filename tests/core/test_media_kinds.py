@@ -22,11 +22,13 @@ from PIL import Image as PILImage
 from tito_core.conversation import Conversation
 from tito_core.errors import ConfigError
 from tito_core.media import Image, MediaError, MediaItem, Video, VideoError, image_part, media_part, video_part
-from tito_core.media.processor import chat_media, family_of, refusal, vision_processor
+from tito_core.media.processor import refusal
+from tito_core.model_setup import family_of, vision_processor
 from tito_core.plugins import InputKindSpec, VisionFamilySpec, get_tool_parser, hookimpl, temporary_plugin
 from tito_core.records import open_writer, read_records
 from tito_core.render.renderer import ChatRenderer
 from tito_core.rollout_core import CallOptions, Rollout
+from tito_core.rollout_core.prompt import chat_media
 from tito_core.trajectory import Trajectory, TrajectoryRecord
 from tito_testing.scripted import ScriptedBackend
 from tito_testing.tokenizers import load_qwen_tokenizer
@@ -103,7 +105,8 @@ def test_vision_processors_are_shared_per_tokenizer_without_keeping_it_alive(mod
 
     from transformers import AutoTokenizer
 
-    from tito_core.media import processor as processor_module
+    from tito_core import model_setup as setup_module
+    from tito_core.media.processor import directory_key
     from tito_testing.tokenizers import qwen_tokenizer_dir
 
     first = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir("qwen3")))
@@ -111,8 +114,8 @@ def test_vision_processors_are_shared_per_tokenizer_without_keeping_it_alive(mod
     assert shared is not None and vision_processor(model_dir, first) is shared
     # an entry whose tokenizer is another object (as after a dead tokenizer's id is reused) is not handed out
     second = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir("qwen3")))
-    key = (id(shared.image_processor), id(second), shared.max_images, processor_module._directory_key(model_dir))
-    processor_module._shared[key] = (shared, weakref.ref(first))
+    key = (id(shared.image_processor), id(second), shared.max_images, directory_key(model_dir))
+    setup_module._shared[key] = (shared, weakref.ref(first))
     fresh = vision_processor(model_dir, second)
     assert fresh is not None and fresh is not shared and vision_processor(model_dir, second) is fresh
     # the cache holds tokenizers weakly: a dropped tokenizer is collected and its entry goes with it
@@ -120,7 +123,7 @@ def test_vision_processors_are_shared_per_tokenizer_without_keeping_it_alive(mod
     del first, shared
     gc.collect()
     assert gone() is None
-    assert not any(ref() is None for _, ref in processor_module._shared.values())
+    assert not any(ref() is None for _, ref in setup_module._shared.values())
 
 
 def test_a_directory_without_a_video_processor_config_is_a_named_video_error(tmp_path: Path) -> None:

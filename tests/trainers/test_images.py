@@ -21,7 +21,7 @@ from tito_core.conversation import Conversation  # noqa: E402
 from tito_core.export import to_slime, to_trl, to_verl, training_branches, verl_multi_modal_inputs  # noqa: E402
 from tito_core.export_images import pixel_inputs  # noqa: E402
 from tito_core.media import Image, ImageError, image_part  # noqa: E402
-from tito_core.media.processor import VisionProcessor  # noqa: E402
+from tito_core.model_setup import vision_processor  # noqa: E402
 from tito_core.plugins import get_tool_parser  # noqa: E402
 from tito_core.render.renderer import ChatRenderer  # noqa: E402
 from tito_core.rollout_core import CallOptions, Rollout  # noqa: E402
@@ -60,7 +60,7 @@ def rollout(vl):
         ScriptedBackend(tok, [CALL, "Two shapes."]),
         renderer,
         get_tool_parser("qwen_xml"),
-        vision=VisionProcessor(tiny_image_processor(), tok),
+        vision=vision_processor(tiny_image_processor(), tok),
     )
     pictures = [Image(png(w, h, i)) for i, (w, h) in enumerate(SIZES)]
     messages: list[dict] = [{"role": "user", "content": [image_part(pictures[0]), {"type": "text", "text": "look"}]}]

@@ -10,7 +10,10 @@ setup whatever the front.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,14 +24,22 @@ from . import plugins
 from .backend import Backend, sampling_params
 from .errors import ConfigError
 from .grammar import tool_choice_option
-from .media.processor import DEFAULT_MAX_IMAGES, ProcessorSpec, VisionProcessor, vision_processor
+from .media.families import VisionFamily
+from .media.processor import (
+    DEFAULT_MAX_IMAGES,
+    ProcessorSpec,
+    VisionProcessor,
+    directory_key,
+    has_preprocessor,
+    load_image_processor,
+)
 from .render import shared_renderer
 from .render.renderer import ChatRenderer
 from .rollout_core import CallOptions, PrefixPolicy, RenderMode, Rollout
 from .tokenizers import load_tokenizer
 from .tool_parsers.base import ToolParser
 
-__all__ = ["ModelSetup", "call_options"]
+__all__ = ["ModelSetup", "call_options", "family_of", "vision_processor"]
 
 _PREFIX_POLICIES = ("fork", "warn", "error")
 
@@ -148,3 +159,57 @@ def call_options(**values: Any) -> CallOptions:
         return msgspec.convert(values, CallOptions, from_attributes=True)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid model option: {exc}") from exc
+
+
+def family_of(image_processor: Any, tokenizer: Any, directory: str | os.PathLike[str] | None = None) -> VisionFamily:
+    """The :class:`~tito_core.media.families.VisionFamily` of a Hugging Face image processor, by its class name.
+
+    The registered family (``tito_vision_families``) that serves the processor's class; ``directory`` is the model
+    directory, where the family reads its video processor config.
+
+    Raises:
+        ConfigError: no registered family serves this processor.
+    """
+    factory = plugins.vision_family_factory(type(image_processor).__name__)
+    family: VisionFamily = factory(image_processor, tokenizer, directory)
+    return family
+
+
+_shared: dict[tuple[int, int, int, str | None], tuple[VisionProcessor, weakref.ref[Any]]] = {}
+"""Vision processors by (processor, tokenizer, max_images, directory), each with a weak reference to its tokenizer:
+the cache neither keeps a tokenizer alive nor hands a dead tokenizer's processor to a new one given its id."""
+_shared_lock = threading.Lock()
+
+
+def vision_processor(
+    processor: ProcessorSpec, tokenizer: Any, *, max_images: int = DEFAULT_MAX_IMAGES
+) -> VisionProcessor | None:
+    """The :class:`~tito_core.media.processor.VisionProcessor` of a model's ``processor`` setting (None: text-only).
+
+    One per processor and tokenizer, with the family registered for the processor (:func:`family_of`).
+
+    Raises:
+        ConfigError: a directory without a loadable image processor, or a processor of an unknown family.
+    """
+    if processor is False:
+        return None
+    if isinstance(processor, VisionProcessor):
+        return processor
+    directory: str | None = None
+    if processor is None:
+        named = getattr(tokenizer, "name_or_path", None)
+        if not named or not has_preprocessor(named):
+            return None
+        processor = named
+    if isinstance(processor, (str, os.PathLike)):
+        directory = directory_key(processor)
+        processor = load_image_processor(directory)
+    key = (id(processor), id(tokenizer), max_images, directory)
+    with _shared_lock:
+        cached = _shared.get(key)
+        if cached is not None and cached[0].image_processor is processor and cached[1]() is tokenizer:
+            return cached[0]
+        shared = VisionProcessor(processor, family_of(processor, tokenizer, directory), max_images=max_images)
+        with contextlib.suppress(TypeError):  # a tokenizer without weak references is not shared
+            _shared[key] = (shared, weakref.ref(tokenizer, lambda _: _shared.pop(key, None)))
+        return shared
