@@ -204,8 +204,9 @@ def test_slime_sample_multimodal_inputs_and_train_inputs(rollout):
 
 def test_slimes_generate_hook_fills_both_with_the_models_processor(vl):
     """``run_agent`` renders with the processor it is given and exports pixel inputs with the same one."""
-    slime_hook = pytest.importorskip("tito_sglang.slime", reason="tito-sglang is not installed")
     from strands import Agent
+
+    from tito_core.trainers import slime as slime_hook
 
     tok, _ = vl
     picture = Image(png(90, 120, 7))

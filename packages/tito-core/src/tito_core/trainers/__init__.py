@@ -8,6 +8,6 @@ package is needed only by the functions that build its own classes.
   and :mod:`tito_core.trainers.verl_agent_loop` (the agent loop class verl instantiates).
 - :mod:`tito_core.trainers.agentlightning`: Agent Lightning v1 ``model_request`` / ``reward`` events and
   an agent class for its local runner.
-
-slime's hook lives with the SGLang adapter (:mod:`tito_sglang.slime`).
+- :mod:`tito_core.trainers.slime`: slime's generate hook (its backend for slime's router is the SGLang
+  adapter's, :mod:`tito_sglang.slime`).
 """
