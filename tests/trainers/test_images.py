@@ -18,14 +18,20 @@ torch = pytest.importorskip("torch")
 from PIL import Image as PILImage  # noqa: E402
 
 from tito_core.conversation import Conversation  # noqa: E402
-from tito_core.export import to_slime, to_trl, to_verl, training_branches, verl_multi_modal_inputs  # noqa: E402
-from tito_core.export_images import pixel_inputs  # noqa: E402
+from tito_core.export import (  # noqa: E402
+    model_request_events,
+    to_slime,
+    to_trl,
+    to_verl,
+    training_branches,
+    verl_multi_modal_inputs,
+)
+from tito_core.export.media import pixel_inputs  # noqa: E402
 from tito_core.media import Image, ImageError, image_part  # noqa: E402
 from tito_core.model_setup import vision_processor  # noqa: E402
 from tito_core.plugins import get_tool_parser  # noqa: E402
 from tito_core.render.renderer import ChatRenderer  # noqa: E402
 from tito_core.rollout_core import CallOptions, Rollout  # noqa: E402
-from tito_core.trainers.agentlightning import model_request_events  # noqa: E402
 from tito_testing.scripted import ScriptedBackend  # noqa: E402
 from tito_testing.vision import TINY_VISION, hf_processor, tiny_image_processor, vl_chat_template  # noqa: E402
 
