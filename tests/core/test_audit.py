@@ -1,4 +1,4 @@
-"""The mismatch ledger (tito_core.audit) on hand-built records and a scorer whose answers are known.
+"""The mismatch ledger (tito_core.analysis.audit) on hand-built records and a scorer whose answers are known.
 
 The scorer here returns the recorded logprobs plus a chosen offset per token, so every statistic and every
 breakdown has an exact expected value. The real re-score (a transformers forward pass, an engine's score route)
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tito_core.audit import AuditReport, Ledger, audit, gap_stats
+from tito_core.analysis.audit import AuditReport, Ledger, audit, gap_stats
 from tito_core.cli import main
 from tito_core.media import Image, MediaSpan, PromptMedia
 from tito_core.records import RolloutRecord, open_writer, rollout_record

@@ -1,4 +1,4 @@
-"""``tito audit``: the mismatch ledger of a rollout file (:mod:`tito_core.audit`) on the command line.
+"""``tito audit``: the mismatch ledger of a rollout file (:mod:`tito_core.analysis.audit`) on the command line.
 
     tito audit rollouts.jsonl --model DIR [--sample 200] [--json report.json] [--plot report.png] [--max-kl 1e-3]
     tito audit rollouts.jsonl --config tito.toml        # the config's engine scores (or its embedded model)
@@ -66,7 +66,7 @@ def run_audit(args: argparse.Namespace) -> int:
     """Run ``tito audit``; returns the exit status."""
     from rich.console import Console
 
-    from ..audit import audit
+    from ..analysis.audit import audit
     from ..records import read_records
 
     if args.max_kl is not None and not (args.max_kl >= 0 and math.isfinite(args.max_kl)):
@@ -126,8 +126,8 @@ async def _audit(records: list[Any], args: argparse.Namespace, console: Any, aud
 
 
 def _drift(records: list[Any], config: Any, base_dir: Any, examples: int) -> Any:
+    from ..analysis.drift.ledger import DriftLedger
     from ..conversation import tool_specs_to_chat
-    from ..drift.ledger import DriftLedger
     from ..runner.worker import import_object
 
     setup = config.model_setup()
@@ -141,7 +141,7 @@ def _drift(records: list[Any], config: Any, base_dir: Any, examples: int) -> Any
 
 async def _scorer(args: argparse.Namespace, config: Any) -> tuple[Any, Any]:
     """The scorer, and what closes it (a backend built from the config), or None."""
-    from ..audit import BackendScorer, TransformersScorer
+    from ..analysis.audit import BackendScorer, TransformersScorer
 
     if args.model:
         return await asyncio.to_thread(TransformersScorer, args.model, dtype=args.dtype), None
@@ -191,7 +191,7 @@ def _print(report: Any, console: Any) -> None:
 def _print_drift(drift: Any, console: Any) -> None:
     from rich.table import Table
 
-    from ..drift import DRIFT_CATEGORIES
+    from ..analysis.drift import DRIFT_CATEGORIES
 
     console.print(
         f"[bold]drift[/bold]: re-rendered as a text stack, {drift.different_ids} of {drift.compared} rollouts get "

@@ -30,10 +30,10 @@ from typing import Any, Protocol
 
 import msgspec
 
-from .backend import Backend
-from .errors import ConfigError
-from .records import RolloutRecord
-from .trajectory import Trajectory
+from ..backend import Backend
+from ..errors import ConfigError
+from ..records import RolloutRecord
+from ..trajectory import Trajectory
 
 __all__ = [
     "AXES",
