@@ -30,7 +30,7 @@ import msgspec
 
 from tito_core._suggest import did_you_mean
 from tito_core.backend import Backend, SamplingParams, sampling_params
-from tito_core.errors import ConfigError
+from tito_core.errors import ConfigError, at_key
 from tito_core.grammar import tool_choice_option
 from tito_core.model_setup import ModelSetup
 from tito_core.plugins import get_backend
@@ -318,17 +318,6 @@ def _build(data: dict[str, Any], origin: str, prefix: str) -> TitoConfig:
         # ValidationError; show the ConfigError's own message, once.
         if isinstance(exc.__cause__, ConfigError):
             raise ConfigError(f"{origin}: {exc.__cause__}") from exc.__cause__
-        raise ConfigError(f"{origin}: {_dotted(exc, prefix.rstrip('.'))}") from exc
+        raise ConfigError(f"{origin}: {at_key(exc, prefix.rstrip('.'))}") from exc
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}") from exc
-
-
-def _dotted(exc: msgspec.ValidationError, root: str) -> str:
-    """Rewrite msgspec's ``- at `$.a.b``` suffix as a dotted key under ``root``."""
-    message = str(exc)
-    head, sep, where = message.rpartition(" - at `$")
-    if not sep:
-        return message
-    key = where.rstrip("`").lstrip(".")
-    key = ".".join(part for part in (root, key) if part)
-    return f"{head} (at `{key}`)" if key else head

@@ -187,6 +187,19 @@ class PrefixMismatchError(TitoError):
         super().__init__(message)
 
 
+def at_key(exc: Exception, root: str = "") -> str:
+    """A msgspec validation message with its ``- at `$.a.b``` suffix written as the dotted key ``(at `root.a.b`)``.
+
+    The one rewriter of validation paths: ``sampling`` (``root="sampling"``) and config files (``root`` is the
+    file's table, ``tito`` or ``tool.tito``; empty for top-level keys) name a bad value by the key a user wrote.
+    """
+    head, sep, where = str(exc).rpartition(" - at `$")
+    if not sep:
+        return str(exc)
+    key = ".".join(part for part in (root, where.rstrip("`").lstrip(".")) if part)
+    return f"{head} (at `{key}`)" if key else head
+
+
 class DatasetError(TitoError, ValueError):
     """A dataset of tasks cannot be read, or one of its rows is not a task (the message names the row)."""
 
