@@ -349,10 +349,17 @@ class Backend(abc.ABC):
     supports_score: ClassVar[bool] = False
     """True for backends that implement :meth:`score`: what a weight probe
     (``weight_update(..., probe=...)``, :class:`tito_core.weights.WeightProbe`) needs."""
-    input_kinds: ClassVar[frozenset[str]] = frozenset()
-    """The input kinds (``image``, ``video``, ...) whose :attr:`GenerateRequest.media` this backend sends to its
-    engine (docs/multimodal.md). A prompt holding another kind is a :class:`~tito_core.media.MediaError` before any
-    request."""
+
+    @property
+    def input_kinds(self) -> frozenset[str]:
+        """The input kinds (``image``, ``video``, ...) this backend sends to its engine; none by default.
+
+        The kinds of :attr:`GenerateRequest.media` it takes (docs/multimodal.md): a prompt holding another kind is a
+        :class:`~tito_core.media.MediaError` before any request. A backend declares its kinds as a class attribute
+        (``input_kinds = frozenset({"image"})``), or overrides this property where they depend on the instance (the
+        model it loaded).
+        """
+        return frozenset()
 
     async def score(self, token_ids: Sequence[int]) -> list[float | None]:
         """The engine's logprob of each of ``token_ids[1:]`` given the tokens before it, under the weights now.
