@@ -13,7 +13,7 @@ import msgspec
 
 from ..errors import ConfigError
 from ..trajectory import Trajectory
-from ..trajectory.images import load_images
+from ..trajectory.media import load_images
 from .jsonl import JsonlWriter, read_jsonl
 from .lock import OutputLock
 from .parquet import ParquetWriter, read_parquet
