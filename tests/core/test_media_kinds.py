@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
+import msgspec
 import pytest
 
 pytest.importorskip("PIL")
@@ -21,8 +22,18 @@ from PIL import Image as PILImage
 
 from tito_core.conversation import Conversation
 from tito_core.errors import ConfigError
-from tito_core.media import Image, MediaError, MediaItem, Video, VideoError, image_part, media_part, video_part
-from tito_core.media.processor import refusal
+from tito_core.media import (
+    Image,
+    MediaError,
+    MediaItem,
+    MediaSpan,
+    Video,
+    VideoError,
+    image_part,
+    media_part,
+    video_part,
+)
+from tito_core.media.processor import VisionProcessor, refusal
 from tito_core.model_setup import family_of, vision_processor
 from tito_core.plugins import InputKindSpec, VisionFamilySpec, get_tool_parser, hookimpl, temporary_plugin
 from tito_core.records import open_writer, read_records
@@ -213,7 +224,7 @@ def test_a_record_written_with_images_reads_into_media() -> None:
 
 
 class Audio(MediaItem):
-    """A third-party kind: one opaque clip, stored as one picture (only for this test)."""
+    """A third-party kind with no pixels: a MIME type, no size (its bytes ride in one picture, for this test only)."""
 
     __slots__ = ("_image",)
     kind: ClassVar[str] = "audio"
@@ -222,14 +233,13 @@ class Audio(MediaItem):
         self._image = image
 
     sha256 = property(lambda self: "audio-" + self._image.sha256)
-    format = property(lambda self: "wav")
-    size = property(lambda self: (0, 0))
+    mime_type = property(lambda self: "audio/wav")
 
     def pictures(self) -> tuple[Image, ...]:
         return (self._image,)
 
     def span_fields(self) -> dict[str, Any]:
-        return {}
+        return {"format": "wav"}
 
     @classmethod
     def from_span(cls, span: Any, pictures: Any) -> Audio:
@@ -244,6 +254,29 @@ class AudioPlugin:
     @hookimpl
     def tito_vision_families(self) -> Any:
         yield VisionFamilySpec("fake", lambda processor, tokenizer, directory: ("fake", directory), ("FakeProc",))
+
+
+class Listening:
+    """A family that takes audio: one placeholder per clip, expanded to three tokens (no grid)."""
+
+    placeholder_ids: ClassVar[dict[str, int]] = {"audio": 7}
+    never_sample = (7,)
+
+    def measure(self, item: MediaItem) -> tuple[tuple[int, ...] | None, int]:
+        return None, 3
+
+
+def test_an_audio_kind_fits_the_axis_without_a_size() -> None:
+    """The contract assumes no picture: an item with a MIME type and no size is expanded and spanned like any."""
+    clip = Audio(Image(png(8, 8)))
+    vision = VisionProcessor(object(), Listening())
+    ids, (media,) = vision.expand([1, 7, 2], [clip], start=10)
+    assert ids == [1, 7, 7, 7, 2] and media.item is clip and clip.mime_type == "audio/wav"
+    span = media.span
+    assert (span.kind, span.start, span.length, span.format, span.grid_thw) == ("audio", 11, 3, "wav", None)
+    assert span.size is None and b'"size"' not in msgspec.json.encode(span)  # no pixels: no size, none written
+    assert msgspec.json.decode(msgspec.json.encode(span), type=MediaSpan) == span
+    assert Image(png(8, 8)).mime_type == "image/png" and Video([png(8, 8)]).mime_type == "video/x-frames"
 
 
 class FakeProcessor:

@@ -125,8 +125,6 @@ class VisionProcessor:
                 start=start + len(out),
                 length=count,
                 sha256=item.sha256,
-                format=item.format,
-                size=item.size,
                 grid_thw=grid,
                 placeholder_id=placeholder,
                 kind=kind,
