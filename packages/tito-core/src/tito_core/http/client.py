@@ -84,8 +84,7 @@ class HttpClient:
         max_body: Default body limit of an answer, in bytes (None: unbounded).
         context_length_patterns: Regexes (matched ignoring case) of the engine's "prompt too long" body on a 400 /
             413 / 422, which then raises a :class:`~tito_core.errors.ContextLengthError`; none by default (an
-            adapter gives its engine's, :attr:`HttpBackend.context_length_texts
-            <tito_core.http.HttpBackend.context_length_texts>`).
+            adapter gives its engine's, :attr:`~tito_core.http.HttpBackend.context_length_texts`).
 
     """
 

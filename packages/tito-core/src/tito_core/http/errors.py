@@ -8,8 +8,8 @@ an upgrade that changes a text fails a test instead of silently misclassifying:
   ``tests/core/test_aiohttp_compat.py``): how aiohttp and httpx say "the connection ended inside the answer"
   (the engine may be running the request: never re-sent) rather than "the answer is malformed";
 * an engine's "the prompt does not fit the context window" in the body of a 400: its adapter's own table, the
-  :attr:`HttpBackend.context_length_texts <tito_core.http.HttpBackend.context_length_texts>` it declares (the core
-  knows no engine's wording), pinned in the adapter's tests.
+  :attr:`~tito_core.http.HttpBackend.context_length_texts` it declares (the core knows no engine's wording), pinned
+  in the adapter's tests.
 """
 
 from __future__ import annotations
