@@ -75,7 +75,7 @@ class TitoConfig(ModelSettings, frozen=True, kw_only=True, forbid_unknown_fields
         super().__post_init__()
 
     def sampling_params(self) -> SamplingParams:
-        """Return :attr:`sampling` as :class:`~tito_core.backend.SamplingParams`.
+        """Return the config's ``sampling`` as :class:`~tito_core.backend.SamplingParams`.
 
         The same schema as ``TitoModel(..., sampling=...)``: :func:`tito_core.backend.sampling_params`.
         """
@@ -118,7 +118,7 @@ class TitoConfig(ModelSettings, frozen=True, kw_only=True, forbid_unknown_fields
         """The :class:`~tito_core.model_setup.ModelSetup` of this config, as every front builds it.
 
         ``tokenizer`` is a loaded one to use instead of :attr:`tokenizer`; ``processor`` (a directory, a Hugging
-        Face image processor, ``False``) overrides :attr:`processor`.
+        Face image processor, ``False``) overrides the config's ``processor``.
         """
         changed = {"processor": processor} if processor is not None else {}
         return ModelSetup.build(self.tokenizer_or(tokenizer), self.settings(), **changed)
