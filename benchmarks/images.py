@@ -105,12 +105,12 @@ class Agents:
     """Builds the agent of one rollout; keeps the tokenizer, the processor and the HTTP backend for the run."""
 
     def __init__(self, workload: Workload, size: int, url: str | None, session: str = "off") -> None:
-        from tito_core.media.processor import VisionProcessor
+        from tito_core.model_setup import vision_processor
         from tito_testing.tokenizers import load_qwen_tokenizer
         from tito_testing.vision import tiny_image_processor
 
         self.tokenizer = load_qwen_tokenizer("qwen3")
-        self.vision = VisionProcessor(tiny_image_processor(), self.tokenizer)
+        self.vision = vision_processor(tiny_image_processor(), self.tokenizer)
         self.workload, self.size = workload, size
         self.answers = answers(self.tokenizer, workload)
         self.blob = tool_blob(self.tokenizer, workload)

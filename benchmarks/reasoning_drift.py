@@ -6,7 +6,7 @@ regex (the random model writes no think block on its own). Qwen3's template rend
 assistant turn only after the last user question: a text stack that re-renders the finished conversation drops
 the think block of every earlier answer, tokens the model generated and tito trains on. For each conversation:
 
-* the drift (:func:`tito_core.drift.compare_ids`): trained tokens changed or dropped, tokens added;
+* the drift (:func:`tito_core.analysis.drift.compare_ids`): trained tokens changed or dropped, tokens added;
 * what it does to the logprobs a trainer computes: one plain forward pass over tito's ids and one over the text
   stack's, compared on the trained tokens present in both (aligned): mean / max |delta| and the k3 estimate
   of KL(the context the model sampled in || the text stack's), by answer (earlier ones lose their reasoning).
@@ -60,7 +60,7 @@ def aligned_deltas(traj: Any, view: Any, tito_lps: Sequence[float | None], text_
     """Per answer: ``logp(text stack's context) - logp(tito's)`` for tokens tito trains on present on both sides.
 
     Whether the text stack's own mask keeps such a token is left aside (the earlier answers' render changes, so
-    a stack that diffs renders, as :func:`~tito_core.drift.text_stack_view` does, masks none of them; one that
+    a stack that diffs renders, as :func:`~tito_core.analysis.drift.text_stack_view` does, masks none of them; one that
     marks assistant text in the final render keeps their text): this is what its trainer computes for them.
     """
     matcher = difflib.SequenceMatcher(a=traj.token_ids, b=view.ids, autojunk=False)
@@ -94,8 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from tito_core.analysis.drift import compare_ids, text_stack_messages, text_stack_view
     from tito_core.config import load_config
-    from tito_core.drift import compare_ids, text_stack_messages, text_stack_view
     from tito_testing.tiny_model import build_tiny_qwen3
     from tito_transformers.scoring import token_logprobs
 

@@ -9,7 +9,7 @@ backend. Only what the trainer is given differs:
   policy's (``Turn.constrained``; docs/why-tito.md): there the trainer's own are used, as tito's docs advise.
 * **text**: the stack of the seed guide. Each rollout's conversation is rebuilt as messages (outputs decoded and
   parsed, tool results read back), re-rendered with the chat template and tokenized again
-  (:func:`tito_core.drift.text_stack_view`); the trainer recomputes the old logprobs on those ids.
+  (:func:`tito_core.analysis.drift.text_stack_view`); the trainer recomputes the old logprobs on those ids.
 
 The step is the same for both: one PPO-clip update (eps 0.2) per batch of ``tasks x group`` rollouts with
 group-normalised advantages, a token-level mean over every trained token. Per step each arm logs the mean
@@ -156,14 +156,14 @@ class Stack:
 
     def view(self, traj: Any) -> Any:
         """What the text stack trains on for ``traj``: its messages re-rendered and tokenized again."""
-        from tito_core.drift import text_stack_messages, text_stack_view
+        from tito_core.analysis.drift import text_stack_messages, text_stack_view
 
         messages = text_stack_messages(traj, self.renderer, self.parser, tools=self.tools, tool_specs=self.specs)
         return text_stack_view(messages, self.renderer, tools=self.tools)
 
     def compare(self, traj: Any, view: Any, drift: Drift) -> None:
         """Add ``traj`` against its ``view`` to ``drift``."""
-        from tito_core.drift import compare_ids
+        from tito_core.analysis.drift import compare_ids
 
         comparison = compare_ids(traj, view, self.renderer)
         drift.compared += 1

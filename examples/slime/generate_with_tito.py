@@ -13,7 +13,8 @@ from typing import Any
 from strands import Agent, tool
 from strands.agent.conversation_manager import NullConversationManager
 
-from tito_sglang.slime import backend_from_slime_args, run_agent
+from tito_core.trainers.slime import run_agent
+from tito_sglang.slime import backend_from_slime_args
 
 
 @tool

@@ -1,4 +1,4 @@
-"""The mismatch ledger (tito_core.audit) on hand-built records and a scorer whose answers are known.
+"""The mismatch ledger (tito_core.analysis.audit) on hand-built records and a scorer whose answers are known.
 
 The scorer here returns the recorded logprobs plus a chosen offset per token, so every statistic and every
 breakdown has an exact expected value. The real re-score (a transformers forward pass, an engine's score route)
@@ -18,7 +18,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from tito_core.audit import AuditReport, Ledger, audit, gap_stats
+from tito_core.analysis.audit import AuditReport, Ledger, audit, gap_stats
 from tito_core.cli import main
 from tito_core.media import Image, MediaSpan, PromptMedia
 from tito_core.records import RolloutRecord, open_writer, rollout_record
@@ -226,7 +226,7 @@ def offset_scorer(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """A model load (or an engine built from the config) fails the test: a bad input is refused before it."""
-    import tito_core.audit as audit_module
+    import tito_core.analysis.audit as audit_module
     from tito_core.config import TitoConfig
 
     def loaded(*args: object, **kwargs: object) -> None:

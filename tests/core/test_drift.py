@@ -1,4 +1,4 @@
-"""tito_core.drift: logprob gaps, and retokenization drift of constructed rollouts, classified.
+"""tito_core.analysis.drift: logprob gaps, and retokenization drift of constructed rollouts, classified.
 
 Each rollout is built the way tito records one (first prompt rendered by the template, outputs as exact ids,
 boundary and tool results from the incremental render), with outputs chosen to show one drift source each.
@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from tito_core.conversation import tool_specs_to_chat
-from tito_core.drift import (
+from tito_core.analysis.drift import (
     TextStackView,
     compare_ids,
     logprob_gap,
@@ -22,6 +21,7 @@ from tito_core.drift import (
     text_stack_messages,
     text_stack_view,
 )
+from tito_core.conversation import tool_specs_to_chat
 from tito_core.render.renderer import ChatRenderer
 from tito_core.tool_parsers.hermes import HermesToolParser
 from tito_core.trajectory import Trajectory, Turn, Usage

@@ -1,27 +1,21 @@
-"""Every message text tito classifies by, pinned: httpx's against the installed library over a real local socket,
-the engines' against their recorded answers (aiohttp's is in ``test_aiohttp_compat.py``).
+"""Every library message text tito classifies by, pinned: httpx's against the installed library over a real local
+socket (aiohttp's is in ``test_aiohttp_compat.py``; each engine's context-window texts are in its adapter's tests).
 
-A library or engine upgrade that changes one of them fails here instead of silently misclassifying (a lost
-connection taken for a malformed answer, a context-window overflow taken for a plain 400).
+A library upgrade that changes one of them fails here instead of silently misclassifying (a lost connection taken
+for a malformed answer).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tito_core.http import DEFAULT_CONTEXT_LENGTH_PATTERNS
-from tito_core.http.errors import CONTEXT_LENGTH_TEXTS, LIBRARY_TEXTS, from_httpx
+from tito_core.http.errors import LIBRARY_TEXTS, from_httpx
 from tito_core.http.transport import FramingError, MaybeSentError
-
-DATA = Path(__file__).parents[1]
 
 # -- httpx ---------------------------------------------------------------------------------------
 
@@ -102,48 +96,3 @@ async def test_an_httpx_malformed_answer_says_none_of_them(reply: bytes) -> None
     exc = await _httpx_error(reply)
     assert isinstance(exc, httpx.RemoteProtocolError)
     assert isinstance(from_httpx(exc, "http://x"), FramingError), str(exc)
-
-
-# -- the engines' context-window texts -----------------------------------------------------------
-
-
-def _recorded(path: str) -> str:
-    message: str = json.loads((DATA / path).read_text())["response"]["error"]["message"]
-    return message
-
-
-# Each engine's "prompt does not fit" answers: recorded from a real server where the repo has one, else the
-# wording the engine's source raises (the same as the fault server in tests/faults/server.py sends).
-ENGINE_BODIES = {
-    "vllm": [
-        _recorded("vllm/data/error_context_length.json"),  # vLLM 0.32, /inference/v1/generate, recorded
-        "This model's maximum context length is 4096 tokens. However, your request has 4100 input tokens. "
-        "Please reduce the length of the input messages.",
-        # vLLM 0.32 CPU server, /inference/v1/generate, a 4100-token prompt in a 4096-token window (its answer in
-        # the integration suite, which failed as a plain BackendError before this text was in the table)
-        "Input length (4100) exceeds model's maximum context length (4096).",
-    ],
-    "sglang": [
-        "The input (5000 tokens) is longer than the model's context length (4096 tokens).",
-        "Requested token count exceeds the model's maximum context length of 4096 tokens. You requested a total "
-        "of 4100 tokens: 4000 tokens from the input messages and 100 tokens for the completion. Please reduce the "
-        "number of tokens in the input messages or the completion to fit within the limit.",
-    ],
-}
-
-
-@pytest.mark.parametrize("engine", sorted(CONTEXT_LENGTH_TEXTS))
-def test_each_engine_text_matches_one_of_its_answers_and_every_answer_is_matched(engine: str) -> None:
-    patterns = [re.compile(p, re.IGNORECASE) for p in CONTEXT_LENGTH_TEXTS[engine]]
-    bodies = ENGINE_BODIES[engine]
-    for pattern in patterns:
-        assert any(pattern.search(body) for body in bodies), f"{pattern.pattern!r} matches no {engine} answer"
-    for body in bodies:
-        assert any(pattern.search(body) for pattern in patterns), f"no {engine} text matches {body!r}"
-        assert any(pattern.search(json.dumps({"error": {"message": body}})) for pattern in patterns)
-
-
-def test_the_default_patterns_are_the_engine_texts_and_miss_other_400s() -> None:
-    assert set(DEFAULT_CONTEXT_LENGTH_PATTERNS) == {p for ps in CONTEXT_LENGTH_TEXTS.values() for p in ps}
-    other = _recorded("vllm/data/error_bad_request.json")  # vLLM 0.32's "You must pass at least one prompt"
-    assert not any(re.search(p, other, re.IGNORECASE) for p in DEFAULT_CONTEXT_LENGTH_PATTERNS)

@@ -6,8 +6,7 @@ import msgspec
 import pytest
 
 from tito_core import Trajectory
-from tito_core.export import to_slime, to_trl, to_verl, training_branches
-from tito_core.trainers.agentlightning import model_request_events
+from tito_core.export import model_request_events, to_slime, to_trl, to_verl, training_branches
 from tito_core.trajectory import Turn, Usage
 from tito_core.versions import VersionSpan
 
@@ -219,7 +218,7 @@ def test_a_branch_that_generated_nothing_gives_no_sample_unless_it_is_the_last()
 
 
 def test_agent_lightning_events_of_a_branch_are_its_own_calls():
-    from tito_core.trainers.agentlightning import model_request_events
+    from tito_core.export import model_request_events
 
     b0 = Trajectory("r")
     b0.append("prompt", [1, 2], turn=0)

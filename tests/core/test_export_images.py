@@ -15,12 +15,11 @@ pytest.importorskip("PIL")
 from PIL import Image as PILImage
 
 from tito_core import Trajectory
-from tito_core.export import to_slime, to_trl, to_verl
-from tito_core.export_images import data_url, image_values
+from tito_core.export import model_request_events, to_slime, to_trl, to_verl
+from tito_core.export.media import data_url, image_values
 from tito_core.media import Image, MediaSpan, PromptMedia
 from tito_core.records.schema import RolloutRecord, Timings, TokenCounts
 from tito_core.runner.samples import training_rows
-from tito_core.trainers.agentlightning import model_request_events
 from tito_core.trajectory import Turn, Usage
 
 PAD, VSTART, VEND = 151655, 151652, 151653

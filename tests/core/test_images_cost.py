@@ -18,7 +18,7 @@ from PIL import Image as PILImage
 import tito_core.media.image as media
 from tito_core.media import Image, ImageError
 from tito_core.media.families import QwenVLFamily
-from tito_core.media.processor import VisionProcessor
+from tito_core.model_setup import vision_processor
 from tito_testing.tokenizers import load_qwen_tokenizer
 from tito_testing.vision import TINY_VISION, tiny_image_processor
 
@@ -67,13 +67,13 @@ def test_a_processor_that_does_not_resize_runs_on_the_pixels(tok):
 
 
 def test_an_aspect_ratio_the_processor_refuses_is_an_image_error(tok):
-    vision = VisionProcessor(tiny_image_processor(), tok)
+    vision = vision_processor(tiny_image_processor(), tok)
     with pytest.raises(ImageError, match="aspect ratio"):
         vision.measure(Image(png(402, 2)))
 
 
 def test_measuring_never_decodes_the_image(tok, monkeypatch):
-    vision = VisionProcessor(tiny_image_processor(), tok)
+    vision = vision_processor(tiny_image_processor(), tok)
     image = Image(png(448, 448, seed=1))
     monkeypatch.setattr(Image, "to_pil", lambda self: pytest.fail("the image was decoded to be measured"))
     assert vision.measure(image) == ((1, 32, 32), 256)

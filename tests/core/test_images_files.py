@@ -13,7 +13,7 @@ from tito_core.media import Image, MediaSpan, PromptMedia
 from tito_core.records import open_writer, read_records
 from tito_core.records.schema import RolloutRecord, Timings, TokenCounts
 from tito_core.trajectory import Trajectory
-from tito_core.trajectory.images import images_dir
+from tito_core.trajectory.media import images_dir
 
 
 def png(seed: int) -> bytes:

@@ -22,7 +22,7 @@ from tito_core.backend import GenerateResult
 from tito_core.conversation import Conversation
 from tito_core.errors import BackendResponseError, ContextWindowFullError
 from tito_core.media import Image, ImageError, image_part
-from tito_core.media.processor import VisionProcessor
+from tito_core.model_setup import vision_processor
 from tito_core.plugins import get_tool_parser
 from tito_core.render.renderer import ChatRenderer
 from tito_core.rollout_core import CallOptions, Rollout
@@ -47,7 +47,7 @@ def vl():
     tok = load_qwen_tokenizer("qwen3")
     template = vl_chat_template()
     renderer = ChatRenderer(tok, chat_template=template, template_kwargs=NO_THINK)
-    vision = VisionProcessor(tiny_image_processor(), tok)
+    vision = vision_processor(tiny_image_processor(), tok)
     return tok, renderer, vision, hf_processor(tok, template)
 
 
@@ -219,7 +219,7 @@ def test_a_text_only_template_is_an_image_error(vl):
 def test_more_images_than_max_images(vl):
     tok, renderer, _, _ = vl
     backend = ScriptedBackend(tok, ["ok"])
-    vision = VisionProcessor(tiny_image_processor(), tok, max_images=2)
+    vision = vision_processor(tiny_image_processor(), tok, max_images=2)
     run = Rollout(backend, renderer, get_tool_parser("qwen_xml"), vision=vision)
     images = [Image(png(40, 40, i)) for i in range(3)]
     with pytest.raises(ImageError, match="max_images=2"):
@@ -267,7 +267,7 @@ def test_answers_that_sample_a_placeholder_or_expand_differently_are_rejected(vl
 # ---------------------------------------------------------------------------------------------- configuration
 def test_a_tokenizer_directory_with_a_preprocessor_config_gives_the_model_vision(vl, tmp_path):
     from tito_core.config import TitoConfig
-    from tito_core.media.processor import load_image_processor, vision_processor
+    from tito_core.media.processor import load_image_processor
     from tito_core.strands_front.model import TitoModel
 
     tok = vl[0]
@@ -287,7 +287,7 @@ def test_a_tokenizer_directory_with_a_preprocessor_config_gives_the_model_vision
 def test_a_processor_of_another_family_is_a_named_error_not_a_guess(vl):
     from tito_core.errors import ConfigError
     from tito_core.media.families import QwenVLFamily
-    from tito_core.media.processor import family_of
+    from tito_core.model_setup import family_of
 
     tok = vl[0]
 

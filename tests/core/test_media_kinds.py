@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
+import msgspec
 import pytest
 
 pytest.importorskip("PIL")
@@ -21,12 +22,24 @@ from PIL import Image as PILImage
 
 from tito_core.conversation import Conversation
 from tito_core.errors import ConfigError
-from tito_core.media import Image, MediaError, MediaItem, Video, VideoError, image_part, media_part, video_part
-from tito_core.media.processor import chat_media, family_of, refusal, vision_processor
+from tito_core.media import (
+    Image,
+    MediaError,
+    MediaItem,
+    MediaSpan,
+    Video,
+    VideoError,
+    image_part,
+    media_part,
+    video_part,
+)
+from tito_core.media.processor import VisionProcessor, refusal
+from tito_core.model_setup import family_of, vision_processor
 from tito_core.plugins import InputKindSpec, VisionFamilySpec, get_tool_parser, hookimpl, temporary_plugin
 from tito_core.records import open_writer, read_records
 from tito_core.render.renderer import ChatRenderer
 from tito_core.rollout_core import CallOptions, Rollout
+from tito_core.rollout_core.prompt import chat_media
 from tito_core.trajectory import Trajectory, TrajectoryRecord
 from tito_testing.scripted import ScriptedBackend
 from tito_testing.tokenizers import load_qwen_tokenizer
@@ -103,7 +116,8 @@ def test_vision_processors_are_shared_per_tokenizer_without_keeping_it_alive(mod
 
     from transformers import AutoTokenizer
 
-    from tito_core.media import processor as processor_module
+    from tito_core import model_setup as setup_module
+    from tito_core.media.processor import directory_key
     from tito_testing.tokenizers import qwen_tokenizer_dir
 
     first = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir("qwen3")))
@@ -111,8 +125,8 @@ def test_vision_processors_are_shared_per_tokenizer_without_keeping_it_alive(mod
     assert shared is not None and vision_processor(model_dir, first) is shared
     # an entry whose tokenizer is another object (as after a dead tokenizer's id is reused) is not handed out
     second = AutoTokenizer.from_pretrained(str(qwen_tokenizer_dir("qwen3")))
-    key = (id(shared.image_processor), id(second), shared.max_images, processor_module._directory_key(model_dir))
-    processor_module._shared[key] = (shared, weakref.ref(first))
+    key = (id(shared.image_processor), id(second), shared.max_images, directory_key(model_dir))
+    setup_module._shared[key] = (shared, weakref.ref(first))
     fresh = vision_processor(model_dir, second)
     assert fresh is not None and fresh is not shared and vision_processor(model_dir, second) is fresh
     # the cache holds tokenizers weakly: a dropped tokenizer is collected and its entry goes with it
@@ -120,7 +134,7 @@ def test_vision_processors_are_shared_per_tokenizer_without_keeping_it_alive(mod
     del first, shared
     gc.collect()
     assert gone() is None
-    assert not any(ref() is None for _, ref in processor_module._shared.values())
+    assert not any(ref() is None for _, ref in setup_module._shared.values())
 
 
 def test_a_directory_without_a_video_processor_config_is_a_named_video_error(tmp_path: Path) -> None:
@@ -210,7 +224,7 @@ def test_a_record_written_with_images_reads_into_media() -> None:
 
 
 class Audio(MediaItem):
-    """A third-party kind: one opaque clip, stored as one picture (only for this test)."""
+    """A third-party kind with no pixels: a MIME type, no size (its bytes ride in one picture, for this test only)."""
 
     __slots__ = ("_image",)
     kind: ClassVar[str] = "audio"
@@ -219,14 +233,13 @@ class Audio(MediaItem):
         self._image = image
 
     sha256 = property(lambda self: "audio-" + self._image.sha256)
-    format = property(lambda self: "wav")
-    size = property(lambda self: (0, 0))
+    mime_type = property(lambda self: "audio/wav")
 
     def pictures(self) -> tuple[Image, ...]:
         return (self._image,)
 
     def span_fields(self) -> dict[str, Any]:
-        return {}
+        return {"format": "wav"}
 
     @classmethod
     def from_span(cls, span: Any, pictures: Any) -> Audio:
@@ -241,6 +254,29 @@ class AudioPlugin:
     @hookimpl
     def tito_vision_families(self) -> Any:
         yield VisionFamilySpec("fake", lambda processor, tokenizer, directory: ("fake", directory), ("FakeProc",))
+
+
+class Listening:
+    """A family that takes audio: one placeholder per clip, expanded to three tokens (no grid)."""
+
+    placeholder_ids: ClassVar[dict[str, int]] = {"audio": 7}
+    never_sample = (7,)
+
+    def measure(self, item: MediaItem) -> tuple[tuple[int, ...] | None, int]:
+        return None, 3
+
+
+def test_an_audio_kind_fits_the_axis_without_a_size() -> None:
+    """The contract assumes no picture: an item with a MIME type and no size is expanded and spanned like any."""
+    clip = Audio(Image(png(8, 8)))
+    vision = VisionProcessor(object(), Listening())
+    ids, (media,) = vision.expand([1, 7, 2], [clip], start=10)
+    assert ids == [1, 7, 7, 7, 2] and media.item is clip and clip.mime_type == "audio/wav"
+    span = media.span
+    assert (span.kind, span.start, span.length, span.format, span.grid_thw) == ("audio", 11, 3, "wav", None)
+    assert span.size is None and b'"size"' not in msgspec.json.encode(span)  # no pixels: no size, none written
+    assert msgspec.json.decode(msgspec.json.encode(span), type=MediaSpan) == span
+    assert Image(png(8, 8)).mime_type == "image/png" and Video([png(8, 8)]).mime_type == "video/x-frames"
 
 
 class FakeProcessor:

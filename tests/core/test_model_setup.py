@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from tito_core.config import TitoConfig
+from tito_core.config import TitoConfig, load_config
 from tito_core.errors import ConfigError
 from tito_core.gateway import Gateway
-from tito_core.model_setup import ModelSetup
+from tito_core.model_setup import ModelSettings, ModelSetup
 from tito_core.strands_front.model import TitoModel
 from tito_core.tool_parsers.hermes import HermesToolParser
 from tito_core.tool_parsers.qwen_xml import QwenXMLToolParser
@@ -94,9 +94,28 @@ def test_setup_errors_name_the_problem(qwen3_tokenizer: Any) -> None:
         ModelSetup.build(qwen3_tokenizer, tool_parser=HermesToolParser(), tool_parser_options={"strict": True})
     with pytest.raises(ConfigError, match=r"unknown tool parser.*hermse"):
         qwen3_config(tool_parser="hermse").model_setup(qwen3_tokenizer)
-    with pytest.raises(ConfigError, match="context_window_limit must be a positive integer"):
+    with pytest.raises(ConfigError, match="`context_window_limit` must be a positive integer"):
         ModelSetup.build(qwen3_tokenizer, context_window_limit=0)
     with pytest.raises(ConfigError, match="on_prefix_mismatch must be"):
-        ModelSetup.build(qwen3_tokenizer, on_prefix_mismatch="ignore")  # type: ignore[arg-type]
+        ModelSetup.build(qwen3_tokenizer, on_prefix_mismatch="ignore")
     with pytest.raises(ConfigError, match="`tokenizer` is not set"):
         TitoConfig(backend="scripted").model_setup()
+
+
+async def test_the_settings_are_declared_once(qwen3_tokenizer: Any) -> None:
+    """ModelSettings names every setting: each is a config key and a TitoModel option, and reaches every front.
+
+    ``return_logprobs`` and ``on_prefix_mismatch`` were TitoModel's options only: a config could not hold them.
+    """
+    assert set(ModelSettings.__struct_fields__) <= set(TitoConfig.__struct_fields__)
+    config = qwen3_config(return_logprobs=False, on_prefix_mismatch="error", max_images=5)
+    for setup in await three_setups(config, qwen3_tokenizer):
+        assert not setup.options.return_logprobs and setup.on_prefix_mismatch == "error"
+    model = TitoModel(ScriptedBackend(qwen3_tokenizer, []), qwen3_tokenizer, settings=config, tool_parser="qwen_xml")
+    assert isinstance(model.tool_parser, QwenXMLToolParser) and model.setup.on_prefix_mismatch == "error"
+    with pytest.raises(ConfigError, match=r"unknown model setting `tool_parsr`; did you mean `tool_parser`"):
+        TitoModel(ScriptedBackend(qwen3_tokenizer, []), qwen3_tokenizer, tool_parsr="hermes")
+    with pytest.raises(ConfigError, match="render_mode must be 'auto', 'incremental' or 'full', not 'partial'"):
+        ModelSetup.build(qwen3_tokenizer, render_mode="partial")
+    with pytest.raises(ConfigError, match="`tool_parser` must name a tool parser plugin, got 5"):
+        load_config({"backend": "scripted", "tool_parser": 5})

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from tito_core import check_prefix_preservation
-from tito_core.prefix_check import _SAMPLE, _SAMPLE_TOOL, main
+from tito_core.analysis.prefix_check import _SAMPLE, _SAMPLE_TOOL, main
 from tito_testing.tokenizers import chat_template, qwen_tokenizer_dir
 
 
@@ -38,7 +38,7 @@ def test_report_instead_of_traceback_on_any_tokenizer() -> None:
     """A tokenizer that cannot render (no template, a broken object) gives a report, not an exception."""
     from types import SimpleNamespace
 
-    from tito_core.prefix_check import _SAMPLE, check_prefix_preservation
+    from tito_core.analysis.prefix_check import _SAMPLE, check_prefix_preservation
 
     report = check_prefix_preservation(SimpleNamespace(chat_template=None), _SAMPLE)
     assert not report.ok and "no chat template" in report.reason
@@ -57,7 +57,7 @@ def test_report_on_mistral_common_backend() -> None:
         pytest.skip("needs mistral-common and a transformers with MistralCommonBackend")
     import mistral_common
 
-    from tito_core.prefix_check import _SAMPLE, _SAMPLE_TOOL, check_prefix_preservation
+    from tito_core.analysis.prefix_check import _SAMPLE, _SAMPLE_TOOL, check_prefix_preservation
 
     path = Path(mistral_common.__file__).parent / "data" / "tekken_240911.json"
     tokenizer = transformers.MistralCommonBackend(tokenizer_path=str(path))

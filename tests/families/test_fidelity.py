@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from strands.types.content import Messages
 from strands.types.tools import ToolSpec
 
+from tito_core.analysis.prefix_check import PrefixReport, check_prefix_preservation
 from tito_core.conversation import tool_specs_to_chat
 from tito_core.errors import TemplateError
 from tito_core.plugins import get_tool_parser
-from tito_core.prefix_check import PrefixReport, check_prefix_preservation
 from tito_core.render import shared_renderer
 from tito_core.render.renderer import ChatRenderer, first_difference
 from tito_core.strands_front.messages import to_chat_messages

@@ -131,7 +131,7 @@ class ShiftScorer:
 
 def write_audit(rollouts: Path, out: Path, shift: Callable[[str, int], float]) -> Path:
     """Audit ``rollouts`` with a :class:`ShiftScorer` and write the report as ``tito audit --json --per-token`` does."""
-    from tito_core.audit import audit
+    from tito_core.analysis.audit import audit
     from tito_core.records import read_records
 
     records = list(read_records(rollouts))

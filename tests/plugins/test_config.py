@@ -13,6 +13,7 @@ import pytest
 from tito_core.backend import SamplingParams
 from tito_core.config import TitoConfig, load_config
 from tito_core.errors import ConfigError
+from tito_core.model_setup import ModelSettings
 from tito_core.plugins import ToolParserSpec, hookimpl, temporary_plugin
 from tito_core.tool_parsers.base import ParsedOutput
 
@@ -159,7 +160,7 @@ def test_config_and_model_share_one_sampling_schema() -> None:
 
 
 def test_invalid_values() -> None:
-    with pytest.raises(ConfigError, match="`context_window_limit` must be positive"):
+    with pytest.raises(ConfigError, match="`context_window_limit` must be a positive integer"):
         load_config({"backend": "vllm", "context_window_limit": 0})
     with pytest.raises(ConfigError, match="`backend` must name a backend"):
         load_config({"backend": " "})
@@ -288,22 +289,23 @@ def test_create_model_passes_every_setting(fake_model_module: list[Any], tiny_to
     [(args, kwargs)] = fake_model_module
     assert type(args[0]).__name__ == "EchoBackend"
     assert args[1] is load_tokenizer(tiny_tokenizer_dir)  # loaded through the process-wide cache
-    assert kwargs == {
-        "tool_parser": "cfgtest",  # the model's setup (ModelSetup) looks it up, with its options
-        "tool_parser_options": {"flag": True},
-        "sampling": SamplingParams(temperature=0.6),
-        "chat_template": "T",
-        "chat_template_kwargs": {"enable_thinking": True},
-        "context_window_limit": 4096,
-        "return_prompt_logprobs": True,
-        "return_routed_experts": False,
-        "render_mode": "full",
-        "escape_special_text": True,
-        "tool_choice": "any",
-        "rollout_id": None,
-        "processor": "/models/vl",
-        "max_images": 3,
-    }
+    settings = kwargs.pop("settings")  # the model's setup (ModelSetup) looks the parser up, with its options
+    assert kwargs == {"rollout_id": None}
+    assert type(settings) is ModelSettings  # the settings alone, not the config they came from
+    assert settings == ModelSettings(
+        tool_parser="cfgtest",
+        tool_parser_options={"flag": True},
+        sampling={"temperature": 0.6},
+        chat_template="T",
+        chat_template_kwargs={"enable_thinking": True},
+        context_window_limit=4096,
+        return_prompt_logprobs=True,
+        render_mode="full",
+        escape_special_text=True,
+        tool_choice="any",
+        processor="/models/vl",
+        max_images=3,
+    )
 
 
 def test_create_model_with_a_shared_backend_and_loaded_tokenizer(fake_model_module: list[Any]) -> None:

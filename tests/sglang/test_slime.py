@@ -7,7 +7,8 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
-from tito_sglang.slime import backend_from_slime_args, sampling_from_slime
+from tito_core.trainers.slime import sampling_from_slime
+from tito_sglang.slime import backend_from_slime_args
 from tito_testing.scripted import ScriptedBackend
 
 from ..slime_stand_in import Sample, check_like_slime, load_slime_example

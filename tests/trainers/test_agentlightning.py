@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from tito_core.errors import ConfigError
-from tito_core.export import to_verl
-from tito_core.trainers.agentlightning import model_request_events, post_rollout
+from tito_core.export import model_request_events, to_verl
+from tito_core.trainers.agentlightning import post_rollout
 
 from . import agl_agent
 from .helpers import solve

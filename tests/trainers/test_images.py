@@ -18,14 +18,20 @@ torch = pytest.importorskip("torch")
 from PIL import Image as PILImage  # noqa: E402
 
 from tito_core.conversation import Conversation  # noqa: E402
-from tito_core.export import to_slime, to_trl, to_verl, training_branches, verl_multi_modal_inputs  # noqa: E402
-from tito_core.export_images import pixel_inputs  # noqa: E402
+from tito_core.export import (  # noqa: E402
+    model_request_events,
+    to_slime,
+    to_trl,
+    to_verl,
+    training_branches,
+    verl_multi_modal_inputs,
+)
+from tito_core.export.media import pixel_inputs  # noqa: E402
 from tito_core.media import Image, ImageError, image_part  # noqa: E402
-from tito_core.media.processor import VisionProcessor  # noqa: E402
+from tito_core.model_setup import vision_processor  # noqa: E402
 from tito_core.plugins import get_tool_parser  # noqa: E402
 from tito_core.render.renderer import ChatRenderer  # noqa: E402
 from tito_core.rollout_core import CallOptions, Rollout  # noqa: E402
-from tito_core.trainers.agentlightning import model_request_events  # noqa: E402
 from tito_testing.scripted import ScriptedBackend  # noqa: E402
 from tito_testing.vision import TINY_VISION, hf_processor, tiny_image_processor, vl_chat_template  # noqa: E402
 
@@ -60,7 +66,7 @@ def rollout(vl):
         ScriptedBackend(tok, [CALL, "Two shapes."]),
         renderer,
         get_tool_parser("qwen_xml"),
-        vision=VisionProcessor(tiny_image_processor(), tok),
+        vision=vision_processor(tiny_image_processor(), tok),
     )
     pictures = [Image(png(w, h, i)) for i, (w, h) in enumerate(SIZES)]
     messages: list[dict] = [{"role": "user", "content": [image_part(pictures[0]), {"type": "text", "text": "look"}]}]
@@ -204,8 +210,9 @@ def test_slime_sample_multimodal_inputs_and_train_inputs(rollout):
 
 def test_slimes_generate_hook_fills_both_with_the_models_processor(vl):
     """``run_agent`` renders with the processor it is given and exports pixel inputs with the same one."""
-    slime_hook = pytest.importorskip("tito_sglang.slime", reason="tito-sglang is not installed")
     from strands import Agent
+
+    from tito_core.trainers import slime as slime_hook
 
     tok, _ = vl
     picture = Image(png(90, 120, 7))

@@ -139,7 +139,7 @@ def test_the_vision_scorer_is_a_plain_forward_pass_with_the_picture(look_records
     """Its pixel inputs and 3-D positions (the embedded backend's) give what transformers computes on its own."""
     import asyncio
 
-    from tito_core.audit import TransformersScorer
+    from tito_core.analysis.audit import TransformersScorer
     from tito_core.records import read_records
     from tito_core.trajectory import Trajectory
 

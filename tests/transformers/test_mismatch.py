@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from tito_core.analysis.drift import logprob_gap
 from tito_core.backend import GenerateRequest, SamplingParams
-from tito_core.drift import logprob_gap
 
 pytest.importorskip("xgrammar")
 

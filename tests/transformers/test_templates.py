@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tito_core import check_prefix_preservation
-from tito_core.prefix_check import _SAMPLE, _SAMPLE_TOOL
+from tito_core.analysis.prefix_check import _SAMPLE, _SAMPLE_TOOL
 from tito_core.tool_parsers.hermes import HermesToolParser
 from tito_transformers.templates import smollm2_tools, template_text
 

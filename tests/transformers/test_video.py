@@ -27,7 +27,8 @@ from tito_core.backend import SamplingParams
 from tito_core.conversation import Conversation
 from tito_core.export import to_slime, to_trl, to_verl
 from tito_core.media import Image, MediaError, Video, VideoError, image_part, video_part
-from tito_core.media.processor import load_video_processor, vision_processor
+from tito_core.media.processor import load_video_processor
+from tito_core.model_setup import vision_processor
 from tito_core.plugins import get_tool_parser
 from tito_core.render.renderer import ChatRenderer
 from tito_core.rollout_core import CallOptions, Rollout

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tito_core.drift import logprob_gap
+from tito_core.analysis.drift import logprob_gap
 
 pytest.importorskip("strands")
 

@@ -33,8 +33,8 @@ _EXPORTS = {
     "ToolParserSpec": "tito_core.plugins",
     "load_config": "tito_core.config",
     "TitoConfig": "tito_core.config",
-    "check_prefix_preservation": "tito_core.prefix_check",
-    "PrefixReport": "tito_core.prefix_check",
+    "check_prefix_preservation": "tito_core.analysis.prefix_check",
+    "PrefixReport": "tito_core.analysis.prefix_check",
     "TitoError": "tito_core.errors",
     "sampling_params": "tito_core.backend",
     "load_tokenizer": "tito_core.tokenizers",
@@ -85,6 +85,7 @@ __all__ = [
 if TYPE_CHECKING:
     from typing import Any
 
+    from .analysis.prefix_check import PrefixReport, check_prefix_preservation
     from .backend import Backend, GenerateRequest, GenerateResult, SamplingParams, sampling_params
     from .config import TitoConfig, load_config
     from .errors import TitoError
@@ -97,7 +98,6 @@ if TYPE_CHECKING:
         list_backends,
         list_tool_parsers,
     )
-    from .prefix_check import PrefixReport, check_prefix_preservation
     from .runner import RolloutRecord, arollout, rollout
     from .strands_front.model import TitoModel
     from .tokenizers import aload_tokenizer, load_tokenizer

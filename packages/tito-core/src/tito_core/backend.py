@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 import msgspec
 
 from tito_core._suggest import did_you_mean
-from tito_core.errors import ConfigError
+from tito_core.errors import ConfigError, at_key
 from tito_core.media import PromptMedia
 from tito_core.versions import VersionSpan
 
@@ -127,16 +127,7 @@ def sampling_params(value: SamplingParams | Mapping[str, Any] | None = None, /) 
     except msgspec.ValidationError as exc:
         if isinstance(exc.__cause__, ConfigError):  # raised by __post_init__: already one clear message
             raise ConfigError(str(exc.__cause__)) from exc.__cause__
-        raise ConfigError(f"invalid `sampling`: {_at(exc)}") from exc
-
-
-def _at(exc: msgspec.ValidationError) -> str:
-    """Rewrite msgspec's ``... - at `$.top_k``` suffix as ``... (at `sampling.top_k`)``."""
-    head, sep, where = str(exc).rpartition(" - at `$")
-    if not sep:
-        return str(exc)
-    key = where.rstrip("`").lstrip(".")
-    return f"{head} (at `sampling.{key}`)" if key else head
+        raise ConfigError(f"invalid `sampling`: {at_key(exc, 'sampling')}") from exc
 
 
 def _bad(field: str, requirement: str, value: object) -> ConfigError:
@@ -358,10 +349,17 @@ class Backend(abc.ABC):
     supports_score: ClassVar[bool] = False
     """True for backends that implement :meth:`score`: what a weight probe
     (``weight_update(..., probe=...)``, :class:`tito_core.weights.WeightProbe`) needs."""
-    input_kinds: ClassVar[frozenset[str]] = frozenset()
-    """The input kinds (``image``, ``video``, ...) whose :attr:`GenerateRequest.media` this backend sends to its
-    engine (docs/multimodal.md). A prompt holding another kind is a :class:`~tito_core.media.MediaError` before any
-    request."""
+
+    @property
+    def input_kinds(self) -> frozenset[str]:
+        """The input kinds (``image``, ``video``, ...) this backend sends to its engine; none by default.
+
+        The kinds of :attr:`GenerateRequest.media` it takes (docs/multimodal.md): a prompt holding another kind is a
+        :class:`~tito_core.media.MediaError` before any request. A backend declares its kinds as a class attribute
+        (``input_kinds = frozenset({"image"})``), or overrides this property where they depend on the instance (the
+        model it loaded).
+        """
+        return frozenset()
 
     async def score(self, token_ids: Sequence[int]) -> list[float | None]:
         """The engine's logprob of each of ``token_ids[1:]`` given the tokens before it, under the weights now.

@@ -30,11 +30,9 @@ import msgspec
 
 from tito_core._suggest import did_you_mean
 from tito_core.backend import Backend, SamplingParams, sampling_params
-from tito_core.errors import ConfigError
-from tito_core.grammar import tool_choice_option
-from tito_core.model_setup import ModelSetup
+from tito_core.errors import ConfigError, at_key
+from tito_core.model_setup import ModelSettings, ModelSetup
 from tito_core.plugins import get_backend
-from tito_core.rollout_core import RenderMode
 from tito_core.rollout_settings import AgentSettings, RolloutSettings
 from tito_core.tokenizers import load_tokenizer
 
@@ -44,31 +42,18 @@ if TYPE_CHECKING:
 __all__ = ["AgentSettings", "RolloutSettings", "TitoConfig", "load_config", "with_overrides"]
 
 
-class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class TitoConfig(ModelSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything needed to build a :class:`~tito_core.strands_front.model.TitoModel` from names and plain values.
+
+    A config is the model's :class:`~tito_core.model_setup.ModelSettings` (every setting at the top level:
+    ``tool_parser``, ``sampling``, ``chat_template``, ``processor``, ...; documented there, in their plain form:
+    a parser by name, sampling as a table, a processor directory) and the attributes below.
 
     Attributes:
         backend: Name of the backend plugin (``"vllm"``, ``"sglang"``, ``"scripted"``, a third party's).
         backend_options: Keyword arguments for the backend's factory (``base_url``, timeouts, ...).
         tokenizer: A tokenizer directory or a Hugging Face hub name, loaded with
             :func:`tito_core.tokenizers.load_tokenizer` (local files first, once per process).
-        tool_parser: Name of the tool-parser plugin.
-        tool_parser_options: Keyword arguments for the tool parser's factory.
-        sampling: Default sampling parameters: keys of :class:`~tito_core.backend.SamplingParams`.
-        chat_template: A Jinja chat template replacing the tokenizer's own.
-        chat_template_kwargs: Extra variables for the chat template (e.g. ``enable_thinking``).
-        context_window_limit: Context window in tokens; None asks the backend.
-        return_prompt_logprobs: Ask the engine for logprobs of prompt tokens.
-        return_routed_experts: Ask the engine for MoE routing decisions (routing replay).
-        render_mode: How later prompts are rendered: ``auto``, ``incremental`` or ``full``
-            (:data:`tito_core.rollout_core.RenderMode`).
-        escape_special_text: Encode message content as plain text, so control-token text in a tool result
-            stays text (``TitoModel(escape_special_text=...)``).
-        processor: The image processor directory of a vision model (``TitoModel(processor=...)``); unset takes
-            the tokenizer's directory when it holds a ``preprocessor_config.json``; ``false`` turns vision off.
-        max_images: The most images one prompt may hold (``TitoModel(max_images=...)``).
-        tool_choice: Strands' ``tool_choice`` for calls whose agent passes none: ``"auto"`` (default),
-            ``"any"`` / ``"required"``, or ``{ tool = { name = "NAME" } }`` (docs/tool-choice.md).
         rollout: Settings of the rollout runner (:class:`RolloutSettings`).
 
     """
@@ -76,33 +61,21 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     backend: str
     backend_options: dict[str, Any] = msgspec.field(default_factory=dict)
     tokenizer: str | None = None
-    tool_parser: str = "hermes"
-    tool_parser_options: dict[str, Any] = msgspec.field(default_factory=dict)
-    sampling: dict[str, Any] = msgspec.field(default_factory=dict)
-    chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
-    context_window_limit: int | None = None
-    return_prompt_logprobs: bool = False
-    return_routed_experts: bool = False
-    render_mode: RenderMode = "auto"
-    escape_special_text: bool = False
-    tool_choice: str | dict[str, Any] | None = None
-    processor: str | bool | None = None
-    max_images: int = 64
     rollout: RolloutSettings = msgspec.field(default_factory=RolloutSettings)
 
     def __post_init__(self) -> None:
         if not self.backend.strip():
             raise ConfigError("`backend` must name a backend plugin, got an empty string")
-        if not self.tool_parser.strip():
-            raise ConfigError("`tool_parser` must name a tool parser plugin, got an empty string")
-        if self.context_window_limit is not None and self.context_window_limit <= 0:
-            raise ConfigError(f"`context_window_limit` must be positive, got {self.context_window_limit}")
-        self.sampling_params()  # check keys, types and ranges now rather than at the first model call
-        tool_choice_option(self.tool_choice)
+        if not isinstance(self.tool_parser, str):  # a config holds plain values: a parser by its name
+            raise ConfigError(f"`tool_parser` must name a tool parser plugin, got {self.tool_parser!r}")
+        if not isinstance(self.processor, str | bool | None):
+            raise ConfigError(f"`processor` must be a directory, true or false, got {self.processor!r}")
+        if not isinstance(self.sampling, dict):
+            raise ConfigError(f"`sampling` must be a table of sampling parameters, got {self.sampling!r}")
+        super().__post_init__()
 
     def sampling_params(self) -> SamplingParams:
-        """Return :attr:`sampling` as :class:`~tito_core.backend.SamplingParams`.
+        """Return the config's ``sampling`` as :class:`~tito_core.backend.SamplingParams`.
 
         The same schema as ``TitoModel(..., sampling=...)``: :func:`tito_core.backend.sampling_params`.
         """
@@ -117,45 +90,38 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             )
         return get_backend(self.backend, **self.backend_options)
 
-    def setup_options(self, tokenizer: Any = None) -> dict[str, Any]:
-        """The :meth:`~tito_core.model_setup.ModelSetup.build` arguments of this config (and ``TitoModel``'s).
+    def settings(self) -> ModelSettings:
+        """The model's settings of this config (its :class:`~tito_core.model_setup.ModelSettings` fields)."""
+        return ModelSettings(**{name: getattr(self, name) for name in ModelSettings.__struct_fields__})
 
-        ``tokenizer`` is a loaded one to use instead of :attr:`tokenizer` (the path, which ``build`` loads).
+    def tokenizer_or(self, tokenizer: Any = None) -> Any:
+        """``tokenizer`` when given (a loaded one), else :attr:`tokenizer` (a path or name).
+
+        Raises:
+            ConfigError: Neither is set.
+        """
+        if tokenizer is not None:
+            return tokenizer
+        if self.tokenizer is None:
+            raise ConfigError("`tokenizer` is not set: give its path or name in the config, or pass one")
+        return self.tokenizer
+
+    def setup_options(self, tokenizer: Any = None) -> dict[str, Any]:
+        """:meth:`tokenizer_or` as ``tokenizer``, and :meth:`settings` as keyword arguments.
 
         Raises:
             ConfigError: Neither ``tokenizer`` nor :attr:`tokenizer` is set.
         """
-        if tokenizer is None:
-            tokenizer = self.tokenizer
-            if tokenizer is None:
-                raise ConfigError("`tokenizer` is not set: give its path or name in the config, or pass one")
-        return {
-            "tokenizer": tokenizer,
-            "tool_parser": self.tool_parser,
-            "tool_parser_options": dict(self.tool_parser_options),
-            "chat_template": self.chat_template,
-            "chat_template_kwargs": dict(self.chat_template_kwargs),
-            "escape_special_text": self.escape_special_text,
-            "processor": self.processor,
-            "max_images": self.max_images,
-            "sampling": self.sampling_params(),
-            "context_window_limit": self.context_window_limit,
-            "return_prompt_logprobs": self.return_prompt_logprobs,
-            "return_routed_experts": self.return_routed_experts,
-            "tool_choice": self.tool_choice,
-            "render_mode": self.render_mode,
-        }
+        return {"tokenizer": self.tokenizer_or(tokenizer), **msgspec.structs.asdict(self.settings())}
 
     def model_setup(self, tokenizer: Any = None, *, processor: Any = None) -> ModelSetup:
         """The :class:`~tito_core.model_setup.ModelSetup` of this config, as every front builds it.
 
         ``tokenizer`` is a loaded one to use instead of :attr:`tokenizer`; ``processor`` (a directory, a Hugging
-        Face image processor, ``False``) overrides :attr:`processor`.
+        Face image processor, ``False``) overrides the config's ``processor``.
         """
-        options = self.setup_options(tokenizer)
-        if processor is not None:
-            options["processor"] = processor
-        return ModelSetup.build(options.pop("tokenizer"), **options)
+        changed = {"processor": processor} if processor is not None else {}
+        return ModelSetup.build(self.tokenizer_or(tokenizer), self.settings(), **changed)
 
     def create_model(
         self,
@@ -183,14 +149,12 @@ class TitoConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         """
         from tito_core.strands_front.model import TitoModel  # Strands, only for the Strands front
 
-        options = self.setup_options(tokenizer)
-        loaded = options.pop("tokenizer")
+        loaded = self.tokenizer_or(tokenizer)
         if isinstance(loaded, (str, os.PathLike)):
             loaded = load_tokenizer(loaded)
         model_type = model_class or TitoModel
-        return model_type(
-            backend if backend is not None else self.create_backend(), loaded, rollout_id=rollout_id, **options
-        )
+        backend = backend if backend is not None else self.create_backend()
+        return model_type(backend, loaded, rollout_id=rollout_id, settings=self.settings())
 
 
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | None = None) -> TitoConfig:
@@ -318,17 +282,6 @@ def _build(data: dict[str, Any], origin: str, prefix: str) -> TitoConfig:
         # ValidationError; show the ConfigError's own message, once.
         if isinstance(exc.__cause__, ConfigError):
             raise ConfigError(f"{origin}: {exc.__cause__}") from exc.__cause__
-        raise ConfigError(f"{origin}: {_dotted(exc, prefix.rstrip('.'))}") from exc
+        raise ConfigError(f"{origin}: {at_key(exc, prefix.rstrip('.'))}") from exc
     except ConfigError as exc:
         raise ConfigError(f"{origin}: {exc}") from exc
-
-
-def _dotted(exc: msgspec.ValidationError, root: str) -> str:
-    """Rewrite msgspec's ``- at `$.a.b``` suffix as a dotted key under ``root``."""
-    message = str(exc)
-    head, sep, where = message.rpartition(" - at `$")
-    if not sep:
-        return message
-    key = where.rstrip("`").lstrip(".")
-    key = ".".join(part for part in (root, key) if part)
-    return f"{head} (at `{key}`)" if key else head

@@ -80,53 +80,42 @@ class BackendTimeoutError(BackendError):
     """The engine did not answer within the configured time; the request was aborted."""
 
 
-class BackendRequestError(BackendError, ValueError):
+class BackendFieldError(BackendError):
+    """A backend error about one field of a request or an answer (the base of the two below).
+
+    Attributes:
+        field: The field at fault (``"grammar"``, ``"sampling.extra.regex"``, ``"output_ids"``, ...), when one is.
+        value: The offending value (or a short excerpt of it), when there is one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        value: object = None,
+        status: int | None = None,
+        body: str | None = None,
+        backend: str | None = None,
+    ) -> None:
+        self.field = field
+        self.value = value
+        super().__init__(message, status=status, body=body, backend=backend)
+
+
+class BackendRequestError(BackendFieldError, ValueError):
     """The backend refused a request as invalid before generating anything (e.g. a grammar that does not compile).
 
-    Attributes:
-        field: The request field at fault (``"grammar"``, ``"sampling.extra.regex"``, ...), when one is.
-        value: The offending value (or a short excerpt of it), when there is one.
+    ``field`` is the request field at fault (``"grammar"``, ``"sampling.extra.regex"``, ...).
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        field: str | None = None,
-        value: object = None,
-        status: int | None = None,
-        body: str | None = None,
-        backend: str | None = None,
-    ) -> None:
-        self.field = field
-        self.value = value
-        super().__init__(message, status=status, body=body, backend=backend)
 
-
-class BackendResponseError(BackendError):
+class BackendResponseError(BackendFieldError):
     """The engine answered, but the answer is malformed or inconsistent (e.g. logprobs misaligned).
 
-    Nothing of such an answer is recorded in the trajectory.
-
-    Attributes:
-        field: The response field at fault (``"output_ids"``, ``"output_logprobs"``, ``"finish_reason"``,
-            ``"meta_info.id"``, ``"content-length"``, ...), when one is.
-        value: The offending value (or a short excerpt of it), when there is one.
+    Nothing of such an answer is recorded in the trajectory. ``field`` is the response field at fault
+    (``"output_ids"``, ``"output_logprobs"``, ``"finish_reason"``, ``"meta_info.id"``, ``"content-length"``, ...).
     """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        field: str | None = None,
-        value: object = None,
-        status: int | None = None,
-        body: str | None = None,
-        backend: str | None = None,
-    ) -> None:
-        self.field = field
-        self.value = value
-        super().__init__(message, status=status, body=body, backend=backend)
 
 
 class ResponseTooLargeError(BackendResponseError):
@@ -196,6 +185,19 @@ class PrefixMismatchError(TitoError):
         self.expected = expected
         self.actual = actual
         super().__init__(message)
+
+
+def at_key(exc: Exception, root: str = "") -> str:
+    """A msgspec validation message with its ``- at `$.a.b``` suffix written as the dotted key ``(at `root.a.b`)``.
+
+    The one rewriter of validation paths: ``sampling`` (``root="sampling"``) and config files (``root`` is the
+    file's table, ``tito`` or ``tool.tito``; empty for top-level keys) name a bad value by the key a user wrote.
+    """
+    head, sep, where = str(exc).rpartition(" - at `$")
+    if not sep:
+        return str(exc)
+    key = ".".join(part for part in (root, where.rstrip("`").lstrip(".")) if part)
+    return f"{head} (at `{key}`)" if key else head
 
 
 class DatasetError(TitoError, ValueError):

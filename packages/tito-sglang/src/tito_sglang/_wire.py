@@ -207,13 +207,6 @@ class GenerateResponseView(msgspec.Struct):
 _decoder = msgspec.json.Decoder(GenerateResponseView)
 
 
-class ModelInfoView(msgspec.Struct):
-    """``GET /model_info`` (fields tito reads)."""
-
-    model_path: str | None = None
-    is_generation: bool | None = None
-
-
 class ServerInfoView(msgspec.Struct):
     """``GET /server_info`` (fields tito reads)."""
 

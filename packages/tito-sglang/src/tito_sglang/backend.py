@@ -7,7 +7,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Unpack
+from typing import Any, ClassVar, Final, Unpack
 
 import msgspec
 
@@ -18,9 +18,19 @@ from tito_core.http.ids_json import IdsJson
 from tito_sglang import _images, _wire
 from tito_sglang._sessions import Session, SessionMode, SessionPool, session_refused
 
-__all__ = ["SGLangBackend"]
+__all__ = ["CONTEXT_LENGTH_TEXTS", "SGLangBackend"]
 
 logger = logging.getLogger(__name__)
+
+CONTEXT_LENGTH_TEXTS: Final[tuple[str, ...]] = (
+    # SGLang 0.5.23: "The input (5000 tokens) is longer than the model's context length (4096 tokens)."
+    r"The input \(\d+ tokens\) is longer than the model's context length \(\d+ tokens\)",
+    # SGLang 0.5.23, prompt + max_new_tokens past the window: "Requested token count exceeds the model's maximum
+    # context length of 4096 tokens. You requested a total of ..."
+    r"Requested token count exceeds the model's maximum",
+)
+"""SGLang's "the prompt does not fit the context window" error bodies (regexes, matched ignoring case), each pinned
+by ``tests/sglang/test_error_texts.py``."""
 
 # Config keys that hold the number of experts each token is routed to, across MoE families.
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k")
@@ -63,6 +73,7 @@ class SGLangBackend(HttpBackend):
     supports_score: ClassVar[bool] = True
     input_kinds: ClassVar[frozenset[str]] = frozenset({"image"})
     default_base_url: ClassVar[str] = "http://127.0.0.1:30000"
+    context_length_texts: ClassVar[tuple[str, ...]] = CONTEXT_LENGTH_TEXTS
 
     def __init__(
         self,

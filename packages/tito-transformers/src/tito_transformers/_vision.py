@@ -203,10 +203,10 @@ class _Vision:
         return self._processor
 
     def _error(self, index: int, item: PromptMedia, reason: str) -> BackendRequestError:
-        media = item.item
-        width, height = media.size
+        span = item.span
+        size = f" {span.size[0]}x{span.size[1]}" if span.size is not None else ""
         return BackendRequestError(
-            f"{item.span.kind} {index} ({media.format} {width}x{height}, sha256 {media.sha256[:12]}): {reason}",
+            f"{span.kind} {index} ({span.format}{size}, sha256 {span.sha256[:12]}): {reason}",
             field=f"media[{index}]",
             value=item.span,
             backend=self.name,

@@ -183,7 +183,7 @@ class TransformersBackend(Backend):
         self._weight_version = None if value is None else str(value)
 
     @property  # a property here: it depends on the model loaded
-    def input_kinds(self) -> frozenset[str]:  # type: ignore[override]
+    def input_kinds(self) -> frozenset[str]:
         """The kinds the model takes: images for a vision-language model (a ``vision_config`` and an image token)."""
         return self._vision.kinds if self._vision is not None else frozenset()
 

@@ -2,7 +2,7 @@
 
 One forward pass of the whole sequence with a plain Hugging Face causal LM (no cache, no sampling), then
 ``log_softmax`` in float32 at each position, read at the next token. This is the trainer's side of the
-sampler/trainer mismatch that :func:`tito_core.drift.logprob_gap` measures.
+sampler/trainer mismatch that :func:`tito_core.analysis.drift.logprob_gap` measures.
 
 A vision-language model (Qwen2.5-VL and its kin) scores a sequence with images or videos too: give ``media`` (the
 trajectory's :meth:`~tito_core.trajectory.Trajectory.prompt_media`) and its :func:`vision_of`. Their pixel inputs

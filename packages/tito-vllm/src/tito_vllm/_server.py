@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal, TypeVar, Unpack
+from typing import Any, ClassVar, Final, Literal, TypeVar, Unpack
 
 import msgspec
 
@@ -19,7 +19,7 @@ from tito_core.http import HttpBackend, HttpOptions
 from tito_vllm import _wire
 from tito_vllm._answers import AnswerReader
 
-__all__ = ["NEVER_SAMPLE_BIAS", "ROUTE_MISSING", "Mode"]
+__all__ = ["CONTEXT_LENGTH_TEXTS", "NEVER_SAMPLE_BIAS", "ROUTE_MISSING", "Mode"]
 
 Mode = Literal["tokens", "chat"]
 
@@ -31,6 +31,20 @@ ROUTE_MISSING = frozenset({403, 404, 405})
 
 NEVER_SAMPLE_BIAS = -100.0
 """The logit bias sent for :attr:`GenerateRequest.never_sample` ids (vLLM's floor)."""
+
+CONTEXT_LENGTH_TEXTS: Final[tuple[str, ...]] = (
+    # vLLM 0.32's input check, any route: "The decoder prompt (length 4100) is longer than the maximum model length
+    # of 4096. Make sure that `max_model_len` is no smaller than ..." (tests/vllm/data/error_context_length.json)
+    r"prompt \(length \d+\) is longer than the maximum model length of \d+",
+    # vLLM 0.32's OpenAI routes: "This model's maximum context length is 4096 tokens. However, your request has 4100
+    # input tokens. ..."
+    r"This model's maximum context length is \d+ tokens",
+    # vLLM 0.32's /inference/v1/generate when the prompt alone overflows: "Input length (4100) exceeds model's maximum
+    # context length (4096)." (the real CPU server, tests/integration/vllm test_server_clamps_to_the_context_window)
+    r"Input length \(\d+\) exceeds model's maximum context length \(\d+\)",
+)
+"""vLLM's "the prompt does not fit the context window" error bodies (regexes, matched ignoring case), each pinned by
+``tests/vllm/test_error_texts.py``."""
 
 _encoder = msgspec.json.Encoder()
 _V = TypeVar("_V")
@@ -48,6 +62,7 @@ class _VLLMServer(HttpBackend):
     supports_pause: ClassVar[bool] = True
     supports_score: ClassVar[bool] = True
     default_base_url: ClassVar[str] = "http://127.0.0.1:8000"
+    context_length_texts: ClassVar[tuple[str, ...]] = CONTEXT_LENGTH_TEXTS
 
     def __init__(
         self,

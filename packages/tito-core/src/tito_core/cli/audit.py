@@ -1,4 +1,4 @@
-"""``tito audit``: the mismatch ledger of a rollout file (:mod:`tito_core.audit`) on the command line.
+"""``tito audit``: the mismatch ledger of a rollout file (:mod:`tito_core.analysis.audit`) on the command line.
 
     tito audit rollouts.jsonl --model DIR [--sample 200] [--json report.json] [--plot report.png] [--max-kl 1e-3]
     tito audit rollouts.jsonl --config tito.toml        # the config's engine scores (or its embedded model)
@@ -74,7 +74,7 @@ def run_audit(args: argparse.Namespace) -> int:
     """Run ``tito audit``; returns the exit status."""
     from rich.console import Console
 
-    from ..audit import audit
+    from ..analysis.audit import audit
     from ..records import read_rollout_file
 
     _check_options(args)
@@ -168,8 +168,8 @@ async def _audit(records: list[Any], args: argparse.Namespace, console: Any, aud
 
 
 def _drift(records: list[Any], config: Any, base_dir: Any, examples: int) -> Any:
+    from ..analysis.drift.ledger import DriftLedger
     from ..conversation import tool_specs_to_chat
-    from ..drift.ledger import DriftLedger
     from ..runner.worker import import_object
 
     setup = config.model_setup()
@@ -184,9 +184,9 @@ def _drift(records: list[Any], config: Any, base_dir: Any, examples: int) -> Any
 async def _scorer(args: argparse.Namespace, config: Any, records: list[Any]) -> tuple[Any, Any]:
     """The scorer, and what closes it (a backend built from the config), or None.
 
-    The records are checked against it first (:func:`~tito_core.audit.check_scorable`), before a model loads.
+    The records are checked against it first (:func:`~tito_core.analysis.audit.check_scorable`), before a model loads.
     """
-    from ..audit import BackendScorer, TransformersScorer, check_scorable, model_facts
+    from ..analysis.audit import BackendScorer, TransformersScorer, check_scorable, model_facts
 
     model_path, dtype, what = args.model, args.dtype, "--model"
     if model_path is None:
@@ -241,7 +241,7 @@ def _print(report: Any, console: Any) -> None:
 def _print_drift(drift: Any, console: Any) -> None:
     from rich.table import Table
 
-    from ..drift import DRIFT_CATEGORIES
+    from ..analysis.drift import DRIFT_CATEGORIES
 
     console.print(
         f"[bold]drift[/bold]: re-rendered as a text stack, {drift.different_ids} of {drift.compared} rollouts get "

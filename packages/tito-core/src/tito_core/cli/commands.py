@@ -414,10 +414,11 @@ def _show_segments(console: Any, record: Any, tokenizer: Any) -> None:
     console.rule(f"{record.task_id} sample {record.sample}: {record.status}")
     for i, span in enumerate(traj.media):
         grid = "x".join(map(str, span.grid_thw)) if span.grid_thw else "-"
+        size = f"{span.size[0]}x{span.size[1]} " if span.size is not None else ""
         console.print(
             Text(
-                f"[{span.kind} {i}: tokens {span.start}-{span.end} ({span.length}), {span.size[0]}x{span.size[1]} "
-                f"{span.format}, grid {grid}, sha256 {span.sha256[:12]}]",
+                f"[{span.kind} {i}: tokens {span.start}-{span.end} ({span.length}), {size}{span.format}, grid {grid}, "
+                f"sha256 {span.sha256[:12]}]",
                 style="italic cyan",
             )
         )

@@ -61,14 +61,12 @@ from __future__ import annotations
 
 from tito_core.http.backend import HttpBackend, HttpOptions
 from tito_core.http.client import AbortCallback, HttpClient
-from tito_core.http.errors import DEFAULT_CONTEXT_LENGTH_PATTERNS
 from tito_core.http.ids_json import IdsJson
 from tito_core.http.limits import DEFAULT_MAX_BODY, response_byte_limit
 from tito_core.http.retry import RetryPolicy
 from tito_core.http.urls import check_base_url
 
 __all__ = [
-    "DEFAULT_CONTEXT_LENGTH_PATTERNS",
     "DEFAULT_MAX_BODY",
     "AbortCallback",
     "HttpBackend",

@@ -61,6 +61,11 @@ class HttpBackend(Backend):
     """
 
     default_base_url: ClassVar[str] = "http://127.0.0.1:8000"
+    context_length_texts: ClassVar[tuple[str, ...]] = ()
+    """Regexes (matched ignoring case) of the engine's "the prompt does not fit the context window" error bodies:
+    a 400 / 413 / 422 whose body matches one is a :class:`~tito_core.errors.ContextLengthError`, any other a plain
+    :class:`~tito_core.errors.BackendError`. Each adapter declares its own engine's wording (the core knows none),
+    each text pinned by a test against the engine's recorded answer."""
 
     def __init__(
         self,
@@ -97,6 +102,7 @@ class HttpBackend(Backend):
             trust_env=trust_env,
             client=client,
             transport=transport,
+            context_length_patterns=self.context_length_texts,
         )
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

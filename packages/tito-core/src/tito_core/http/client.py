@@ -26,7 +26,6 @@ from tito_core.errors import (
 )
 from tito_core.http.aiohttp_transport import AiohttpTransport
 from tito_core.http.errors import (
-    DEFAULT_CONTEXT_LENGTH_PATTERNS,
     THROTTLE_STATUSES,
     context_pattern,
     status_error,
@@ -83,7 +82,9 @@ class HttpClient:
             :class:`~tito_core.http.transport.Transport` (used as given, from the event loop it is bound to,
             and closed by :meth:`aclose`), or an ``httpx`` transport (a client per event loop is made over it).
         max_body: Default body limit of an answer, in bytes (None: unbounded).
-        context_length_patterns: Regexes recognizing a "prompt too long" body on 400 / 413 / 422.
+        context_length_patterns: Regexes (matched ignoring case) of the engine's "prompt too long" body on a 400 /
+            413 / 422, which then raises a :class:`~tito_core.errors.ContextLengthError`; none by default (an
+            adapter gives its engine's, :attr:`~tito_core.http.HttpBackend.context_length_texts`).
 
     """
 
@@ -102,7 +103,7 @@ class HttpClient:
         client: httpx.AsyncClient | None = None,
         transport: Transport | httpx.AsyncBaseTransport | None = None,
         max_body: int | None = DEFAULT_MAX_BODY,
-        context_length_patterns: Sequence[str] = DEFAULT_CONTEXT_LENGTH_PATTERNS,
+        context_length_patterns: Sequence[str] = (),
     ) -> None:
         if max_connections < 1:
             raise ConfigError(f"max_connections must be >= 1, got {max_connections}")

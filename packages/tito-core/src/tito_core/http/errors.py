@@ -1,14 +1,15 @@
 """Error classification: library exceptions to transport errors, engine answers to tito errors.
 
 By type wherever the library offers one. Where it offers none, by message text, and every text tito relies
-on sits in one of two tables below, each entry pinned by a test against the real library or the engines'
-recorded answers (``tests/core/test_error_texts.py``, ``tests/core/test_aiohttp_compat.py``), so an upgrade
-that changes a text fails a test instead of silently misclassifying:
+on sits in a table, each entry pinned by a test against the real library or the engine's recorded answers, so
+an upgrade that changes a text fails a test instead of silently misclassifying:
 
-* :data:`LIBRARY_TEXTS`: how aiohttp and httpx say "the connection ended inside the answer" (the engine
-  may be running the request: never re-sent) rather than "the answer is malformed";
-* :data:`CONTEXT_LENGTH_TEXTS`: how vLLM and SGLang say "the prompt does not fit the context window" in
-  the body of a 400 (:data:`DEFAULT_CONTEXT_LENGTH_PATTERNS` is every one of them).
+* :data:`LIBRARY_TEXTS` (here, pinned by ``tests/core/test_error_texts.py`` and
+  ``tests/core/test_aiohttp_compat.py``): how aiohttp and httpx say "the connection ended inside the answer"
+  (the engine may be running the request: never re-sent) rather than "the answer is malformed";
+* an engine's "the prompt does not fit the context window" in the body of a 400: its adapter's own table, the
+  :attr:`~tito_core.http.HttpBackend.context_length_texts` it declares (the core knows no engine's wording), pinned
+  in the adapter's tests.
 """
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ from tito_core.errors import BackendError, ContextLengthError
 from tito_core.http.transport import FramingError, MaybeSentError, NotSentError, TransportError, TransportTimeout
 
 __all__ = [
-    "CONTEXT_LENGTH_TEXTS",
     "CONTEXT_STATUSES",
-    "DEFAULT_CONTEXT_LENGTH_PATTERNS",
     "LIBRARY_TEXTS",
     "THROTTLE_STATUSES",
     "context_pattern",
@@ -50,36 +49,6 @@ LIBRARY_TEXTS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
 )
 """Per library exception (``"<library>.<class>"``), the texts (matched ignoring case) that mean the connection
 ended mid-answer."""
-
-CONTEXT_LENGTH_TEXTS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
-    {
-        "vllm": (
-            # vLLM 0.32's input check, any route: "The decoder prompt (length 4100) is longer than the maximum
-            # model length of 4096. Make sure that `max_model_len` is no smaller than ..." (recorded:
-            # tests/vllm/data/error_context_length.json)
-            r"prompt \(length \d+\) is longer than the maximum model length of \d+",
-            # vLLM 0.32's OpenAI routes: "This model's maximum context length is 4096 tokens. However, your
-            # request has 4100 input tokens. ..."
-            r"This model's maximum context length is \d+ tokens",
-            # vLLM 0.32's /inference/v1/generate when the prompt alone overflows: "Input length (4100) exceeds
-            # model's maximum context length (4096)." (the real CPU server, tests/integration/vllm
-            # test_server_clamps_to_the_context_window[generate])
-            r"Input length \(\d+\) exceeds model's maximum context length \(\d+\)",
-        ),
-        "sglang": (
-            # SGLang 0.5.23: "The input (5000 tokens) is longer than the model's context length (4096 tokens)."
-            r"The input \(\d+ tokens\) is longer than the model's context length \(\d+ tokens\)",
-            # SGLang 0.5.23, prompt + max_new_tokens past the window: "Requested token count exceeds the model's
-            # maximum context length of 4096 tokens. You requested a total of ..."
-            r"Requested token count exceeds the model's maximum",
-        ),
-    }
-)
-"""Per engine, regexes of its "prompt does not fit the context window" error body (matched ignoring case)."""
-
-DEFAULT_CONTEXT_LENGTH_PATTERNS: Final[tuple[str, ...]] = tuple(p for ps in CONTEXT_LENGTH_TEXTS.values() for p in ps)
-"""Regexes (case-insensitive) that identify a "prompt does not fit" error body: every engine's, from
-:data:`CONTEXT_LENGTH_TEXTS`."""
 
 THROTTLE_STATUSES: Final = frozenset({429, 503})
 """Statuses that mean the server refused the work (retried)."""
@@ -138,7 +107,9 @@ def from_httpx(exc: BaseException, base_url: str) -> TransportError:
 
 
 def context_pattern(patterns: Sequence[str]) -> re.Pattern[str]:
-    """One case-insensitive regex matching any of ``patterns``."""
+    """One case-insensitive regex matching any of ``patterns`` (none: a regex that matches nothing)."""
+    if not patterns:
+        return re.compile(r"(?!)")
     return re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
 
 

@@ -1,9 +1,11 @@
 """What every input kind shares: the item a front hands in, its content part, and the errors.
 
-An input kind (``image``, ``video``, ...) is a :class:`MediaItem` subclass: its ``kind`` names it, and it says
-which pictures hold its bytes (an image is one, a video clip its frames) and how to rebuild it from its span and
-those pictures, so a trajectory stores, exports and reloads every kind the same way. Kinds are registered
-through the ``tito_input_kinds`` plugin hook (:class:`~tito_core.plugins.InputKindSpec`).
+An input kind (``image``, ``video``, ``audio``, ...) is a :class:`MediaItem` subclass: its ``kind`` names it, its
+``mime_type`` says what its content is, and it says which pictures hold its bytes (an image is one, a video clip
+its frames) and how to rebuild it from its span and those pictures, so a trajectory stores, exports and reloads
+every kind the same way. Nothing in the contract assumes a picture: a visual kind (:class:`VisualItem`: images,
+clips) adds its ``size`` in pixels. Kinds are registered through the ``tito_input_kinds`` plugin hook
+(:class:`~tito_core.plugins.InputKindSpec`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, ClassVar
 
 from ..errors import UnsupportedContentError
 
-__all__ = ["MediaError", "MediaItem", "media_part"]
+__all__ = ["MediaError", "MediaItem", "VisualItem", "media_part"]
 
 
 class MediaError(UnsupportedContentError):
@@ -42,24 +44,24 @@ class MediaItem(ABC):
 
     @property
     @abstractmethod
-    def format(self) -> str:
-        """Its encoded format (an image's ``png`` ...; a clip of frames ``frames``)."""
-
-    @property
-    @abstractmethod
-    def size(self) -> tuple[int, int]:
-        """``(width, height)`` in pixels, upright."""
+    def mime_type(self) -> str:
+        """The media type of its content: ``image/png``, ``audio/wav``; a clip of decoded frames ``video/x-frames``."""
 
     @abstractmethod
     def pictures(self) -> tuple[Any, ...]:
         """The :class:`~tito_core.media.Image` objects that hold its bytes: an image itself, a clip's frames.
 
-        A trajectory stores each distinct one once, by hash.
+        A trajectory stores each distinct one once, by hash (a kind whose bytes are no pictures has none to store
+        that way yet).
         """
 
     @abstractmethod
     def span_fields(self) -> dict[str, Any]:
-        """The kind's own fields of its :class:`~tito_core.media.MediaSpan` (a clip: its frames and rate)."""
+        """The kind's own fields of its :class:`~tito_core.media.MediaSpan`.
+
+        ``format`` (the short name of its encoded form: ``png``; a clip's ``frames``), and what applies to the
+        kind: a visual kind's ``size``, a clip's ``frames`` and ``fps``.
+        """
 
     def __eq__(self, other: object) -> bool:
         """Items are equal when they are of one kind and have one content hash."""
@@ -78,6 +80,17 @@ class MediaItem(ABC):
         Raises:
             MediaError: a picture it names is missing.
         """
+
+
+class VisualItem(MediaItem):
+    """An input kind seen as pixels (an image, a video clip): it has a size."""
+
+    __slots__ = ()
+
+    @property
+    @abstractmethod
+    def size(self) -> tuple[int, int]:
+        """``(width, height)`` in pixels, upright."""
 
 
 def media_part(item: MediaItem) -> dict[str, Any]:

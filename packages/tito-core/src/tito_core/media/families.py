@@ -213,7 +213,7 @@ class QwenVLFamily:
                 raise VideoError(f"{type(self._processor).__name__}'s module has no smart_resize to size a video")
             grid: tuple[int, ...] = self.video.grid(item, sizer)
             return grid, math.prod(grid) // self.video.merge**2
-        if not isinstance(item, Image):
+        if not isinstance(item, Image):  # the kinds it sizes are visual: images here, clips above
             raise MediaError(f"this Qwen-VL model takes no {item.kind} (its kinds: {', '.join(self.placeholder_ids)})")
         if self._sizer is not None:
             processor = self._processor

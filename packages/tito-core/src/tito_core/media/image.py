@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from .base import MediaError, MediaItem, media_part
+from .base import MediaError, VisualItem, media_part
 
 __all__ = ["FORMATS", "Image", "ImageError", "ImageFormat", "image_part", "is_image_part", "picture_format"]
 
@@ -36,7 +36,7 @@ class ImageError(MediaError):
     """
 
 
-class Image(MediaItem):
+class Image(VisualItem):
     """One image's encoded bytes, checked to decode, with its format, size and content hash.
 
     Immutable; compared and hashed by content (``sha256`` of the bytes). :func:`~tito_core.conversation.canonical`
@@ -101,6 +101,11 @@ class Image(MediaItem):
         return self._format
 
     @property
+    def mime_type(self) -> str:
+        """``image/png``, ``image/jpeg``, ``image/gif`` or ``image/webp``."""
+        return f"image/{self._format}"
+
+    @property
     def sha256(self) -> str:
         """Hex SHA-256 of :attr:`data`: the image's identity in records and on disk."""
         return self._sha256
@@ -128,7 +133,7 @@ class Image(MediaItem):
 
         The one place tito writes one, from the cached :attr:`base64`.
         """
-        return f"data:image/{self._format};base64,{self.base64}"
+        return f"data:{self.mime_type};base64,{self.base64}"
 
     def to_pil(self) -> Any:
         """The decoded image as an RGB ``PIL.Image.Image`` (what image processors take), loaded as engines load it.
@@ -153,8 +158,8 @@ class Image(MediaItem):
         return (self,)
 
     def span_fields(self) -> dict[str, Any]:
-        """None: an image's span says all (its hash, format, size and grid)."""
-        return {}
+        """Its format and size."""
+        return {"format": self._format, "size": self._size}
 
     @classmethod
     def from_span(cls, span: Any, pictures: Mapping[str, Image]) -> Image:

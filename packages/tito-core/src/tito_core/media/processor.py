@@ -3,22 +3,23 @@
 :class:`VisionProcessor` wraps the model's Hugging Face image processor and its :class:`VisionFamily`, and
 expands each placeholder of rendered ids (one per image or video part) to the item's token count, producing one
 :class:`~tito_core.media.PromptMedia` (span + item) per item, so the trajectory holds exactly the ids the engine
-consumes. :func:`chat_media` finds the items of a chat in render order, for every registered input kind;
-:func:`refusal` is the one answer to "can this call take these kinds?".
+consumes. :func:`refusal` is the one answer to "can this call take these kinds?".
+
+Nothing here looks a kind or a family up by name: the plugin registry sits above ``tito_core.media`` (its hook
+records name media classes), so a processor is given its family (:func:`tito_core.model_setup.vision_processor`
+picks the registered one), and the lookups of kinds by name live with the prompt
+(:mod:`tito_core.rollout_core.prompt`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
-import weakref
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..plugins.registry import input_kinds, vision_family_factory
 from .base import MediaError, MediaItem
 from .families import VisionFamily
 from .spans import MediaSpan, PromptMedia
@@ -28,14 +29,11 @@ __all__ = [
     "DEFAULT_MAX_IMAGES",
     "ProcessorSpec",
     "VisionProcessor",
-    "chat_media",
-    "error_for",
-    "family_of",
+    "directory_key",
     "has_preprocessor",
     "load_image_processor",
     "load_video_processor",
     "refusal",
-    "vision_processor",
 ]
 
 DEFAULT_MAX_IMAGES = 64
@@ -44,41 +42,24 @@ DEFAULT_MAX_IMAGES = 64
 _MEASURED = 4096  # grids remembered per processor (by item hash), so re-rendered items are not re-measured
 
 
-def family_of(image_processor: Any, tokenizer: Any, directory: str | os.PathLike[str] | None = None) -> VisionFamily:
-    """The :class:`VisionFamily` of a Hugging Face image processor, by the families registered for its name.
-
-    Raises:
-        ConfigError: no registered family serves this processor.
-    """
-    factory = vision_family_factory(type(image_processor).__name__)
-    family: VisionFamily = factory(image_processor, tokenizer, directory)
-    return family
-
-
 class VisionProcessor:
     """Expands each placeholder of rendered ids into the tokens the model consumes for that image or video.
 
+    A model's is built by :func:`tito_core.model_setup.vision_processor`, which finds the registered family of its
+    processor.
+
     Args:
         image_processor: The model's Hugging Face image processor (``AutoImageProcessor`` of its directory).
-        tokenizer: The model's tokenizer.
+        family: Placeholders and token counts per kind (:func:`tito_core.model_setup.family_of` gives the
+            registered family of ``image_processor``).
         max_images: The most items (images and videos) one prompt may hold (a :class:`MediaError` beyond).
-        family: The family knowledge; None picks it from ``image_processor`` (:func:`family_of`).
-        directory: The model directory (the family reads its video processor config there).
     """
 
-    def __init__(
-        self,
-        image_processor: Any,
-        tokenizer: Any,
-        *,
-        max_images: int = DEFAULT_MAX_IMAGES,
-        family: VisionFamily | None = None,
-        directory: str | os.PathLike[str] | None = None,
-    ) -> None:
+    def __init__(self, image_processor: Any, family: VisionFamily, *, max_images: int = DEFAULT_MAX_IMAGES) -> None:
         if max_images < 1:
             raise ConfigError(f"max_images must be at least 1, not {max_images}")
         self.image_processor = image_processor
-        self.family = family if family is not None else family_of(image_processor, tokenizer, directory)
+        self.family = family
         self.max_images = max_images
         self._measured: dict[str, tuple[tuple[int, ...] | None, int]] = {}
         self._lock = threading.Lock()
@@ -129,7 +110,7 @@ class VisionProcessor:
         at = [(i, kind_of[token]) for i, token in enumerate(ids) if token in kind_of]
         found, wanted = [kind for _, kind in at], [item.kind for item in items]
         if found != wanted:
-            raise error_for(set(found) | set(wanted))(
+            raise _error_of(set(found) | set(wanted), items)(
                 f"the rendered prompt holds {_count(found)} placeholder(s) for {_count(wanted)}: the chat template "
                 "does not render these inputs (a text-only template?), or a text spells a placeholder"
             )
@@ -144,8 +125,6 @@ class VisionProcessor:
                 start=start + len(out),
                 length=count,
                 sha256=item.sha256,
-                format=item.format,
-                size=item.size,
                 grid_thw=grid,
                 placeholder_id=placeholder,
                 kind=kind,
@@ -165,43 +144,10 @@ def _count(kinds: Sequence[str]) -> str:
     return " and ".join(f"{kinds.count(k)} {k}(s)" for k in dict.fromkeys(kinds))
 
 
-def error_for(kinds: Collection[str]) -> type[MediaError]:
-    """The error to raise about inputs of ``kinds``: the kind's own (``ImageError``) when there is one kind."""
-    if len(kinds) == 1:
-        item_type = input_kinds().get(next(iter(kinds)))
-        if item_type is not None:
-            return item_type.error
-    return MediaError
-
-
-def chat_media(chat: Iterable[Mapping[str, Any]]) -> list[MediaItem]:
-    """The items of chat messages' media parts, in the order a template renders them (message, then part).
-
-    A media part is ``{"type": kind, kind: item}`` for a registered input kind.
-
-    Raises:
-        MediaError: a part of a registered kind does not hold that kind's item.
-    """
-    kinds: Mapping[str, type[MediaItem]] | None = None
-    found: list[MediaItem] = []
-    for message in chat:
-        content = message.get("content")
-        if not isinstance(content, list):
-            continue
-        for part in content:
-            kind = part.get("type") if isinstance(part, Mapping) else None
-            if kind is None or kind == "text":
-                continue
-            kinds = input_kinds() if kinds is None else kinds
-            item_type = kinds.get(kind) if isinstance(kind, str) else None
-            if item_type is None:
-                continue
-            item = part.get(kind)
-            if not isinstance(item, item_type):
-                name = f"{item_type.__module__}.{item_type.__name__}"
-                raise item_type.error(f"the {kind} part must hold a {name}, not {type(item).__name__}")
-            found.append(item)
-    return found
+def _error_of(kinds: Collection[str], items: Sequence[MediaItem]) -> type[MediaError]:
+    """The error about inputs of ``kinds``: the kind's own (``ImageError``) when they are one kind among ``items``."""
+    own = {item.kind: item.error for item in items}
+    return own.get(next(iter(kinds)), MediaError) if len(kinds) == 1 else MediaError
 
 
 def refusal(
@@ -249,7 +195,7 @@ def load_image_processor(directory: str | os.PathLike[str]) -> Any:
     Raises:
         ConfigError: the directory holds no loadable image processor.
     """
-    key = _directory_key(directory)
+    key = directory_key(directory)
     with _processors_lock:
         cached = _processors.get(key)
         if cached is not None:
@@ -277,7 +223,7 @@ def load_video_processor(directory: str | os.PathLike[str]) -> Any:
         VideoError: the directory holds no ``video_preprocessor_config.json``, or its processor does not load
             (transformers' video processors need torchvision).
     """
-    key = _directory_key(directory)
+    key = directory_key(directory)
     with _processors_lock:
         cached = _video_processors.get(key)
         if cached is not None:
@@ -295,7 +241,8 @@ def load_video_processor(directory: str | os.PathLike[str]) -> Any:
         return processor
 
 
-def _directory_key(directory: str | os.PathLike[str]) -> str:
+def directory_key(directory: str | os.PathLike[str]) -> str:
+    """The cache key of a model directory: its resolved path (as given when it does not exist)."""
     path = Path(directory).expanduser()
     return str(path.resolve()) if path.exists() else str(path)
 
@@ -304,39 +251,3 @@ ProcessorSpec = Any
 """What ``TitoModel(processor=...)`` takes: None (the tokenizer's directory, when it holds a
 ``preprocessor_config.json``), False (no vision), a directory, a Hugging Face image processor, or a
 :class:`VisionProcessor`."""
-
-_shared: dict[tuple[int, int, int, str | None], tuple[VisionProcessor, weakref.ref[Any]]] = {}
-"""Vision processors by (processor, tokenizer, max_images, directory), each with a weak reference to its tokenizer:
-the cache neither keeps a tokenizer alive nor hands a dead tokenizer's processor to a new one given its id."""
-
-
-def vision_processor(
-    processor: ProcessorSpec, tokenizer: Any, *, max_images: int = DEFAULT_MAX_IMAGES
-) -> VisionProcessor | None:
-    """The :class:`VisionProcessor` a model uses (None: a text-only model), one per processor and tokenizer.
-
-    Raises:
-        ConfigError: a directory without a loadable image processor, or a processor of an unknown family.
-    """
-    if processor is False:
-        return None
-    if isinstance(processor, VisionProcessor):
-        return processor
-    directory: str | None = None
-    if processor is None:
-        named = getattr(tokenizer, "name_or_path", None)
-        if not named or not has_preprocessor(named):
-            return None
-        processor = named
-    if isinstance(processor, (str, os.PathLike)):
-        directory = _directory_key(processor)
-        processor = load_image_processor(directory)
-    key = (id(processor), id(tokenizer), max_images, directory)
-    with _processors_lock:
-        cached = _shared.get(key)
-        if cached is not None and cached[0].image_processor is processor and cached[1]() is tokenizer:
-            return cached[0]
-        shared = VisionProcessor(processor, tokenizer, max_images=max_images, directory=directory)
-        with contextlib.suppress(TypeError):  # a tokenizer without weak references is not shared
-            _shared[key] = (shared, weakref.ref(tokenizer, lambda _: _shared.pop(key, None)))
-        return shared

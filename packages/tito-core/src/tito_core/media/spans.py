@@ -25,8 +25,8 @@ class MediaSpan(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaul
         start: Index of its first placeholder token in the trajectory's ids.
         length: How many placeholder tokens it expanded to (what the vision encoder's output replaces).
         sha256: The item's content hash (an image's bytes are stored once per hash).
-        format: Its encoded format (``png`` ...; a video clip of frames: ``frames``).
-        size: ``(width, height)`` of the original item.
+        format: The short name of its encoded form (``png`` ...; a video clip of frames: ``frames``).
+        size: ``(width, height)`` of the original item, for a visual kind (None for a kind without pixels).
         grid_thw: The vision grid the model family's processor gave it (Qwen-VL's ``image_grid_thw`` or
             ``video_grid_thw``: temporal, height, width patches), or None for families without one.
         placeholder_id: The token id repeated over the span.
@@ -39,9 +39,9 @@ class MediaSpan(msgspec.Struct, frozen=True, kw_only=True, gc=False, omit_defaul
     length: int
     sha256: str
     format: str
-    size: tuple[int, int]
     grid_thw: tuple[int, ...] | None
     placeholder_id: int
+    size: tuple[int, int] | None = None
     kind: str = "image"
     frames: tuple[str, ...] = ()
     fps: float | None = None

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .base import MediaError, MediaItem, media_part
+from .base import MediaError, VisualItem, media_part
 from .image import Image
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class VideoError(MediaError):
     """A clip tito cannot use: no frames, frames that do not decode or differ in size, a bad frame rate."""
 
 
-class Video(MediaItem):
+class Video(VisualItem):
     """A clip: its frames in order (each an :class:`~tito_core.media.Image`) and its frame rate.
 
     Immutable; compared and hashed by content (the frames' hashes and the rate).
@@ -92,6 +92,11 @@ class Video(MediaItem):
         return "frames"
 
     @property
+    def mime_type(self) -> str:
+        """``video/x-frames``: decoded frames, in no container format (tito never re-encodes a clip)."""
+        return "video/x-frames"
+
+    @property
     def size(self) -> tuple[int, int]:
         """``(width, height)`` of its frames."""
         return self._frames[0].size
@@ -105,8 +110,9 @@ class Video(MediaItem):
         return self._frames
 
     def span_fields(self) -> dict[str, Any]:
-        """Its frames by hash, in order, and its frame rate."""
-        return {"frames": tuple(frame.sha256 for frame in self._frames), "fps": self._fps}
+        """``frames`` as its format, its size, its frames by hash in order, and its frame rate."""
+        frames = tuple(frame.sha256 for frame in self._frames)
+        return {"format": "frames", "size": self.size, "frames": frames, "fps": self._fps}
 
     @classmethod
     def from_span(cls, span: MediaSpan, pictures: Mapping[str, Image]) -> Video:

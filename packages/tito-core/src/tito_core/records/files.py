@@ -21,7 +21,7 @@ import msgspec
 
 from ..errors import ConfigError, TitoError
 from ..trajectory import Trajectory, TrajectoryRecord
-from ..trajectory.images import load_images
+from ..trajectory.media import load_images
 from .jsonl import JsonlWriter, read_jsonl
 from .lock import OutputLock
 from .parquet import ParquetWriter, read_parquet

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 
-from ..trajectory.images import store_images
+from ..trajectory.media import store_images
 from .lock import OutputLock
 from .schema import GroupAdvantages, Key, Outcome, RolloutRecord
 
@@ -120,7 +120,7 @@ def with_image_files(record: RolloutRecord, output: Path) -> RolloutRecord:
     """``record`` with its images stored next to ``output``, referenced by relative path.
 
     The bytes are written once per distinct image, before the record itself is written
-    (:func:`tito_core.trajectory.images.store_images`); a text-only record is returned as it is.
+    (:func:`tito_core.trajectory.media.store_images`); a text-only record is returned as it is.
     """
     stored = store_images(record.trajectory, output)
     return record if stored is record.trajectory else msgspec.structs.replace(record, trajectory=stored)

@@ -21,7 +21,7 @@ from ..backend import Backend, GenerateRequest, GenerateResult, SamplingParams
 from ..conversation import Conversation, tool_specs_to_chat
 from ..errors import ContextWindowFullError, GenerationAbortedError, TitoError
 from ..media import PromptMedia
-from ..media.processor import VisionProcessor, chat_media, error_for
+from ..media.processor import VisionProcessor
 from ..partial import Progress, go_on
 from ..render.renderer import ChatRenderer
 from ..status import CallEnd, status_of
@@ -30,7 +30,7 @@ from ..trajectory import Trajectory
 from ..weights import aborted_by_update, aborting_updates
 from .checks import check_result
 from .output import CallResult, parse_output, parse_text, record_call
-from .prompt import NewPrompt, PrefixPolicy, PromptBuilder, RenderMode
+from .prompt import NewPrompt, PrefixPolicy, PromptBuilder, RenderMode, chat_media, error_for
 from .sequence import SequenceTracker
 from .sync import ConversationSync, Plan
 

@@ -16,7 +16,7 @@ the backend cannot take (:func:`~tito_core.media.processor.refusal`), or with mo
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -25,14 +25,15 @@ from ..backend import GenerateResult
 from ..conversation import ChatMessage, Conversation, ToolSpec
 from ..errors import ConfigError, PrefixMismatchError, TemplateError
 from ..grammar import GrammarToolParser, ToolChoiceError, answer_grammar, forced_tools, tool_call_grammar
-from ..media import PromptMedia
-from ..media.processor import VisionProcessor, chat_media, error_for, refusal
+from ..media import MediaError, MediaItem, PromptMedia
+from ..media.processor import VisionProcessor, refusal
+from ..plugins.registry import input_kinds
 from ..render.renderer import ChatRenderer, first_difference
 from ..tool_parsers.base import ToolParser
 from .checks import SHOWN, bad_answer
 from .sync import ConversationSync, Plan
 
-__all__ = ["NewPrompt", "PrefixPolicy", "PromptBuilder", "RenderMode"]
+__all__ = ["NewPrompt", "PrefixPolicy", "PromptBuilder", "RenderMode", "chat_media", "error_for"]
 
 logger = logging.getLogger("tito")
 
@@ -49,6 +50,45 @@ for a call whose messages the template cannot render incrementally or whose tool
 
 NewPrompt = tuple[list[int], int, tuple[PromptMedia, ...]]
 """A call's new prompt: its ids (placeholders expanded), how many leading ones are boundary, its new media."""
+
+
+def chat_media(chat: Iterable[Mapping[str, Any]]) -> list[MediaItem]:
+    """The items of chat messages' media parts, in the order a template renders them (message, then part).
+
+    A media part is ``{"type": kind, kind: item}`` for a registered input kind (``tito_input_kinds``).
+
+    Raises:
+        MediaError: a part of a registered kind does not hold that kind's item.
+    """
+    kinds: Mapping[str, type[MediaItem]] | None = None
+    found: list[MediaItem] = []
+    for message in chat:
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind is None or kind == "text":
+                continue
+            kinds = input_kinds() if kinds is None else kinds  # looked up once a part that is not text is seen
+            item_type = kinds.get(kind) if isinstance(kind, str) else None
+            if item_type is None:
+                continue
+            item = part.get(kind)
+            if not isinstance(item, item_type):
+                name = f"{item_type.__module__}.{item_type.__name__}"
+                raise item_type.error(f"the {kind} part must hold a {name}, not {type(item).__name__}")
+            found.append(item)
+    return found
+
+
+def error_for(kinds: Collection[str]) -> type[MediaError]:
+    """The error to raise about inputs of ``kinds``: the registered kind's own (``ImageError``) when there is one."""
+    if len(kinds) == 1:
+        item_type = input_kinds().get(next(iter(kinds)))
+        if item_type is not None:
+            return item_type.error
+    return MediaError
 
 
 class PromptBuilder:

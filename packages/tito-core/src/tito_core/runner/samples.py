@@ -50,9 +50,7 @@ def _verl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
 
 
 def _agl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
-    from ..trainers.agentlightning import model_request_events
-
-    return {"model_request_events": model_request_events(branch, images="sha256")}
+    return {"model_request_events": export.model_request_events(branch, images="sha256")}
 
 
 _CONVERTERS: dict[str, Converter] = {

@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..backend import Backend
@@ -61,7 +60,6 @@ class Server:
     leased: int = 0
     healthy: bool = True
     last_error: str | None = None
-    checked_at: float = field(default=0.0)
 
 
 class ServerPool:
@@ -108,7 +106,6 @@ class ServerPool:
             raise BackendConnectionError(f"unreachable inference server(s): {listing}")
 
     def _set(self, server: Server, error: str | None) -> None:
-        server.checked_at = time.monotonic()
         if error is None and not server.healthy:
             logger.warning("server %s is healthy again", server.name)
         elif error is not None and server.healthy:

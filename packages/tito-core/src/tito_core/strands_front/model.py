@@ -29,9 +29,8 @@ from .. import plugins
 from ..backend import Backend, SamplingParams, sampling_params
 from ..errors import ConfigError, ContextLengthError, ContextWindowFullError, TitoError
 from ..grammar import GrammarToolParser
-from ..media.processor import DEFAULT_MAX_IMAGES, ProcessorSpec
-from ..model_setup import ModelSetup, call_options
-from ..rollout_core import CallOptions, CallResult, PrefixPolicy, RenderMode
+from ..model_setup import ModelSettings, ModelSetup, call_options
+from ..rollout_core import CallOptions, CallResult
 from ..status import end_with
 from ..tokenizers import aload_tokenizer, is_tokenizer_cached
 from ..tool_parsers.base import ToolParser
@@ -77,38 +76,14 @@ class TitoModel(Model):
         tokenizer: A Hugging Face tokenizer, or a local path / hub name loaded with
             :func:`tito_core.tokenizers.load_tokenizer` (once per process per path; local files first, a
             clear error for a missing path, no hub retries when offline).
-        tool_parser: A :class:`ToolParser`, a registered parser name (``"hermes"``, ``"qwen_xml"``,
-            ``"llama3_json"``, ``"mistral"``, ...), or ``"auto"`` to infer it from the chat template and the
-            tokenizer's special tokens (a :class:`ConfigError` when it cannot be inferred).
-        tool_parser_options: Keyword arguments for a tool parser given by name.
-        sampling: Sampling parameters (a :class:`SamplingParams` or a dict of its fields).
-        chat_template: A chat template overriding the tokenizer's (e.g. a prefix-preserving variant).
-        chat_template_kwargs: Extra template variables (e.g. ``{"enable_thinking": False}``).
-        context_window_limit: Context window in tokens; when None the backend is asked.
-        return_logprobs: Record the logprob of every generated token.
-        return_prompt_logprobs: Also record logprobs of prompt tokens.
-        return_routed_experts: Record MoE routing decisions for routing replay.
-        on_prefix_mismatch: For backends that render the prompt server-side: what to do when the
-            server's prompt does not extend the trajectory: ``fork`` a new branch, ``warn`` and fork,
-            or raise ``error``.
         rollout_id: Id of the first rollout (random when None).
         backend_options: Options for a backend given by name.
-        render_mode: How later prompts are rendered: ``"auto"`` (default: only the new messages, falling back
-            to a full render for calls the template cannot render incrementally or that move its tools
-            block), ``"incremental"`` or ``"full"`` (render the whole conversation, keep the longest common
-            prefix with the trajectory, fork where they differ). See :data:`tito_core.rollout_core.RenderMode`.
-        tool_choice: Strands' ``tool_choice`` for calls whose agent passes none: ``"auto"`` / None (the
-            model decides), ``"any"`` (alias ``"required"``; one call to one of the offered tools) or
-            ``{"tool": {"name": NAME}}``. A forced call is constrained by the tool parser's grammar
-            (:mod:`tito_core.grammar`); change it between calls with ``update_config(tool_choice=...)``.
-        escape_special_text: Encode system, user and tool message content as plain text, so text that spells a
-            control token (``<|im_end|>`` in a tool result) stays text. Off by default: with a chat template
-            such text becomes the control token, as it does in vLLM / SGLang. mistral-common tokenizers always
-            keep it as text, as their engines do.
-        processor: The image processor of a vision model (docs/multimodal.md): a directory, a Hugging Face image
-            processor or a :class:`~tito_core.media.processor.VisionProcessor`; None takes the tokenizer's directory
-            when it holds a ``preprocessor_config.json``; False: none (images are then an ``ImageError``).
-        max_images: The most images one prompt may hold.
+        settings: The model's :class:`~tito_core.model_setup.ModelSettings` (a
+            :class:`~tito_core.config.TitoConfig` is one); None: the defaults.
+        **options: Settings replacing those of ``settings``, by name: ``tool_parser``, ``sampling``,
+            ``chat_template``, ``processor``, ``tool_choice``, ... (every field of
+            :class:`~tito_core.model_setup.ModelSettings`, documented there). An unknown name is a
+            :class:`ConfigError`. ``tool_choice`` can be changed between calls with ``update_config``.
     """
 
     def __init__(
@@ -116,23 +91,10 @@ class TitoModel(Model):
         backend: Backend | str,
         tokenizer: PreTrainedTokenizerBase | str,
         *,
-        tool_parser: ToolParser | str = "hermes",
-        tool_parser_options: Mapping[str, Any] | None = None,
-        sampling: SamplingParams | Mapping[str, Any] | None = None,
-        chat_template: str | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        context_window_limit: int | None = None,
-        return_logprobs: bool = True,
-        return_prompt_logprobs: bool = False,
-        return_routed_experts: bool = False,
-        on_prefix_mismatch: PrefixPolicy = "fork",
         rollout_id: str | None = None,
         backend_options: Mapping[str, Any] | None = None,
-        render_mode: RenderMode = "auto",
-        tool_choice: Mapping[str, Any] | str | None = None,
-        escape_special_text: bool = False,
-        processor: ProcessorSpec = None,
-        max_images: int = DEFAULT_MAX_IMAGES,
+        settings: ModelSettings | None = None,
+        **options: Any,
     ) -> None:
         if isinstance(backend, str):
             backend = plugins.get_backend(backend, **dict(backend_options or {}))
@@ -146,24 +108,7 @@ class TitoModel(Model):
                 " or `await aload_tokenizer(...)` first",
                 tokenizer,
             )
-        self.setup = ModelSetup.build(
-            tokenizer,
-            tool_parser=tool_parser,
-            tool_parser_options=tool_parser_options,
-            chat_template=chat_template,
-            chat_template_kwargs=chat_template_kwargs,
-            escape_special_text=escape_special_text,
-            processor=processor,
-            max_images=max_images,
-            sampling=sampling,
-            context_window_limit=context_window_limit,
-            return_logprobs=return_logprobs,
-            return_prompt_logprobs=return_prompt_logprobs,
-            return_routed_experts=return_routed_experts,
-            tool_choice=tool_choice,
-            render_mode=render_mode,
-            on_prefix_mismatch=on_prefix_mismatch,
-        )
+        self.setup = ModelSetup.build(tokenizer, settings, **options)
         self.backend: Backend = backend
         self.tokenizer = self.setup.tokenizer
         self.tool_parser: ToolParser = self.setup.tool_parser

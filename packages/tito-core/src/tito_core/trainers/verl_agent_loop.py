@@ -28,7 +28,8 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase
 
 from ..errors import ConfigError
-from ..media.processor import DEFAULT_MAX_IMAGES, vision_processor
+from ..media.processor import DEFAULT_MAX_IMAGES
+from ..model_setup import vision_processor
 from ..strands_front.model import TitoModel
 from .verl_backend import VerlServerBackend, agent_loop_output
 

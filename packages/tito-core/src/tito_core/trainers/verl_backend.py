@@ -80,7 +80,7 @@ class VerlServerBackend(Backend):
         self._takes_images = _takes_images(server_manager)
 
     @property  # a property here: it depends on the server manager given
-    def input_kinds(self) -> frozenset[str]:  # type: ignore[override]
+    def input_kinds(self) -> frozenset[str]:
         """``{"image"}`` when verl's server manager takes ``image_data`` (verl 0.9.1's ``LLMServerClient`` does)."""
         return frozenset({"image"}) if self._takes_images else frozenset()
 

@@ -20,7 +20,7 @@ from ..status import Closed, status_of
 from ..versions import VersionSpan
 from . import views
 from .arrays import append_tokens, extend_logprobs
-from .images import TrajectoryMedia, referenced
+from .media import TrajectoryMedia, referenced
 from .record import (
     JSON_DECODER,
     JSON_ENCODER,

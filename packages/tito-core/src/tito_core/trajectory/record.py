@@ -126,7 +126,7 @@ class TrajectoryRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     record stands alone."""
     image_paths: dict[str, str] = msgspec.field(default_factory=dict)
     """Instead of ``image_data``, where each picture's file is, relative to the rollout file's directory (the
-    runner stores them once next to it; :mod:`tito_core.trajectory.images`)."""
+    runner stores them once next to it; :mod:`tito_core.trajectory.media`)."""
     images: list[MediaSpan] | None = None
     """Read only: the spans as records written before input kinds were an axis named them (all images); read into
     :attr:`media`, never written."""

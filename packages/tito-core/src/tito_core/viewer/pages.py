@@ -169,7 +169,7 @@ def _branch_view(branch: Trajectory, texts: TokenTexts, image_url: Any, deltas: 
                 "sha256": span.sha256,
                 "format": span.format,
                 "kind": span.kind,
-                "size": list(span.size),
+                "size": list(span.size) if span.size is not None else None,
                 "url": image_url(span.pictures[0]) if image_url is not None else None,  # a video: its first frame
             }
             for span in branch.media

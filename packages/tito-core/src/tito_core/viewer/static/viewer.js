@@ -414,7 +414,7 @@ function fillChunk(chunk) {
     const image = images.get(i);
     if (image) {
       parts.push(`<figure class="image" data-start="${i}" data-length="${image.length}"><img alt="image ${image.k}" data-sha="${image.sha256}">` +
-        `<figcaption>image ${image.k}: ${image.size[0]}×${image.size[1]} ${esc(image.format)}, tokens ${i}–${i + image.length}</figcaption></figure>`);
+        `<figcaption>image ${image.k}: ${image.size ? `${image.size[0]}×${image.size[1]} ` : ""}${esc(image.format)}, tokens ${i}–${i + image.length}</figcaption></figure>`);
       i += image.length - 1;
       continue;
     }

@@ -8,7 +8,7 @@ either way; this check tells you whether, where and why your template diverges.
 
 Run it from the command line on a local tokenizer directory::
 
-    python -m tito_core.prefix_check path/to/tokenizer [--template file.jinja] [--no-thinking]
+    python -m tito_core.analysis.prefix_check path/to/tokenizer [--template file.jinja] [--no-thinking]
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import msgspec
 from strands.types.content import Messages
 from strands.types.tools import ToolSpec
 
-from .conversation import tool_specs_to_chat
-from .errors import TemplateError
-from .render.mistral import is_mistral_common
-from .render.renderer import ChatRenderer, first_difference
-from .strands_front.messages import to_chat_messages
+from ..conversation import tool_specs_to_chat
+from ..errors import TemplateError
+from ..render.mistral import is_mistral_common
+from ..render.renderer import ChatRenderer, first_difference
+from ..strands_front.messages import to_chat_messages
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ..render.renderer import ChatRenderer
-from ..tool_parsers.base import ToolParser
-from ..trajectory import Trajectory
+from ...render.renderer import ChatRenderer
+from ...tool_parsers.base import ToolParser
+from ...trajectory import Trajectory
 
 __all__ = ["output_regions"]
 

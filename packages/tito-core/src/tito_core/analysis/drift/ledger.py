@@ -1,9 +1,10 @@
 """Retokenization drift over a rollout file: what a text-based stack would have trained on (``tito audit --drift``).
 
-Each record's latest branch is rebuilt as the text stack holds it (:func:`~tito_core.drift.text_stack_messages`),
-re-rendered and tokenized again (:func:`~tito_core.drift.text_stack_view`) and compared with the recorded ids
-(:func:`~tito_core.drift.compare_ids`); the ledger counts the rollouts whose ids change, where, why, and what it
-does to the loss mask.
+Each record's latest branch is rebuilt as the text stack holds it
+(:func:`~tito_core.analysis.drift.text_stack_messages`), re-rendered and tokenized again
+(:func:`~tito_core.analysis.drift.text_stack_view`) and compared with the recorded ids
+(:func:`~tito_core.analysis.drift.compare_ids`); the ledger counts the rollouts whose ids change, where, why, and
+what it does to the loss mask.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from typing import Any
 
 import msgspec
 
-from ..errors import TitoError
-from ..records import RolloutRecord
-from ..render.renderer import ChatRenderer
-from ..tool_parsers.base import ToolParser
-from ..trajectory import Trajectory
+from ...errors import TitoError
+from ...records import RolloutRecord
+from ...render.renderer import ChatRenderer
+from ...tool_parsers.base import ToolParser
+from ...trajectory import Trajectory
 from .compare import DRIFT_CATEGORIES, compare_ids
 from .regions import output_regions
 from .text_stack import text_stack_messages, text_stack_view

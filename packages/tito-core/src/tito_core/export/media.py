@@ -1,9 +1,9 @@
 """A training sample's images and videos in the forms trainers take: PIL images, hashes, data URLs, pixel inputs.
 
-The exporters (:mod:`tito_core.export`, :mod:`tito_core.trainers.agentlightning`) put a trajectory's images in
-each trainer's own field (docs/multimodal.md, "Trainer fields"); this module makes those values from
-``Trajectory.prompt_media()``, always every image of the sample's ids, in token order
-(the order of their placeholder runs, which is the order a processor pairs images with placeholders).
+The exporters (:mod:`tito_core.export`) put a trajectory's images and videos in each trainer's own field
+(docs/multimodal.md, "Trainer fields"); this module makes those values from ``Trajectory.prompt_media()``, always
+every image of the sample's ids, in token order (the order of their placeholder runs, which is the order a
+processor pairs images with placeholders).
 
 :func:`pixel_inputs` runs the model's image processor (given by the caller: a directory or a Hugging Face
 image processor) and checks that it gives each image the grid the rollout recorded: a different processor
@@ -20,10 +20,19 @@ import os
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from .media import ImageError, PromptMedia, Video, VideoError
-from .trajectory import Trajectory
+from ..media import ImageError, PromptMedia, Video, VideoError
+from ..trajectory import Trajectory
 
-__all__ = ["ImageForm", "data_url", "image_values", "media_data", "only_images", "pixel_inputs", "video_values"]
+__all__ = [
+    "ImageForm",
+    "data_url",
+    "image_values",
+    "media_data",
+    "only_images",
+    "pixel_inputs",
+    "prompt_images",
+    "video_values",
+]
 
 ImageForm = Literal["pil", "sha256"]
 """How an exporter gives each image: ``pil`` (an RGB ``PIL.Image.Image``, what trainers' processors take) or
@@ -117,7 +126,7 @@ def data_url(item: PromptMedia) -> str:
 def _image_processor(processor: Any) -> Any:
     """A Hugging Face image processor from a directory, an image processor, or a processor holding one."""
     if isinstance(processor, (str, os.PathLike)):
-        from .media.processor import load_image_processor
+        from ..media.processor import load_image_processor
 
         return load_image_processor(processor)
     inner = getattr(processor, "image_processor", None)
@@ -181,7 +190,7 @@ def _video_processor(processor: Any) -> Any:
         raise VideoError(
             f"{type(processor).__name__} has no video processor: pass the model directory or its processor"
         )
-    from .media.processor import load_video_processor
+    from ..media.processor import load_video_processor
 
     return load_video_processor(processor)
 

@@ -37,11 +37,11 @@ from typing import Any, Protocol
 
 import msgspec
 
-from .backend import Backend
-from .errors import ConfigError
-from .media import PromptMedia
-from .records import RolloutRecord, highest_token_id, rollout_digest
-from .trajectory import Trajectory
+from ..backend import Backend
+from ..errors import ConfigError
+from ..media import PromptMedia
+from ..records import RolloutRecord, highest_token_id, rollout_digest
+from ..trajectory import Trajectory
 
 __all__ = [
     "AXES",

@@ -14,12 +14,12 @@ from typing import Any
 import msgspec
 from strands.types.content import ContentBlock, Message, Messages
 
-from ..conversation import ChatMessage
-from ..errors import TemplateError
-from ..render.renderer import ChatRenderer
-from ..strands_front.messages import to_chat_messages
-from ..tool_parsers.base import ToolParser
-from ..trajectory import Trajectory
+from ...conversation import ChatMessage
+from ...errors import TemplateError
+from ...render.renderer import ChatRenderer
+from ...strands_front.messages import to_chat_messages
+from ...tool_parsers.base import ToolParser
+from ...trajectory import Trajectory
 
 __all__ = ["TextStackView", "text_stack_messages", "text_stack_view"]
 

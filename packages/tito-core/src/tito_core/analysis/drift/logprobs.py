@@ -1,6 +1,6 @@
 """The logprob gap: recorded (sampler's) logprobs against a trainer's recomputed ones.
 
-The statistics are :func:`tito_core.audit.gap_stats`' (mean / max ``|new - old|``, the k3 KL estimate, the
+The statistics are :func:`tito_core.analysis.audit.gap_stats`' (mean / max ``|new - old|``, the k3 KL estimate, the
 importance-ratio quantiles), the one place they are computed; this is their form for ``(old, new)`` pairs.
 """
 
@@ -13,7 +13,7 @@ from ..audit import GapStats, gap_stats
 __all__ = ["LogprobGap", "logprob_gap"]
 
 LogprobGap = GapStats
-"""The gap of a set of tokens (:class:`tito_core.audit.GapStats`)."""
+"""The gap of a set of tokens (:class:`tito_core.analysis.audit.GapStats`)."""
 
 
 def logprob_gap(pairs: Iterable[tuple[float, float]]) -> GapStats:

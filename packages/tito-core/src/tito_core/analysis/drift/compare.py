@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..render.renderer import ChatRenderer, first_difference
-from ..trajectory import Trajectory
+from ...render.renderer import ChatRenderer, first_difference
+from ...trajectory import Trajectory
 from .text_stack import TextStackView
 
 __all__ = ["DRIFT_CATEGORIES", "DriftCategory", "DriftSpan", "IdComparison", "compare_ids"]

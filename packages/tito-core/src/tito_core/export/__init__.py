@@ -1,0 +1,47 @@
+"""The exports: a :class:`~tito_core.trajectory.Trajectory` as the fields each RL trainer expects, one module each.
+
+Every exporter returns plain Python data (no trainer is imported). The *response* is everything after
+the prompt: the model's outputs (loss 1) and the tool results / boundaries between them (loss 0).
+Logprobs of non-output tokens are ``0.0``, as the trainers expect.
+
+A rollout whose history was rewritten has several branches: :func:`training_branches` makes each a training
+sample (:mod:`~tito_core.export.branches`), and every exporter takes a trajectory or one :class:`TrainingBranch`.
+
+Weight versions (:mod:`tito_core.versions`) go in the trainer's own field where it has one, else in a documented
+extra field (docs/exports.md); a sample whose tokens have no versions (the backend reported none) exports none.
+
+Images (docs/multimodal.md, "Trainer fields") go in each trainer's own field, every image of the sample's ids in
+token order, as PIL images (``images="pil"``) or their sha256 (``"sha256"``, for rows written to a file); a
+text-only sample's fields are unchanged. Pixel inputs need the model's image processor, which the caller gives.
+
+Modules, one job each (their public names are importable from here):
+
+* :mod:`~tito_core.export.branches`: a rollout's branches as training samples;
+* :mod:`~tito_core.export.slime`, :mod:`~tito_core.export.verl`, :mod:`~tito_core.export.trl`,
+  :mod:`~tito_core.export.agentlightning`: one trainer's format each;
+* :mod:`~tito_core.export.media`: a sample's images and videos in the forms trainers take.
+
+Running rollouts inside a trainer (TRL's ``rollout_func``, verl's agent loop, slime's generate hook, Agent
+Lightning's runner) is :mod:`tito_core.trainers`'; it uses these.
+"""
+
+from __future__ import annotations
+
+from .agentlightning import model_request_events
+from .branches import BranchReward, TrainingBranch, training_branches
+from .slime import to_slime
+from .trl import to_trl
+from .verl import VERL_METRICS, to_verl, turn_token_scores, verl_multi_modal_inputs
+
+__all__ = [
+    "VERL_METRICS",
+    "BranchReward",
+    "TrainingBranch",
+    "model_request_events",
+    "to_slime",
+    "to_trl",
+    "to_verl",
+    "training_branches",
+    "turn_token_scores",
+    "verl_multi_modal_inputs",
+]
