@@ -12,7 +12,7 @@ Figures (docs/performance.md, "Gateway"):
 
 * per call at 1k and 34k: each client's time per model call minus the engine's handler time (the gateway path:
   the client's POST, so HTTP both ways, the gateway and its engine call; direct: ``stream()``); the gateway's own
-  ``Gateway.chat`` time minus the engine's, and the client's JSON time; ``gateway - direct`` is the overhead;
+  ``Gateway.call`` time minus the engine's, and the client's JSON time; ``gateway - direct`` is the overhead;
 * calls/s at 64 concurrent rollouts through one gateway process against ``TitoModel`` direct from one process
   (median of ``--throughput-repeats`` runs, order rotating);
 * 1,000 concurrent rollouts at 10 % engine faults through one gateway writing its rollout file: every rollout
@@ -274,7 +274,7 @@ def render(report: dict[str, Any]) -> str:
     """The tables and the last line."""
     lines = [
         "| size | tokens (direct / gateway) | TitoModel direct ms/call | gateway ms/call | gateway - direct | "
-        "strands-sglang ms/call | gateway - strands-sglang | Gateway.chat ms/call | client JSON ms/call |",
+        "strands-sglang ms/call | gateway - strands-sglang | Gateway.call ms/call | client JSON ms/call |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for size, by in report["latency"].items():

@@ -16,7 +16,7 @@ figure wanted is the gateway's own. The client's JSON encode and decode time is 
 Commands (``url``: the fake engine, for its handler times; ``gateway``: the gateway's base URL; both kept for
 the next commands, so ``{"op": "connect", "gateway": URL}`` first lets ``run.py``'s ``latency_rows`` drive it):
     ``latency``: as ``client.py``; per call the POST wall time, the engine's handler time, the gateway's own
-    ``Gateway.chat`` time (``gateway_server.py``'s ``/_bench/times``) and the client's JSON time.
+    ``Gateway.call`` time (``gateway_server.py``'s ``/_bench/times``) and the client's JSON time.
     ``throughput``: as ``client.py`` (C lanes, at least R rollouts, event-loop lag).
     ``faults``: ``rollouts`` rollouts at once, each ending at its first error answer (the gateway's OpenAI error
     JSON) or its answer; returns per rollout the HTTP statuses seen and the status of the record ``finish`` wrote.

@@ -4,8 +4,8 @@
 gateway's own routes (``tito_core.gateway.app.build_app``) on a free port of 127.0.0.1, in front of the SGLang
 backend at ``URL`` (``session="off"``: every call sends the whole trajectory, as the benchmark's direct clients
 do), with the hermes tool parser, and prints ``PORT <n>`` once it serves. One route is added for the benchmark:
-``GET /_bench/times`` returns and clears the wall time of every ``Gateway.chat`` since the last ask (request
-conversion, the core's call with the engine's round trip, the completion body): the gateway's service time without
+``GET /_bench/times`` returns and clears the wall time of every ``Gateway.call`` since the last ask (the front's
+decoding, the core's call with the engine's round trip, the front's answer): the gateway's service time without
 aiohttp's HTTP handling. SIGTERM / SIGINT end it as ``tito serve`` ends: open rollouts are written ``aborted``.
 With ``--profile OUT`` the whole process runs under cProfile, written to ``OUT`` (``.pstats``) and the top 40 by
 own time to ``OUT.txt`` at the end.
@@ -46,16 +46,16 @@ async def serve(args: argparse.Namespace) -> None:
     gateway = Gateway(config, output=args.output or None)
     await gateway.prepare()
     times: list[float] = []
-    chat = gateway.chat
+    call = gateway.call
 
-    async def timed_chat(rollout_id: str, body: Any) -> Any:
+    async def timed_call(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         try:
-            return await chat(rollout_id, body)
+            return await call(*args, **kwargs)
         finally:
             times.append(time.perf_counter() - started)
 
-    gateway.chat = timed_chat  # type: ignore[method-assign]
+    gateway.call = timed_call  # type: ignore[method-assign]
 
     async def bench_times(_request: web.Request) -> web.Response:
         taken = times[:]

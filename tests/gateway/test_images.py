@@ -146,14 +146,14 @@ async def test_a_changed_image_forks(vl: Any) -> None:
 
 def test_a_replayed_image_is_not_decoded_again() -> None:
     reader = ImageReader()
-    part = {"type": "image_url", "image_url": {"url": data_url(png(30, 30))}}
+    url = data_url(png(30, 30))
     reader.begin()
-    first = reader.read(part, "messages[0].content[0]")
+    first = reader.read_url(url, "messages[0].content[0].image_url.url")
     reader.begin()
-    assert reader.read(part, "messages[0].content[0]") is first  # the same object: kept from the last request
+    assert reader.read_url(url, "messages[0].content[0].image_url.url") is first  # kept from the last request
     reader.begin()
     reader.begin()  # a request without it: forgotten (the reader holds one request's images)
-    assert reader.read(part, "messages[0].content[0]") is not first
+    assert reader.read_url(url, "messages[0].content[0].image_url.url") is not first
 
 
 BAD = data_url(b"\x89PNG\r\n\x1a\nnot really")

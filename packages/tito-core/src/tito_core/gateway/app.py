@@ -3,11 +3,10 @@
 =============================================  ================================================================
 ``POST /rollouts``                             open one: ``{task_id?, metadata?, id?, group?}`` → 201
                                                ``{id, token, base_url}``
-``POST /rollouts/<id>/v1/chat/completions``    a chat call on the rollout (JSON, or SSE with ``stream``)
-``POST /v1/chat/completions``                  the same, the rollout named by its token alone
-``POST /rollouts/<id>/v1/responses``           a Responses API call on the rollout (``/v1/responses``: by token)
-``POST /rollouts/<id>/v1/messages``            an Anthropic Messages call (``/v1/messages``: by token); its
-                                               ``/count_tokens`` counts a prompt; errors in Anthropic's shape
+``POST /rollouts/<id>/<a front's route>``      a call on the rollout, through its front (:mod:`~tito_core.gateway.
+                                               fronts`: ``/v1/chat/completions``, ``/v1/responses``,
+                                               ``/v1/messages`` and its ``/count_tokens``, ...): JSON, or SSE
+``POST /<a front's route>``                    the same, the rollout named by its token alone
 ``GET /rollouts/<id>/v1/models``, ``/v1/models``  the served model
 ``GET /rollouts/<id>``                         the trajectory JSON (with its status)
 ``POST /rollouts/<id>/reward``                 ``{"value", "turn"?}``: reward one model call (default: the last) →
@@ -18,11 +17,12 @@
                                                rollouts, read-only; its data routes take the viewer key
 =============================================  ================================================================
 
-Every error is OpenAI's error JSON (:mod:`~tito_core.gateway.errors`; Anthropic's on the Messages routes) and bodies
-are bounded (413). Every route of a rollout takes its token (``Authorization: Bearer <token>`` or ``x-api-key``),
-which ``POST /rollouts`` returns; with an api key, opening a rollout takes the key (which every rollout's routes
-take too). A web page is refused (a foreign ``Host``, an ``Origin`` not allowed, a POST that is not JSON: 403 /
-415), and no CORS header is sent.
+The app routes by the front objects the gateway serves (``Gateway.fronts``) and knows none by name. A front's
+routes answer errors in its own shape (:meth:`~tito_core.gateway.fronts.Front.error`), the others in OpenAI's
+(:mod:`~tito_core.gateway.errors`); bodies are bounded (413). Every route of a rollout takes its token
+(``Authorization: Bearer <token>``, ``x-api-key``, or a header its front names), which ``POST /rollouts`` returns;
+with an api key, opening a rollout takes the key (which every rollout's routes take too). A web page is refused (a
+foreign ``Host``, an ``Origin`` not allowed, a POST that is not JSON: 403 / 415), and no CORS header is sent.
 A 404 or 409 says ``x-should-retry: false``: the OpenAI SDKs would otherwise retry a 409 that cannot succeed.
 A rollout id is one path segment, percent-quoted in URLs (``base_url`` quotes it); the routes match it unquoted.
 """
@@ -30,7 +30,7 @@ A rollout id is one path segment, percent-quoted in URLs (``base_url`` quotes it
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -39,13 +39,10 @@ from aiohttp import web
 from ..records import RolloutRecord
 from ..records.schema import ENCODER
 from ..viewer import viewer_app
+from . import sse
 from .access import Access
-from .anthropic_messages import error_body as message_error
-from .anthropic_messages import sse_events as message_events
-from .completion import sse_chunks
 from .errors import GatewayError, bad_request, bounded_depth, error_body, too_deep
-from .openai_chat import ChatRequest
-from .openai_responses import sse_events as response_events
+from .fronts import Front, Route
 from .registry import GatewayRollout
 from .ui import GatewaySource
 
@@ -58,6 +55,7 @@ class Served(Protocol):
     access: Access
     model_name: str
     max_body_bytes: int
+    fronts: Sequence[Front]
 
     def authorize(self, rollout_id: str, credential: str | None) -> None:
         """404 / 401 unless the credential is the rollout's token (or the gateway's key)."""
@@ -77,17 +75,15 @@ class Served(Protocol):
     def trajectory_json(self, rollout_id: str) -> bytes:
         """A rollout's trajectory JSON."""
 
-    async def chat(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], ChatRequest]:
-        """Answer a chat call."""
+    async def call(
+        self, rollout_id: str, front: Front, body: Any, route: Route | None = None, path: dict[str, str] | None = None
+    ) -> tuple[Any, bool]:
+        """Answer a call through ``front``: its answer (JSON data, or its events) and whether it streams."""
 
-    async def respond(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], bool]:
-        """Answer a Responses API call (the body, and whether to stream it)."""
-
-    async def message(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], bool]:
-        """Answer an Anthropic Messages call (the body, and whether to stream it)."""
-
-    async def count_tokens(self, rollout_id: str, body: Any) -> int:
-        """A Messages body's prompt token count."""
+    async def count(
+        self, rollout_id: str, front: Front, body: Any, route: Route | None = None, path: dict[str, str] | None = None
+    ) -> Any:
+        """Answer a ``count`` route of ``front``."""
 
     def reward(self, rollout_id: str, value: Any, turn: Any = None) -> int:
         """Reward one model call of a rollout; returns its turn index."""
@@ -103,6 +99,7 @@ class Served(Protocol):
 
 
 _GATEWAY: web.AppKey[Served] = web.AppKey("gateway")
+_FRONTS: web.AppKey[dict[Any, Front]] = web.AppKey("fronts")  # each front's aiohttp routes: its errors' shape
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -115,8 +112,8 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=_ENCODER.encode(data), status=status, content_type="application/json")
 
 
-def _error(error: GatewayError, *, anthropic: bool = False) -> web.Response:
-    response = _json(message_error(error) if anthropic else error_body(error), error.status)
+def _error(error: GatewayError, front: Front | None) -> web.Response:
+    response = _json(front.error(error) if front is not None else error_body(error), error.status)
     # an unknown, finished or busy rollout, a gateway shutting down: retrying the same request cannot help
     if error.status in (404, 409) or error.code == "shutting_down":
         response.headers["x-should-retry"] = "false"
@@ -129,9 +126,17 @@ def _bearer(request: web.Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def _credential(request: web.Request) -> str | None:
-    """The request's key or token: ``Authorization: Bearer X``, else ``x-api-key: X`` (Anthropic's clients)."""
-    return _bearer(request) or request.headers.get("x-api-key") or None
+def _credential(request: web.Request, front: Front | None = None) -> str | None:
+    """The request's key or token: ``Authorization: Bearer X``, else ``x-api-key: X``, else a front's own header.
+
+    Anthropic's clients send ``x-api-key``; a front names more (Gemini's ``x-goog-api-key``).
+    """
+    found = _bearer(request) or request.headers.get("x-api-key")
+    for header in front.key_headers if front is not None and not found else ():
+        found = request.headers.get(header)
+        if found:
+            break
+    return found or None
 
 
 @web.middleware
@@ -139,7 +144,7 @@ async def _errors(request: web.Request, handler: _Handler) -> web.StreamResponse
     try:
         return await _checked(request, handler)
     except GatewayError as exc:
-        return _error(exc, anthropic="/v1/messages" in request.path)
+        return _error(exc, request.app[_FRONTS].get(request.match_info.route))
 
 
 async def _checked(request: web.Request, handler: _Handler) -> web.StreamResponse:
@@ -210,69 +215,32 @@ async def _open(request: web.Request) -> web.Response:
     return _json({"id": rollout.id, "token": rollout.token, "base_url": rollout.base_url}, 201)
 
 
-async def _chat(request: web.Request, rollout_id: str) -> web.StreamResponse:
-    gateway = request.app[_GATEWAY]
-    gateway.authorize(rollout_id, _credential(request))
-    gateway.get(rollout_id)  # 404 / 409 before reading a large body
-    body, chat = await gateway.chat(rollout_id, await _body(request))
-    if not chat.stream:
-        return _json(body)
-    return await _sse(request, sse_chunks(body, include_usage=chat.include_usage))
+def _front_handler(front: Front, route: Route) -> _Handler:
+    """The handler of one route of ``front``: the rollout in the path or named by the token, the call, the answer."""
 
+    async def handle(request: web.Request) -> web.StreamResponse:
+        gateway = request.app[_GATEWAY]
+        credential = _credential(request, front)
+        path = {k: v for k, v in request.match_info.items() if k != "rollout"}
+        if "rollout" in request.match_info:
+            rollout_id = request.match_info["rollout"]
+            gateway.authorize(rollout_id, credential)
+        else:
+            rollout_id = gateway.access.rollout_of(credential)
+        if route.kind == "count":
+            return _json(await gateway.count(rollout_id, front, await _body(request), route, path))
+        gateway.get(rollout_id)  # 404 / 409 before reading a large body
+        answer, stream = await gateway.call(rollout_id, front, await _body(request), route, path)
+        if not stream:
+            return _json(answer)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        for event in sse.encode(answer):
+            await response.write(event)
+        await response.write_eof()
+        return response
 
-async def _chat_on_path(request: web.Request) -> web.StreamResponse:
-    return await _chat(request, request.match_info["rollout"])
-
-
-async def _chat_by_token(request: web.Request) -> web.StreamResponse:
-    return await _chat(request, request.app[_GATEWAY].access.rollout_of(_credential(request)))
-
-
-async def _front(
-    request: web.Request,
-    answer: Callable[[Served, str, Any], Awaitable[tuple[dict[str, Any], bool]]],
-    events: Callable[[dict[str, Any]], list[bytes]],
-) -> web.StreamResponse:
-    """A call on another front (Responses, Messages): its answer as JSON, or as ``events`` when streamed."""
-    gateway = request.app[_GATEWAY]
-    rollout_id = _rollout_of(request)
-    gateway.get(rollout_id)  # 404 / 409 before reading a large body
-    body, stream = await answer(gateway, rollout_id, await _body(request))
-    if not stream:
-        return _json(body)
-    return await _sse(request, events(body))
-
-
-async def _respond(request: web.Request) -> web.StreamResponse:
-    return await _front(request, lambda gateway, rid, body: gateway.respond(rid, body), response_events)
-
-
-async def _message(request: web.Request) -> web.StreamResponse:
-    return await _front(request, lambda gateway, rid, body: gateway.message(rid, body), message_events)
-
-
-async def _count_tokens(request: web.Request) -> web.Response:
-    gateway = request.app[_GATEWAY]
-    rollout_id = _rollout_of(request)
-    return _json({"input_tokens": await gateway.count_tokens(rollout_id, await _body(request))})
-
-
-def _rollout_of(request: web.Request) -> str:
-    """The authorized rollout of a request: the one in its path, or the one its token names."""
-    gateway = request.app[_GATEWAY]
-    if "rollout" not in request.match_info:
-        return gateway.access.rollout_of(_credential(request))
-    gateway.authorize(request.match_info["rollout"], _credential(request))
-    return request.match_info["rollout"]
-
-
-async def _sse(request: web.Request, events: list[bytes]) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-    await response.prepare(request)
-    for event in events:
-        await response.write(event)
-    await response.write_eof()
-    return response
+    return handle
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -322,16 +290,17 @@ async def _reward(request: web.Request) -> web.Response:
 
 
 def build_app(gateway: Served) -> web.Application:
-    """The aiohttp application serving ``gateway``."""
+    """The aiohttp application serving ``gateway`` and its fronts."""
     app = web.Application(client_max_size=gateway.max_body_bytes, middlewares=[_errors])
     app[_GATEWAY] = gateway
+    owners: dict[Any, Front] = {}
     app.router.add_post("/rollouts", _open)
-    app.router.add_post("/rollouts/{rollout}/v1/chat/completions", _chat_on_path)
-    app.router.add_post("/v1/chat/completions", _chat_by_token)
-    for prefix in ("/rollouts/{rollout}", ""):  # a rollout by its path, or by its token alone
-        app.router.add_post(f"{prefix}/v1/responses", _respond)
-        app.router.add_post(f"{prefix}/v1/messages", _message)
-        app.router.add_post(f"{prefix}/v1/messages/count_tokens", _count_tokens)
+    for front in gateway.fronts:
+        for route in front.routes:
+            handler = _front_handler(front, route)
+            for prefix in ("/rollouts/{rollout}", ""):  # a rollout by its path, or by its token alone
+                owners[app.router.add_post(prefix + route.path, handler)] = front
+    app[_FRONTS] = owners
     app.router.add_get("/rollouts/{rollout}/v1/models", _models)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/rollouts/{rollout}", _trajectory)

@@ -21,7 +21,6 @@ from ..rollout_core import CallOptions, Rollout
 from .errors import GatewayError
 from .images import ImageReader
 from .matching import ReplyBook
-from .openai_responses import ResponseChain
 from .rewards import TurnRewards
 
 __all__ = ["GatewayRollout", "Registry", "new_token"]
@@ -47,7 +46,8 @@ class GatewayRollout:
         metadata: What the client gave when opening it (kept in the trajectory's metadata too).
         rollout: The core's rollout.
         replies: The assistant messages returned so far, for matching replays.
-        responses: The Responses API answers so far, for ``previous_response_id``.
+        front_states: Each front's own state for this rollout (:meth:`~tito_core.gateway.fronts.Front.new_state`:
+            the Responses API's past responses, for ``previous_response_id``), by front name.
         images: The reader of its requests' ``image_url`` parts (the last request's images kept by URL).
         started: Unix time it was opened.
         last_used: ``time.monotonic()`` of the last call's end (or the opening).
@@ -68,7 +68,7 @@ class GatewayRollout:
         self.task_id = task_id
         self.metadata = metadata
         self.replies = ReplyBook()
-        self.responses = ResponseChain()
+        self.front_states: dict[str, Any] = {}
         self.images = ImageReader()
         self.started = time.time()
         self.last_used = time.monotonic()

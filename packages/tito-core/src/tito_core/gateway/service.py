@@ -1,13 +1,14 @@
-"""The gateway's Python API: :class:`Gateway` opens rollouts, answers chat calls on them, and ends and writes them.
+"""The gateway's Python API: :class:`Gateway` opens rollouts, answers calls on them, and ends and writes them.
 
 One :class:`~tito_core.rollout_core.call.Rollout` per gateway rollout, built from the config's
 :class:`~tito_core.model_setup.ModelSetup`, the setup :meth:`TitoConfig.create_model` builds a
 :class:`~tito_core.strands_front.model.TitoModel` from (the same renderer, tool parser, vision, sampling and
-options): the gateway is a second front on the core, with nothing Strands-specific. A chat call converts the request
-(:mod:`~tito_core.gateway.openai_chat`), calls the rollout, and answers with the recorded output
-(:mod:`~tito_core.gateway.completion`); the rollout remembers what it returned so the replayed message reaches the
-core as the exact reply. Ending a rollout (``finish``, ``take``, the idle timeout, ``close``) closes its trajectory
-with a status and, with an output, writes it with the runner's writer.
+options): the gateway is a second front on the core, with nothing Strands-specific. A call goes through one of the
+gateway's fronts (:mod:`~tito_core.gateway.fronts`, registered as plugins): the front decodes its request into the
+neutral call (:mod:`~tito_core.gateway.call`), the rollout records it, and the front encodes the answer; the rollout
+remembers what it returned so the replayed message reaches the core as the exact reply. Ending a rollout
+(``finish``, ``take``, the idle timeout, ``close``) closes its trajectory with a status and, with an output, writes
+it with the runner's writer.
 """
 
 from __future__ import annotations
@@ -31,12 +32,10 @@ from ..status import Closed, NoModelCall, Outcome, Stopped, replaces, status_of
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory
 from .access import Access, is_loopback
-from .anthropic_messages import chat_body as messages_chat_body
-from .anthropic_messages import message_of as anthropic_message
-from .calls import chat_call, count_tokens, translated
+from .call import answer_call, count_prompt
 from .errors import GatewayError
-from .openai_chat import ChatRequest
-from .openai_responses import chat_body
+from .fronts import Context, Front, Route, load_fronts
+from .images import ImageReader
 from .output import GatewayOutput
 from .registry import GatewayRollout, Registry
 
@@ -77,6 +76,8 @@ class Gateway:
             (and, on loopback, ``localhost``, ``127.0.0.1`` and ``[::1]``): a foreign Host is a 403 (DNS rebinding).
         allow_origins: Browser origins allowed to call (``https://app.example``); any other ``Origin`` is a 403.
             None by default: no web page can call the gateway, and it sends no CORS headers.
+        fronts: The names of the fronts to serve (the registered ones, :mod:`~tito_core.gateway.fronts`), None for
+            all of them.
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class Gateway:
         processor: ProcessorSpec = None,
         allow_hosts: Sequence[str] = (),
         allow_origins: Sequence[str] = (),
+        fronts: Sequence[str] | None = None,
     ) -> None:
         if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
             raise ConfigError("api_key must be a string that is not empty or only whitespace, or None")
@@ -117,6 +119,7 @@ class Gateway:
         self._closing = False
         self._hurry = asyncio.Event()
         self.access = Access(api_key, allow_hosts, allow_origins)
+        self.fronts: Sequence[Front] = tuple(load_fronts(fronts))
 
     # ------------------------------------------------------------------------------------------- lifecycle
     async def prepare(self) -> None:
@@ -315,43 +318,59 @@ class Gateway:
         logger.info("rollout %s ended after %g s idle", rollout.id, timeout)
 
     # ---------------------------------------------------------------------------------------------- calls
-    async def chat(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], ChatRequest]:
-        """Answer one chat-completions request on rollout ``rollout_id``.
+    async def call(
+        self, rollout_id: str, front: Front, body: Any, route: Route | None = None, path: dict[str, str] | None = None
+    ) -> tuple[Any, bool]:
+        """Answer one request of ``front`` on rollout ``rollout_id``; returns the answer and whether it streams.
 
-        Returns the ChatCompletion body and the checked request (the caller streams it when asked).
+        The answer is the front's JSON data, or its list of :class:`~tito_core.gateway.sse.Event` s when it streams.
+
+        ``route`` is the front's route it came in on (its first by default), ``path`` the route's path parameters.
 
         Raises:
-            GatewayError: 400 (a field tito cannot honour, named), 404, 409 (busy, finished), or the error a
-                failed model call maps to (:func:`~tito_core.gateway.errors.error_of`); the rollout has its status.
+            GatewayError: 400 (a field tito cannot honour, named as the caller wrote it), 404, 409 (busy, finished),
+                503 (shutting down), or the error a failed model call maps to
+                (:func:`~tito_core.gateway.errors.error_of`); the rollout has its status.
         """
         rollout = self.get(rollout_id)
         self._refuse_if_closing()
+        route = route or front.routes[0]
         with rollout.claim():
-            return await chat_call(rollout, body, rollout.options, self.model_name)
+            context = self._context(rollout, front, route, path, rollout.images)
+            try:
+                decoded = front.decode(body, context)
+            except GatewayError as exc:
+                rollout.rollout.fail(exc)
+                raise
+            answer = await answer_call(rollout, decoded.request, self.model_name)
+        stream = route.stream if route.stream is not None else decoded.request.stream
+        if stream:
+            return front.events(answer, decoded, context), True
+        return front.encode(answer, decoded, context), False
 
-    async def respond(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], bool]:
-        """Answer one Responses API request on rollout ``rollout_id``; returns the body and whether to stream it.
+    async def count(
+        self, rollout_id: str, front: Front, body: Any, route: Route | None = None, path: dict[str, str] | None = None
+    ) -> Any:
+        """Answer a ``count`` route of ``front``: the prompt's token count, with nothing recorded.
 
-        The request is the chat call it stands for (:mod:`~tito_core.gateway.openai_responses`).
+        It takes text only (an image is a 400: no image reader is used, so counting never touches the rollout's
+        kept images).
         """
         rollout = self.get(rollout_id)
-        chat, items = translated(rollout, lambda: chat_body(body, rollout.responses))
-        completion_body, request = await self.chat(rollout_id, chat)
-        return rollout.responses.answer(completion_body, body, items), request.stream
+        route = route or next(r for r in front.routes if r.kind == "count")
+        context = self._context(rollout, front, route, path, ImageReader(_NO_IMAGES_WHEN_COUNTING))
+        return front.count(await count_prompt(rollout, front.decode(body, context).request))
 
-    async def message(self, rollout_id: str, body: Any) -> tuple[dict[str, Any], bool]:
-        """Answer one Anthropic Messages request on rollout ``rollout_id``; returns the body and whether to stream.
+    @staticmethod
+    def _context(
+        rollout: GatewayRollout, front: Front, route: Route, path: dict[str, str] | None, images: ImageReader
+    ) -> Context:
+        if front.name not in rollout.front_states:
+            rollout.front_states[front.name] = front.new_state()
+        return Context(rollout.replies, images, rollout.front_states[front.name], route, path)
 
-        The request is the chat call it stands for (:mod:`~tito_core.gateway.anthropic_messages`).
-        """
-        chat = translated(self.get(rollout_id), lambda: messages_chat_body(body))
-        completion_body, request = await self.chat(rollout_id, chat)
-        return anthropic_message(completion_body, chat.get("stop")), request.stream
 
-    async def count_tokens(self, rollout_id: str, body: Any) -> int:
-        """The prompt's token count of a Messages ``count_tokens`` body on rollout ``rollout_id``; nothing recorded."""
-        rollout = self.get(rollout_id)
-        return await count_tokens(rollout, messages_chat_body(body, counting=True), rollout.options)
+_NO_IMAGES_WHEN_COUNTING = "images are not counted here: count a prompt of text (no image is read)"
 
 
 def served_model_name(config: TitoConfig) -> str:

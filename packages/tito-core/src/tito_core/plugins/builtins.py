@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tito_core.plugins.hookspecs import InputKindSpec, ToolParserSpec, VisionFamilySpec, hookimpl
+from tito_core.plugins.hookspecs import FrontSpec, InputKindSpec, ToolParserSpec, VisionFamilySpec, hookimpl
 
 
 @hookimpl
@@ -83,3 +83,13 @@ def tito_vision_families() -> Iterator[VisionFamilySpec]:
         ("Qwen2VL", "Qwen2_5_VL", "Qwen3VL"),
         "Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5: grid_thw.prod() // merge_size**2 pads per image or video",
     )
+
+
+@hookimpl
+def tito_fronts() -> Iterator[FrontSpec]:
+    """Yield the gateway's own fronts (``tito serve``)."""
+    yield FrontSpec(
+        "chat_completions", "tito_core.gateway.fronts.chat_completions:ChatCompletions", "OpenAI chat completions"
+    )
+    yield FrontSpec("responses", "tito_core.gateway.fronts.responses:Responses", "OpenAI Responses API")
+    yield FrontSpec("messages", "tito_core.gateway.fronts.messages:Messages", "Anthropic Messages API")

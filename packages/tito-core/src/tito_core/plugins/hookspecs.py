@@ -23,6 +23,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "PROJECT_NAME",
     "BackendSpec",
+    "FrontSpec",
     "InputKindSpec",
     "TitoSpecs",
     "ToolParserSpec",
@@ -45,7 +46,7 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 _FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
-def _check_spec(spec: BackendSpec | ToolParserSpec | InputKindSpec | VisionFamilySpec, kind: str) -> None:
+def _check_spec(spec: BackendSpec | ToolParserSpec | InputKindSpec | VisionFamilySpec | FrontSpec, kind: str) -> None:
     if not isinstance(spec.name, str):
         raise ConfigError(f"{kind} name must be a string, got {type(spec.name).__name__}")
     name = spec.name.strip().lower()
@@ -146,6 +147,24 @@ class VisionFamilySpec(msgspec.Struct, frozen=True):
             raise ConfigError(f"vision family {self.name!r}: processors must name at least one processor class prefix")
 
 
+class FrontSpec(msgspec.Struct, frozen=True):
+    """A gateway front a plugin provides: the codec of one wire API (``tito serve`` serves every registered one).
+
+    Attributes:
+        name: The front's name (``chat_completions``, ``responses``, ``messages``, ``gemini`` are the core's).
+        factory: A callable returning a :class:`~tito_core.gateway.fronts.Front` (usually the class), or a
+            ``"module:attr"`` string naming one, imported when a gateway starts.
+        description: One line shown when fronts are listed.
+    """
+
+    name: str
+    factory: str | Callable[[], object]
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        _check_spec(self, "front")
+
+
 class TitoSpecs:
     """The hooks a tito plugin may implement (as plain functions in its module, without ``self``)."""
 
@@ -228,5 +247,19 @@ class TitoSpecs:
         @hookimpl
         def tito_vision_families():
             yield VisionFamilySpec("gemma3", "tito_gemma:Gemma3Family", ("Gemma3",), "Gemma 3: 256 tokens per image")
+        """
+        yield from ()
+
+    @hookspec
+    def tito_fronts(self) -> Iterable[FrontSpec]:
+        """Yield the gateway fronts this plugin provides: each the codec of one wire API over the neutral call.
+
+        A front (:class:`~tito_core.gateway.fronts.Front`) decodes its wire request into a
+        :class:`~tito_core.gateway.call.CallRequest` and encodes the :class:`~tito_core.gateway.call.CallAnswer`, its
+        stream and its errors (the core's are in ``tito_core.gateway.fronts``)::
+
+            @hookimpl
+            def tito_fronts():
+                yield FrontSpec("ollama", "tito_ollama:OllamaChat", "Ollama's /api/chat")
         """
         yield from ()

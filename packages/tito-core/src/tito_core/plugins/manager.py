@@ -26,6 +26,7 @@ from tito_core.plugins.hookspecs import (
     ENTRY_POINT_GROUP,
     PROJECT_NAME,
     BackendSpec,
+    FrontSpec,
     InputKindSpec,
     TitoSpecs,
     ToolParserSpec,
@@ -65,7 +66,7 @@ class PluginFailure(NamedTuple):
     """What went wrong."""
 
 
-_SpecT = TypeVar("_SpecT", BackendSpec, ToolParserSpec, InputKindSpec, VisionFamilySpec)
+_SpecT = TypeVar("_SpecT", BackendSpec, ToolParserSpec, InputKindSpec, VisionFamilySpec, FrontSpec)
 
 
 def _env_flag(name: str) -> bool:
@@ -217,7 +218,13 @@ class TitoPluginManager(pluggy.PluginManager):
         """All registered vision families by name, sorted."""
         return self._records("tito_vision_families", "vision family", VisionFamilySpec)
 
-    def resolve(self, kind: str, spec: BackendSpec | ToolParserSpec | InputKindSpec | VisionFamilySpec) -> Any:
+    def fronts(self) -> dict[str, FrontSpec]:
+        """All registered gateway fronts by name, sorted."""
+        return self._records("tito_fronts", "front", FrontSpec)
+
+    def resolve(
+        self, kind: str, spec: BackendSpec | ToolParserSpec | InputKindSpec | VisionFamilySpec | FrontSpec
+    ) -> Any:
         """The object a record's factory names (imported now when it is a ``"module:attr"`` string).
 
         Raises:
@@ -282,7 +289,10 @@ class TitoPluginManager(pluggy.PluginManager):
         return call_factory(kind, key, factory, options)
 
     def _resolve(
-        self, kind: str, spec: BackendSpec | ToolParserSpec | InputKindSpec | VisionFamilySpec, label: str
+        self,
+        kind: str,
+        spec: BackendSpec | ToolParserSpec | InputKindSpec | VisionFamilySpec | FrontSpec,
+        label: str,
     ) -> Callable[..., Any]:
         if not isinstance(spec.factory, str):
             return spec.factory
