@@ -39,7 +39,7 @@ async def test_leading_system_and_developer_messages_are_joined_in_order(
     await client(rollout).chat.completions.create(model="m", messages=messages)
     prompt = qwen3_tokenizer.decode(backend.requests[0].input_ids)
     assert "<|im_start|>system\nYou are terse.\n\nAnswer in French.<|im_end|>" in prompt
-    assert gateway.registry.get(rollout.id).rollout.trajectory.branch == 0
+    assert gateway.registry.get(rollout.id).core.trajectory.branch == 0
 
 
 async def test_a_later_system_message_is_rendered_where_it_stands_without_a_fork(
@@ -61,7 +61,7 @@ async def test_a_later_system_message_is_rendered_where_it_stands_without_a_fork
         "first<|im_end|>\n<|im_start|>system\nValidation failed: answer again.<|im_end|>\n"
         "<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n"
     ), second
-    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    traj = gateway.registry.get(rollout.id).core.trajectory
     assert traj.branch == 0 and len(traj.turns) == 2
 
 
@@ -83,7 +83,7 @@ async def test_a_template_that_cannot_place_it_gets_it_in_the_system_prompt_and_
             {"role": "user", "content": "Again"},
         ]
         await client(rollout).chat.completions.create(model="m", messages=messages)
-        traj = gw.registry.get(rollout.id).rollout.trajectory
+        traj = gw.registry.get(rollout.id).core.trajectory
     finally:
         await gw.close()
     second = qwen3_tokenizer.decode(backend.requests[1].input_ids)
@@ -121,7 +121,7 @@ async def test_tool_messages_that_answer_no_call_are_400_and_record_nothing(
         await client(rollout).chat.completions.create(model="m", messages=messages, tools=[ADD])  # type: ignore[arg-type]
     body = refused.value.body
     assert isinstance(body, dict) and body["param"] == param and text in body["message"], body
-    assert backend.requests == [] and not gateway.registry.get(rollout.id).rollout.trajectory.turns
+    assert backend.requests == [] and not gateway.registry.get(rollout.id).core.trajectory.turns
 
 
 async def test_answered_calls_in_any_order_go_on(gateway: Gateway, backend: Any) -> None:
@@ -139,7 +139,7 @@ async def test_answered_calls_in_any_order_go_on(gateway: Gateway, backend: Any)
         )
     second = await api.chat.completions.create(model="m", messages=messages, tools=[ADD])
     assert second.choices[0].message.content == "3"
-    assert gateway.registry.get(rollout.id).rollout.trajectory.branch == 0
+    assert gateway.registry.get(rollout.id).core.trajectory.branch == 0
 
 
 async def test_the_same_call_twice_is_matched_by_position_and_never_forks(gateway: Gateway, backend: Any) -> None:
@@ -157,5 +157,5 @@ async def test_the_same_call_twice_is_matched_by_position_and_never_forks(gatewa
         messages += [reply.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "1"}]
     final = await api.chat.completions.create(model="m", messages=messages, tools=[ADD])
     assert final.choices[0].message.content == "done"
-    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    traj = gateway.registry.get(rollout.id).core.trajectory
     assert traj.branch == 0 and not traj.branches and len(traj.turns) == 3

@@ -96,7 +96,7 @@ async def test_an_image_in_a_user_message_and_one_in_a_tool_result_are_recorded(
     messages += [{"role": "tool", "tool_call_id": call.id, "content": tool_parts}]
     second = await api.chat.completions.create(model="m", messages=messages, tools=[SHOT])
     assert second.choices[0].message.content == "A red square."
-    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    traj = gateway.registry.get(rollout.id).core.trajectory
     assert traj.branch == 0 and len(traj.turns) == 2  # the replayed image matched: no fork
     first_ids, second_ids = backend.requests[0].input_ids, backend.requests[1].input_ids
     assert second_ids[: len(first_ids)] == first_ids
@@ -117,10 +117,10 @@ async def test_an_image_in_a_user_message_and_one_in_a_tool_result_are_recorded(
     assert traj.branch == 0 and len(traj.turns) == 3 and len(traj.media) == 2
     record = await gateway.finish(rollout.id, reward=1.0)
     assert record.status == "completed"
-    (written,) = read_records(gateway.output)
+    (written,) = read_records(gateway.output_path)
     assert written.trajectory.media == list(spans)
     assert written.trajectory.image_data == {s.sha256: d for s, d in zip(spans, (photo, shot), strict=True)}
-    assert sorted(p.name for p in Path(f"{gateway.output}.images").iterdir()) == sorted(
+    assert sorted(p.name for p in Path(f"{gateway.output_path}.images").iterdir()) == sorted(
         f"{s.sha256}.{s.format}" for s in spans
     )  # the bytes once per image, next to the rollout file
 
@@ -138,7 +138,7 @@ async def test_a_changed_image_forks(vl: Any) -> None:
     first = await api.chat.completions.create(model="m", messages=[user(a)])
     reply = first.choices[0].message.model_dump(exclude_none=True)
     await api.chat.completions.create(model="m", messages=[user(b), reply, {"role": "user", "content": "more"}])
-    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    traj = gateway.registry.get(rollout.id).core.trajectory
     assert traj.branch == 1
     assert [s.sha256 for s in traj.media] == [hashlib.sha256(b).hexdigest()]
     assert [s.sha256 for s in traj.branches[0].media] == [hashlib.sha256(a).hexdigest()]
@@ -183,7 +183,7 @@ async def test_a_bad_image_is_a_400_naming_its_field_before_any_request(vl: Any)
         error = caught.value.body
         assert isinstance(error, dict) and error["param"] == field and error["type"] == "invalid_request_error", name
         assert error["message"].startswith(f"{field}: ") and words in error["message"], (name, error)
-        traj = gateway.registry.get(rollout.id).rollout.trajectory
+        traj = gateway.registry.get(rollout.id).core.trajectory
         assert len(traj) == 0 and traj.status == "failed", name
     assert backend.requests == []
 

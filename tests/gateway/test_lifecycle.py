@@ -72,7 +72,7 @@ async def test_ids_with_url_characters_are_quoted_and_matched_back(gateway: Gate
             assert response.status == 200 and (await response.json())["rollout_id"] == rid
         async with session.post(f"{url}/finish", json={"reward": 1.0}, headers=auth) as response:
             assert response.status == 200
-    (record,) = read_records(gateway.output)
+    (record,) = read_records(gateway.output_path)
     assert record.key == (rid, 0) and record.trajectory.rollout_id == rid and record.status == "completed"
 
 
@@ -102,7 +102,7 @@ async def test_post_rollouts_takes_the_records_group(gateway: Gateway, backend: 
             )
             record = await gateway.finish(opened["id"])
             assert record.group == (group or 0)
-    assert [r.group for r in read_records(gateway.output)] == [7, 0]
+    assert [r.group for r in read_records(gateway.output_path)] == [7, 0]
 
 
 async def test_a_rollout_finished_without_a_model_call_failed_with_that_reason(gateway: Gateway) -> None:
@@ -153,7 +153,7 @@ async def test_finishing_twice_is_a_409_and_writes_nothing_more(gateway: Gateway
     with pytest.raises(GatewayError) as unknown:
         await gateway.finish("never-opened")
     assert unknown.value.status == 404
-    assert [r.reward for r in read_records(gateway.output)] == [1.0]
+    assert [r.reward for r in read_records(gateway.output_path)] == [1.0]
 
 
 async def test_the_served_model_is_named_without_a_local_path(gateway: Gateway, backend: Any) -> None:

@@ -53,7 +53,7 @@ async def test_a_tool_loop_records_two_turns_on_one_branch(
     second = await sdk.messages.create(model="m", max_tokens=64, system=SYSTEM, messages=messages, tools=[ADD])
     assert [(b.type, getattr(b, "text", None)) for b in second.content] == [("text", "The sum is 5.")]
     assert second.stop_reason == "end_turn"
-    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    traj = gateway.registry.get(rollout.id).core.trajectory
     assert traj.branch == 0 and not traj.branches and len(traj.turns) == 2
     first_request, second_request = backend.requests
     turn = traj.turns[0]
@@ -122,7 +122,7 @@ async def test_a_thinking_block_is_signed_and_taken_back(gateway: Gateway, backe
     assert history[1]["content"][0]["signature"] == thinking.signature  # sent back as the SDK keeps it
     last = await client(streamed).messages.create(model="m", max_tokens=64, messages=history, tools=[ADD])
     assert last.content[0].type == "text" and last.content[0].text == "It is 3."
-    traj = gateway.registry.get(streamed.id).rollout.trajectory
+    traj = gateway.registry.get(streamed.id).core.trajectory
     assert not traj.branches and len(traj.turns) == 2  # the block was matched with the reply: no fork
 
 
@@ -328,7 +328,7 @@ async def test_a_stop_sequence_hit_is_the_stop_reason(qwen3_tokenizer: Any, tmp_
         answer = await sdk.messages.create(model="m", max_tokens=32, stop_sequences=["zz", "END"], messages=user)
         assert (answer.stop_reason, answer.stop_sequence) == ("stop_sequence", "END")
         assert answer.content[0].type == "text" and answer.content[0].text.strip() == "one two"
-        turn = gateway.registry.get(rollout.id).rollout.trajectory.turns[0]
+        turn = gateway.registry.get(rollout.id).core.trajectory.turns[0]
         assert turn.matched_stop == "END"  # what the engine said, recorded
         async with client(gateway.open()).messages.stream(
             model="m", max_tokens=32, stop_sequences=["END"], messages=user

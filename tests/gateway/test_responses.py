@@ -61,7 +61,7 @@ async def test_a_tool_loop_records_two_turns_on_one_branch(
             model="m", instructions="Use the tool.", input=[*question, *replay, result], tools=[ADD], store=False
         )
     assert second.output_text == "The sum is 5." and second.status == "completed"
-    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    traj = gateway.registry.get(rollout.id).core.trajectory
     assert traj.branch == 0 and not traj.branches and len(traj.turns) == 2
     first_request, second_request = backend.requests
     assert list(second_request.input_ids[: traj.turns[1].prompt_start]) == [

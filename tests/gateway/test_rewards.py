@@ -56,7 +56,7 @@ async def test_rewards_per_call_and_at_finish_make_the_records_turn_rewards(gate
         status, record = await _post(session, f"{url}/finish", rollout.token, {"turn_rewards": [None, None, 2.0]})
         assert status == 200  # the refusals above left the rollout open
     assert record["turn_rewards"] == [0.5, None, 2.0] and record["reward"] == 2.5
-    (written,) = read_records(gateway.output)
+    (written,) = read_records(gateway.output_path)
     assert written.turn_rewards == [0.5, None, 2.0] and written.reward == 2.5
     assert len(written.trajectory.turns) == 3
 
@@ -75,6 +75,6 @@ async def test_a_given_total_stands_and_a_rollout_ended_by_shutdown_keeps_its_re
                                      {"reward": 7.0, "turn_rewards": [1.0]})  # fmt: skip
     assert status == 200 and (record["reward"], record["turn_rewards"]) == (7.0, [1.0])
     await gateway.close()  # shutdown ends "kept" without a finish
-    records = {r.task_id: r for r in read_records(gateway.output)}
+    records = {r.task_id: r for r in read_records(gateway.output_path)}
     assert records["kept"].status == "aborted" and records["kept"].turn_rewards == [0.25]
     assert records["kept"].reward is None  # no finish: no total was given

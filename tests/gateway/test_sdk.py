@@ -36,7 +36,7 @@ async def test_plain_answer_carries_ids_logprobs_and_the_record(gateway: Gateway
     choice = answer.choices[0]
     assert choice.message.content == "Paris."
     assert choice.finish_reason == "stop"
-    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    traj = gateway.registry.get(rollout.id).core.trajectory
     output = traj.segments[-1]
     extra: dict[str, Any] = answer.model_extra or {}
     assert extra["tito"]["output_ids"] == traj.tokens(output)
@@ -45,7 +45,7 @@ async def test_plain_answer_carries_ids_logprobs_and_the_record(gateway: Gateway
     assert answer.usage.completion_tokens == output.length
     record = await gateway.finish(rollout.id, reward=1.0)
     assert record.status == "completed" and record.reward == 1.0 and record.task_id == "t1"
-    assert [r.key for r in read_records(gateway.output)] == [("t1", 0)]
+    assert [r.key for r in read_records(gateway.output_path)] == [("t1", 0)]
 
 
 async def test_tool_call_round_trip_extends_the_same_tokens(gateway: Gateway, backend: Any) -> None:
@@ -62,7 +62,7 @@ async def test_tool_call_round_trip_extends_the_same_tokens(gateway: Gateway, ba
     messages += [{"role": "tool", "tool_call_id": call.id, "content": "5"}]
     second = await api.chat.completions.create(model="m", messages=messages, tools=[ADD])
     assert second.choices[0].message.content == "5"
-    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    traj = gateway.registry.get(rollout.id).core.trajectory
     assert traj.branch == 0 and len(traj.turns) == 2  # replayed unchanged: no fork
     first_ids, second_ids = backend.requests[0].input_ids, backend.requests[1].input_ids
     assert second_ids[: len(first_ids)] == first_ids  # the second prompt starts with the first call's tokens
@@ -89,7 +89,7 @@ async def test_replay_with_reordered_keys_other_ids_and_no_reasoning_still_match
     }
     messages += [replayed, {"role": "tool", "tool_call_id": "mine", "content": "5"}]
     await api.chat.completions.create(model="m", messages=messages, tools=[ADD])
-    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    traj = gateway.registry.get(rollout.id).core.trajectory
     assert traj.branch == 0 and len(traj.turns) == 2
 
 
@@ -104,7 +104,7 @@ async def test_changed_history_forks(gateway: Gateway, backend: Any) -> None:
         {"role": "user", "content": "Italy?"},
     ]
     await api.chat.completions.create(model="m", messages=edited)
-    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    traj = gateway.registry.get(rollout.id).core.trajectory
     assert traj.branch == 1 and "rewritten" in (traj.fork_reason or "")
 
 
@@ -162,5 +162,5 @@ async def test_unsupported_fields_are_400s_naming_the_field(gateway: Gateway, ba
     else:
         raise AssertionError("an image for a text-only model was accepted")
     assert backend.requests == []
-    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    traj = gateway.registry.get(rollout.id).core.trajectory
     assert traj.status == "failed" and "GatewayError" in (traj.status_reason or "")

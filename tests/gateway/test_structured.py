@@ -50,7 +50,7 @@ async def test_the_sdks_parse_gets_the_constrained_answer_and_the_turn_says_cons
     schema = City.model_json_schema()  # what the SDK sends, strict: every property required, no others
     schema["additionalProperties"] = False
     assert request.grammar == answer_grammar(schema)
-    turn = gateway.registry.get(rollout.id).rollout.trajectory.turns[0]
+    turn = gateway.registry.get(rollout.id).core.trajectory.turns[0]
     assert turn.constrained
 
 

@@ -70,7 +70,7 @@ async def test_a_cross_origin_page_can_open_call_read_or_finish_nothing(gateway:
     assert status >= 400 and not any(h.lower().startswith("access-control-") for h in headers)
     assert len(gateway.registry) == 1 and backend.requests == []  # nothing opened, nothing generated
     await gateway.close()
-    (record,) = read_records(gateway.output)
+    (record,) = read_records(gateway.output_path)
     assert record.task_id == "victim" and record.reward is None  # no planted record, no reward set by the page
 
 
@@ -130,7 +130,7 @@ async def test_one_rollouts_token_cannot_touch_another(gateway: Gateway, backend
     backend.add("mine")
     status, _, _ = await send("POST", f"{gateway.base_url}/v1/chat/completions", json_body(USER), **with_mine)
     assert status == 200 and len(backend.requests) == 1  # the token names its own rollout, and only it
-    assert not gateway.get(sibling["id"]).rollout.trajectory.turns
+    assert not gateway.get(sibling["id"]).core.trajectory.turns
 
 
 async def test_no_credential_is_ever_echoed(gateway: Gateway, backend: Any, caplog: pytest.LogCaptureFixture) -> None:

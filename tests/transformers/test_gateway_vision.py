@@ -87,7 +87,7 @@ async def test_pictures_in_a_user_message_and_a_tool_result_reach_the_model(
         async with session.post(url, json={"messages": messages, "tools": [LOOK], "max_tokens": 8}) as response:
             assert response.status == 200, await response.text()
             second = await response.json()
-    traj = gateway.registry.get(rollout.id).rollout.trajectory
+    traj = gateway.registry.get(rollout.id).core.trajectory
     assert traj.branch == 0 and len(traj.turns) == 2 and traj.turns[0].constrained
     assert second["tito"]["output_ids"] == traj.tokens(traj.segments[-1])
     processor = AutoImageProcessor.from_pretrained(str(tiny_vl_dir))

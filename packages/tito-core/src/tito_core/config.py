@@ -106,14 +106,6 @@ class TitoConfig(ModelSettings, frozen=True, kw_only=True, forbid_unknown_fields
             raise ConfigError("`tokenizer` is not set: give its path or name in the config, or pass one")
         return self.tokenizer
 
-    def setup_options(self, tokenizer: Any = None) -> dict[str, Any]:
-        """:meth:`tokenizer_or` as ``tokenizer``, and :meth:`settings` as keyword arguments.
-
-        Raises:
-            ConfigError: Neither ``tokenizer`` nor :attr:`tokenizer` is set.
-        """
-        return {"tokenizer": self.tokenizer_or(tokenizer), **msgspec.structs.asdict(self.settings())}
-
     def model_setup(self, tokenizer: Any = None, *, processor: Any = None) -> ModelSetup:
         """The :class:`~tito_core.model_setup.ModelSetup` of this config, as every front builds it.
 

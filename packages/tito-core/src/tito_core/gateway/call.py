@@ -142,7 +142,7 @@ async def answer_call(rollout: GatewayRollout, request: CallRequest, model_name:
         GatewayError: 400 (a sampling field tito cannot honour, named), or the error a failed model call maps to
             (:func:`~tito_core.gateway.errors.error_of`); the rollout has its status.
     """
-    core = rollout.rollout
+    core = rollout.core
     try:
         options = msgspec.structs.replace(rollout.options, sampling=request.sampling_over(rollout.options.sampling))
     except GatewayError as exc:
@@ -203,9 +203,9 @@ async def count_prompt(rollout: GatewayRollout, request: CallRequest) -> int:
 
     The whole conversation is rendered.
     """
-    conversation = placed_system(request.conversation, rollout.rollout.renderer, rollout.id)
+    conversation = placed_system(request.conversation, rollout.core.renderer, rollout.id)
     tools = tool_specs_to_chat(conversation.tool_specs)
-    return len(await rollout.rollout.renderer.initial_ids(conversation.chat(), tools))
+    return len(await rollout.core.renderer.initial_ids(conversation.chat(), tools))
 
 
 def placed_system(conversation: Conversation, renderer: ChatRenderer, rollout_id: str) -> Conversation:

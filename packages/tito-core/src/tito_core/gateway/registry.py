@@ -44,7 +44,7 @@ class GatewayRollout:
         base_url: The OpenAI base URL a client uses for this rollout: ``http://HOST:PORT/rollouts/<id>/v1``.
         task_id: The task this rollout runs (the rollout id when none was given).
         metadata: What the client gave when opening it (kept in the trajectory's metadata too).
-        rollout: The core's rollout.
+        core: The core's rollout (its trajectory, renderer and calls).
         replies: The assistant messages returned so far, for matching replays.
         front_states: Each front's own state for this rollout (:meth:`~tito_core.gateway.fronts.Front.new_state`:
             the Responses API's past responses, for ``previous_response_id``), by front name.
@@ -60,11 +60,11 @@ class GatewayRollout:
             (the runner then has its server checked, as for a Strands rollout).
     """
 
-    def __init__(self, rollout_id: str, base_url: str, rollout: Rollout, task_id: str, metadata: dict[str, Any]):
+    def __init__(self, rollout_id: str, base_url: str, core: Rollout, task_id: str, metadata: dict[str, Any]):
         self.id = rollout_id
         self.token = new_token()
         self.base_url = base_url
-        self.rollout = rollout
+        self.core = core
         self.task_id = task_id
         self.metadata = metadata
         self.replies = ReplyBook()

@@ -105,7 +105,7 @@ class Gateway:
         self.tokenizer = tokenizer
         self.backend = backend if backend is not None else config.create_backend()
         self._owns_backend = backend is None  # who creates a backend closes it
-        self.output = output
+        self.output_path = output
         self.max_body_bytes = max_body_bytes
         self.model_name = served_model_name(config)
         self.base_url = ""
@@ -113,7 +113,7 @@ class Gateway:
         self.setup: ModelSetup | None = None  # built once the tokenizer is loaded (prepare)
         self._processor = processor
         self._image_refusal: str | None = None
-        self.records = GatewayOutput(output)
+        self.writer = GatewayOutput(output)
         self._finished: OrderedDict[str, bytes] = OrderedDict()
         self._runner: web.AppRunner | None = None
         self._closing = False
@@ -126,13 +126,13 @@ class Gateway:
         """Load the tokenizer, build the :class:`~tito_core.model_setup.ModelSetup`, open the output (once)."""
         if self.setup is not None:
             return
-        tokenizer = self.config.setup_options(self.tokenizer)["tokenizer"]
+        tokenizer = self.config.tokenizer_or(self.tokenizer)
         if isinstance(tokenizer, (str, os.PathLike)):
             tokenizer = await aload_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.setup = await asyncio.to_thread(self.config.model_setup, tokenizer, processor=self._processor)
         self._image_refusal = image_refusal(self.setup.vision, self.backend)
-        self.records.open()
+        self.writer.open()
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve on ``host:port`` (0: a free port) and return the base URL, ``http://HOST:PORT``.
@@ -190,7 +190,7 @@ class Gateway:
         for rollout in self.registry.drain():
             traj = self._end(rollout, "shutdown", Stopped("the gateway shut down before the rollout was finished"))
             self._write(rollout, traj, None)
-        self.records.close()  # every record is written: nothing below waits on a client
+        self.writer.close()  # every record is written: nothing below waits on a client
         if runner is not None:
             await runner.cleanup()
         if self._owns_backend:
@@ -231,7 +231,7 @@ class Gateway:
         self.registry.add(rollout)
         self.access.add(rid, rollout.token)
         core.trajectory.metadata.update({**rollout.metadata, "task_id": task})
-        rollout.sample = self.records.next_sample(task)
+        rollout.sample = self.writer.next_sample(task)
         return rollout
 
     def authorize(self, rollout_id: str, credential: str | None) -> None:
@@ -258,7 +258,7 @@ class Gateway:
         done = self._finished.get(rollout_id)
         if done is not None:
             return done
-        return self.registry.get(rollout_id).rollout.trajectory.to_json()
+        return self.registry.get(rollout_id).core.trajectory.to_json()
 
     async def take(self, rollout_id: str, ended: Outcome | None = None) -> Trajectory:
         """Close rollout ``rollout_id`` (a status set), remove it, and return its trajectory; later calls get 409.
@@ -273,7 +273,7 @@ class Gateway:
     def reward(self, rollout_id: str, value: Any, turn: Any = None) -> int:
         """Reward model call ``turn`` (None: the last so far) of an open rollout (see ``gateway/rewards.py``)."""
         rollout = self.get(rollout_id)
-        return rollout.rewards.give(value, turn, len(rollout.rollout.trajectory.turns))
+        return rollout.rewards.give(value, turn, len(rollout.core.trajectory.turns))
 
     async def finish(
         self,
@@ -289,14 +289,14 @@ class Gateway:
                 per-turn rewards that do not fit the rollout's calls (nothing is ended then).
         """
         rollout = self.get(rollout_id)  # a finished one: 409, not 404
-        total, per_turn = rollout.rewards.final(reward, turn_rewards, len(rollout.rollout.trajectory.turns))
+        total, per_turn = rollout.rewards.final(reward, turn_rewards, len(rollout.core.trajectory.turns))
         self.registry.remove(rollout_id)
         rollout.metadata.update(metadata or {})
-        return self.records.write(rollout, self._end(rollout, "finish", None), total, self.base_url, per_turn)
+        return self.writer.write(rollout, self._end(rollout, "finish", None), total, self.base_url, per_turn)
 
     def _end(self, rollout: GatewayRollout, why: str, ended: Outcome | None) -> Trajectory:
         """Close the rollout's trajectory (:func:`close_ended`) and keep its JSON for ``GET /rollouts/<id>``."""
-        core = rollout.rollout
+        core = rollout.core
         traj = core.trajectory
         traj.metadata.update({**rollout.metadata, "task_id": rollout.task_id, "gateway_end": why})
         close_ended(traj, ended)
@@ -309,7 +309,7 @@ class Gateway:
 
     def _write(self, rollout: GatewayRollout, traj: Trajectory, reward: float | None) -> RolloutRecord:
         per_turn = rollout.rewards.so_far(len(traj.turns))  # a rollout ended without finish keeps its per-call rewards
-        return self.records.write(rollout, traj, reward, self.base_url, per_turn)
+        return self.writer.write(rollout, traj, reward, self.base_url, per_turn)
 
     async def _end_idle(self, rollout: GatewayRollout) -> None:
         timeout = self.registry.idle_timeout
@@ -340,7 +340,7 @@ class Gateway:
             try:
                 decoded = front.decode(body, context)
             except GatewayError as exc:
-                rollout.rollout.fail(exc)
+                rollout.core.fail(exc)
                 raise
             answer = await answer_call(rollout, decoded.request, self.model_name)
         stream = route.stream if route.stream is not None else decoded.request.stream

@@ -43,18 +43,18 @@ class GatewaySource:
     def runs(self) -> dict[str, Any]:
         """Open rollouts first (status ``running``), then the finished ones the gateway still holds."""
         rows = [
-            _open_row(f"{OPEN}{r.id}", r, snapshot(r.rollout.trajectory)) for r in self.gateway.registry.open_rollouts()
+            _open_row(f"{OPEN}{r.id}", r, snapshot(r.core.trajectory)) for r in self.gateway.registry.open_rollouts()
         ]
-        rows += [run_row(f"{DONE}{n}", record) for n, record in self.gateway.records.recent]
+        rows += [run_row(f"{DONE}{n}", record) for n, record in self.gateway.writer.recent]
         return runs_page(self.title, rows, audit=None, figures=[], live=True)
 
     def _find(self, key: str) -> tuple[dict[str, Any], TrajectoryRecord]:
         if key.startswith(OPEN):
             for rollout in self.gateway.registry.open_rollouts():
                 if rollout.id == key[len(OPEN) :]:
-                    traj = snapshot(rollout.rollout.trajectory)
+                    traj = snapshot(rollout.core.trajectory)
                     return _open_fields(rollout, traj), traj
-        for n, record in self.gateway.records.recent:
+        for n, record in self.gateway.writer.recent:
             if key == f"{DONE}{n}":
                 return record_fields(record), record.trajectory
         raise KeyError(key)
