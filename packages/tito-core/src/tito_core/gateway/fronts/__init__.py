@@ -1,15 +1,12 @@
 """The gateway's fronts: one codec per wire API over the neutral call (:mod:`tito_core.gateway.call`).
 
-=====================  ========================================================  =======================
-front                  routes (under ``/rollouts/<id>``, or by token alone)       module
-=====================  ========================================================  =======================
-``chat_completions``   ``POST /v1/chat/completions``                              :mod:`.chat_completions`
-``responses``          ``POST /v1/responses``                                     :mod:`.responses`
-``messages``           ``POST /v1/messages``, ``/v1/messages/count_tokens``       :mod:`.messages`
-=====================  ========================================================  =======================
+- ``chat_completions`` (:mod:`~tito_core.gateway.fronts.chat_completions`): ``POST /v1/chat/completions``;
+- ``responses`` (:mod:`~tito_core.gateway.fronts.responses`): ``POST /v1/responses``;
+- ``messages`` (:mod:`~tito_core.gateway.fronts.messages`): ``POST /v1/messages`` and ``/v1/messages/count_tokens``.
 
-Each is registered through the plugin manager (``tito_fronts``, :class:`~tito_core.plugins.FrontSpec`), as a third
-party's front is; :func:`load_fronts` builds the ones a gateway serves.
+Each route is served under ``/rollouts/<id>`` and by token alone. Each front is registered through the plugin
+manager (``tito_fronts``, :class:`~tito_core.plugins.FrontSpec`), as a third party's front is; :func:`load_fronts`
+builds the ones a gateway serves.
 """
 
 from __future__ import annotations
