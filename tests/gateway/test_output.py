@@ -67,3 +67,40 @@ async def test_parquet_output_holds_finished_and_aborted_rollouts_and_resumes(
         await again.close()
     assert record.sample == 2
     assert sorted(r.key for r in read_records(out)) == [("t1", 0), ("t1", 1), ("t1", 2)]
+
+
+async def test_a_record_that_cannot_be_written_is_kept_said_and_written_later(
+    qwen3_tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed write at ``finish`` (a full disk) lost the rollout: it was removed before its record was written."""
+    out = tmp_path / "rollouts.jsonl"
+    backend = GrammarBackend(qwen3_tokenizer, ["Paris.", "Lyon?"])
+    gateway = Gateway(config(), tokenizer=qwen3_tokenizer, backend=backend, output=out)
+    await gateway.start()
+    try:
+        first, second = gateway.open(task_id="t1"), gateway.open(task_id="t2")
+        for rollout in (first, second):
+            api = AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, max_retries=0)
+            await api.chat.completions.create(model="m", messages=USER)
+        writer = gateway.writer._writer
+        assert writer is not None
+        write = writer.write
+
+        def full_disk(record: Any) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(writer, "write", full_disk)
+        async with aiohttp.ClientSession() as session:
+            url = f"{gateway.base_url}/rollouts/{first.id}/finish"
+            async with session.post(url, json={"reward": 1.0}, headers={"Authorization": f"Bearer {first.token}"}) as r:
+                assert r.status == 507
+                error = (await r.json())["error"]
+            assert "No space left on device" in error["message"] and "kept" in error["message"]
+            assert not out.read_bytes()
+            monkeypatch.setattr(writer, "write", write)  # the disk has room again
+            url = f"{gateway.base_url}/rollouts/{second.id}/finish"
+            async with session.post(url, json={"reward": 0.0}, headers={"Authorization": f"Bearer {second.token}"}):
+                pass
+    finally:
+        await gateway.close()
+    assert [(r.task_id, r.reward) for r in read_records(out)] == [("t1", 1.0), ("t2", 0.0)]

@@ -1,16 +1,26 @@
-"""Where the gateway's ended rollouts go: one record each, numbered per task, written with the runner's writer."""
+"""Where the gateway's ended rollouts go: one record each, numbered per task, written with the runner's writer.
+
+A record that cannot be written (a full disk, a removed folder) is not lost: it is kept, the caller is told (a 507
+naming the error), and every kept record is written again at the next write and when the output closes; one that
+still cannot be written then goes to the log whole, as JSON.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from pathlib import Path
 
 from ..records import RecordWriter, RolloutRecord, open_writer, rollout_record
+from ..records.schema import ENCODER
 from ..trajectory import Trajectory
+from .errors import GatewayError
 from .registry import GatewayRollout
 
 __all__ = ["GatewayOutput"]
+
+logger = logging.getLogger("tito")
 
 
 RECENT = 1000
@@ -29,6 +39,7 @@ class GatewayOutput:
         self._writer: RecordWriter | None = None
         self._samples: dict[str, int] = {}
         self.recent: deque[tuple[int, RolloutRecord]] = deque(maxlen=RECENT)  # (number, record): the viewer's
+        self.unwritten: list[RolloutRecord] = []  # records a write failed for: written again later
         self._written = 0
 
     def open(self) -> None:
@@ -37,10 +48,19 @@ class GatewayOutput:
             self._writer = open_writer(self.path)
 
     def close(self) -> None:
-        """Close the file (a Parquet writer writes its last part)."""
+        """Write the records kept after a failed write, then close the file (a Parquet writer writes its last part).
+
+        A kept record that still cannot be written is logged whole (JSON, at error level): never dropped silently.
+        """
         writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
+        if writer is None:
+            return
+        self._write_kept(writer)
+        for record in self.unwritten:
+            logger.error("gateway output %s: record %s/%s could not be written: %s", self.path, record.task_id,
+                         record.sample, ENCODER.encode(record).decode())  # fmt: skip
+        self.unwritten = []
+        writer.close()
 
     def next_sample(self, task: str) -> int:
         """The next sample number of ``task``."""
@@ -74,8 +94,27 @@ class GatewayOutput:
             tool_calls=rollout.tool_calls,
             turn_rewards=turn_rewards,
         )
-        if self._writer is not None:
-            self._writer.write(record)
         self.recent.append((self._written, record))
         self._written += 1
+        if self._writer is not None:
+            self._write_kept(self._writer)
+            try:
+                self._writer.write(record)
+            except (OSError, ValueError) as exc:  # the file or its folder: the record is kept, not lost
+                self.unwritten.append(record)
+                raise GatewayError(
+                    507,
+                    f"rollout {rollout.id!r} ended, but its record could not be written to {self.path} "
+                    f"({type(exc).__name__}: {exc}); it is kept and written again at the next write and at shutdown",
+                    code="record_not_written",
+                ) from exc
         return record
+
+    def _write_kept(self, writer: RecordWriter) -> None:
+        """Write the records kept after failed writes, in order, while the writer takes them."""
+        while self.unwritten:
+            try:
+                writer.write(self.unwritten[0])
+            except (OSError, ValueError):
+                return
+            self.unwritten.pop(0)

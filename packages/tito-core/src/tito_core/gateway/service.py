@@ -307,9 +307,16 @@ class Gateway:
             self.access.forget(gone)
         return traj
 
-    def _write(self, rollout: GatewayRollout, traj: Trajectory, reward: float | None) -> RolloutRecord:
+    def _write(self, rollout: GatewayRollout, traj: Trajectory, reward: float | None) -> None:
+        """Write the record of a rollout the gateway ended itself (idle, shutdown).
+
+        No client waits for it: a failed write is logged, and the record kept for the next write and the shutdown.
+        """
         per_turn = rollout.rewards.so_far(len(traj.turns))  # a rollout ended without finish keeps its per-call rewards
-        return self.writer.write(rollout, traj, reward, self.base_url, per_turn)
+        try:
+            self.writer.write(rollout, traj, reward, self.base_url, per_turn)
+        except GatewayError as exc:
+            logger.error("%s", exc.message)
 
     async def _end_idle(self, rollout: GatewayRollout) -> None:
         timeout = self.registry.idle_timeout
