@@ -72,6 +72,7 @@ def _python312() -> str:
 
 OPENAI_SDK = "openai>=2.0"  # the client the gateway's tests use (tests only: tito-core does not depend on it)
 ANTHROPIC_SDK = "anthropic>=2.10"  # the client of the gateway's Messages API tests (tests only, likewise)
+GEMINI_SDK = "google-genai>=3.6"  # the client of the gateway's Gemini API tests (tests only, likewise)
 
 
 def install_core(session: nox.Session, *extra_paths: str) -> None:
@@ -108,7 +109,7 @@ def tests_core(session: nox.Session) -> None:
     servers), plugin discovery with the example third-party adapter."""
     install_core(session, EXAMPLE, ADAPTERS["sglang"])
     session.install("-e", f"{CORE}[parquet,vision]")  # vision: Pillow, for the image tests
-    session.install(OPENAI_SDK, ANTHROPIC_SDK)  # the gateway's tests drive the real SDKs (and Strands' OpenAIModel)
+    session.install(OPENAI_SDK, ANTHROPIC_SDK, GEMINI_SDK)  # the gateway's tests drive the real SDKs (and Strands')
     session.run(
         "pytest",
         "tests/core",

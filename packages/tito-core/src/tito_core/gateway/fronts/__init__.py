@@ -6,6 +6,8 @@ front                  routes (under ``/rollouts/<id>``, or by token alone)     
 ``chat_completions``   ``POST /v1/chat/completions``                              :mod:`.chat_completions`
 ``responses``          ``POST /v1/responses``                                     :mod:`.responses`
 ``messages``           ``POST /v1/messages``, ``/v1/messages/count_tokens``       :mod:`.messages`
+``gemini``             ``POST /v1beta/models/{model}:generateContent``,          :mod:`.gemini`
+                       ``:streamGenerateContent``, ``:countTokens`` (and ``/v1/``)
 =====================  ========================================================  =======================
 
 Each is registered through the plugin manager (``tito_fronts``, :class:`~tito_core.plugins.FrontSpec`), as a third
