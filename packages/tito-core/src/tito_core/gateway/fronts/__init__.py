@@ -1,14 +1,16 @@
 """The gateway's fronts: one codec per wire API over the neutral call (:mod:`tito_core.gateway.call`).
 
-=====================  ========================================================  =======================
-front                  routes (under ``/rollouts/<id>``, or by token alone)       module
-=====================  ========================================================  =======================
-``chat_completions``   ``POST /v1/chat/completions``                              :mod:`.chat_completions`
-``responses``          ``POST /v1/responses``                                     :mod:`.responses`
-``messages``           ``POST /v1/messages``, ``/v1/messages/count_tokens``       :mod:`.messages`
-``gemini``             ``POST /v1beta/models/{model}:generateContent``,          :mod:`.gemini`
-                       ``:streamGenerateContent``, ``:countTokens`` (and ``/v1/``)
-=====================  ========================================================  =======================
+====================  ==============================================  =================================================
+front                 routes (under ``/rollouts/<id>``, or by token)  module
+====================  ==============================================  =================================================
+``chat_completions``  ``POST /v1/chat/completions``                   :mod:`~tito_core.gateway.fronts.chat_completions`
+``responses``         ``POST /v1/responses``                          :mod:`~tito_core.gateway.fronts.responses`
+``messages``          ``POST /v1/messages``,                          :mod:`~tito_core.gateway.fronts.messages`
+                      ``/v1/messages/count_tokens``
+``gemini``            ``POST /v1beta/models/{m}:generateContent``,    :mod:`~tito_core.gateway.fronts.gemini`
+                      ``:streamGenerateContent``, ``:countTokens``
+                      (and ``/v1/models/...``)
+====================  ==============================================  =================================================
 
 Each is registered through the plugin manager (``tito_fronts``, :class:`~tito_core.plugins.FrontSpec`), as a third
 party's front is; :func:`load_fronts` builds the ones a gateway serves.
