@@ -303,10 +303,22 @@ TOOLS = [{"functionDeclarations": [ADD_JSON]}]
          "contents[0].parts[0]"),
         ({"contents": [{"parts": [{"inlineData": {"mimeType": "application/pdf", "data": "AAAA"}}]}]},
          "contents[0].parts[0].inlineData.mimeType"),
+        ({"contents": [USER, {"role": "model", "parts": [{"text": "x", "thought": "yes"}]}, USER]},
+         "contents[1].parts[0].thought"),
+        ({"contents": [USER], "tools": TOOLS, "toolConfig": {"functionCallingConfig": {
+            "mode": "ANY", "allowedFunctionNames": [{"name": "add"}]}}},
+         "toolConfig.functionCallingConfig.allowedFunctionNames"),
+        ({"contents": [USER], "generationConfig": {"responseMimeType": "application/json", "responseSchema": {
+            "type": "OBJECT", "properties": {"1": {"type": "STRING"}}, "propertyOrdering": [1]}}},
+         "generationConfig.responseSchema.propertyOrdering"),
+        ({"contents": [USER], "generationConfig": {"responseMimeType": "application/json", "responseSchema": {
+            "type": "OBJECT", "properties": ["a"], "propertyOrdering": ["a"]}}},
+         "generationConfig.responseSchema.propertyOrdering"),
     ],
     ids=["orphan-response", "uncalled-name", "unanswered", "role", "file-data", "user-thought", "two-data-fields",
          "system-call", "hosted-tool", "schema-type", "temperature", "snake-case", "candidates", "enum-mime",
-         "validated", "none-with-tools", "cached", "image-for-a-text-model", "not-an-image"],
+         "validated", "none-with-tools", "cached", "image-for-a-text-model", "not-an-image",
+         "thought-not-a-flag", "names-not-strings", "ordering-not-names", "properties-not-an-object"],
 )  # fmt: skip
 async def test_400s_name_the_gemini_field_in_googles_shape(
     gateway: Gateway, backend: Any, body: dict[str, Any], field: str

@@ -1,14 +1,14 @@
 """Google's Gemini API (``POST /v1beta/models/{model}:generateContent``, ``:streamGenerateContent``, ``:countTokens``).
 
-``systemInstruction``'s text parts (joined by newlines) are the system prompt; a ``user`` content's
-``functionResponse`` parts are tool results and its ``text`` and ``inlineData`` image parts the user message after
-them; a ``model`` content's ``text``, ``thought`` text and ``functionCall`` parts are one assistant turn. A function
-response answers the call of the model turn before it with its ``id``, else the first unanswered call of its
-``name``; it is its ``response`` (the ``output`` value when that is its only key, else the object as JSON), then
-its ``parts``' images. ``functionDeclarations`` (``parameters``: Gemini's OpenAPI subset, as JSON schema),
-``toolConfig`` and ``generationConfig`` map one to one. Fields may be camelCase or snake_case (the SDK sends both);
-every 400 names the field as written, in Google's error shape. The answer is a ``GenerateContentResponse``,
-streamed (the route decides) as one SSE chunk per part, the last with ``finishReason`` and ``usageMetadata``.
+``systemInstruction``'s text parts (joined by newlines) are the system prompt; a ``user`` content's ``functionResponse``
+parts are tool results and its ``text`` and ``inlineData`` image parts the user message after them; a ``model``
+content's ``text``, ``thought`` text and ``functionCall`` parts are one assistant turn. A function response answers
+the call of the model turn before it with its ``id``, else the first unanswered call of its ``name``; it is its
+``response`` (the ``output`` value when that is its only key, else the object as JSON), then its ``parts``' images.
+``functionDeclarations`` (``parameters``: Gemini's OpenAPI subset, as JSON schema), ``toolConfig`` and
+``generationConfig`` map one to one. Fields may be camelCase or snake_case (the SDK sends both); every 400 names the
+field as written, in Google's error shape. The answer is a ``GenerateContentResponse``, streamed (the route decides)
+as one SSE chunk per part, the last with ``finishReason`` and ``usageMetadata``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ _CONFIG = frozenset(
      "frequencyPenalty", "responseLogprobs", "logprobs", "responseMimeType", "responseSchema", "responseJsonSchema",
      "responseModalities", "thinkingConfig", "mediaResolution"}
 )  # fmt: skip
-_CONTENT = frozenset({"parts", "role"})
+_CONTENT, _THINKING = frozenset({"parts", "role"}), frozenset({"includeThoughts", "thinkingBudget", "thinkingLevel"})
 _DATA = ("text", "inlineData", "fileData", "functionCall", "functionResponse", "executableCode", "codeExecutionResult")
 _PART = frozenset({*_DATA, "thought", "thoughtSignature", "mediaResolution"})  # _DATA: a part's one data field
 _ROLES = {"user": ("text", "inlineData", "functionResponse"), "model": ("text", "functionCall"), "system": ("text",)}
@@ -124,8 +124,7 @@ class Gemini(Front):
         request = _Fields(body, "", frozenset({"contents"}) if context.route.kind == "count" else _REQUEST)
         tools = _tools(request)
         config = _Fields(request.get("generationConfig") or {}, request.at("generationConfig"), _CONFIG)
-        thinking = _Fields(config.get("thinkingConfig") or {}, config.at("thinkingConfig"),
-                           frozenset({"includeThoughts", "thinkingBudget", "thinkingLevel"}))  # fmt: skip
+        thinking = _Fields(config.get("thinkingConfig") or {}, config.at("thinkingConfig"), _THINKING)
         context.images.begin()
         history = context.history(request.at("contents"))
         if request.get("systemInstruction") is not None:  # its text parts, joined by newlines
@@ -252,7 +251,7 @@ def _parts(content: _Fields, role: str) -> list[tuple[_Fields, str]]:
             raise bad_request(part.at(kind), "the tito gateway fetches nothing: send the image as inlineData")
         if kind not in allowed:
             raise bad_request(part.at(kind), f"is not supported in a {role} content ({', '.join(allowed)})")
-        if part.get("thought") and role != "model":
+        if _flag(part, "thought") and role != "model":
             raise bad_request(part.at("thought"), f"a {role} content holds no thoughts")
         if kind == "text" and not isinstance(part.get(kind), str):
             raise bad_request(part.at(kind), "must be a string")
@@ -390,19 +389,20 @@ def _tool_choice(request: _Fields, tools: list[ToolSpec] | None) -> dict[str, An
         return None
     calling = _Fields(config.get("functionCallingConfig"), config.at("functionCallingConfig"),
                       frozenset({"mode", "allowedFunctionNames"}))  # fmt: skip
-    mode, names, field = calling.get("mode") or "AUTO", calling.get("allowedFunctionNames"), calling.at("mode")
-    if names is not None and mode != "ANY":
-        raise bad_request(calling.at("allowedFunctionNames"), "is only taken with mode ANY")
+    mode, names = calling.get("mode") or "AUTO", calling.get("allowedFunctionNames")
+    field, where = calling.at("mode"), calling.at("allowedFunctionNames")
+    listed = isinstance(names, list) and all(isinstance(n, str) for n in names)
+    if names is not None and (mode != "ANY" or not listed):
+        raise bad_request(where, "must be a list of function names, with mode ANY")
     if mode in ("AUTO", "MODE_UNSPECIFIED"):
         return {"auto": {}}
     if mode == "NONE":
         return no_tool(tools, field)
     if mode != "ANY":  # VALIDATED: calls constrained while the model may also answer, which tito never constrains
         raise bad_request(field, f"must be AUTO, ANY or NONE, got {mode!r}")
-    if not names or (isinstance(names, list) and set(names) == {spec["name"] for spec in tools or ()}):
+    if not names or set(names) == {spec["name"] for spec in tools or ()}:
         return any_tool(tools, field)
-    where = calling.at("allowedFunctionNames")
-    if not isinstance(names, list) or len(set(names)) != 1:
+    if len(set(names)) != 1:
         raise bad_request(where, "must name one function, or all the offered ones (a subset cannot be constrained)")
     return named_tool(names[0], tools, f"{where}[0]")
 
@@ -487,10 +487,10 @@ def _converted(schema: Any, where: str, openapi: bool) -> Any:
         return out
     if "example" in out:
         out["examples"] = [out.pop("example")]
-    order = out.pop("propertyOrdering", None)
+    order, properties = out.pop("propertyOrdering", None), out.get("properties", {})
     if order is not None:
-        properties = out.get("properties", {})
-        if not isinstance(order, list) or sorted(map(str, order)) != sorted(properties):
+        names = sorted(properties) if isinstance(properties, Mapping) else None
+        if not isinstance(order, list) or sorted(order, key=str) != names:
             raise bad_request(f"{where}.propertyOrdering", "must list the schema's properties, each once")
         out["properties"] = {key: properties[key] for key in order}
     if out.pop("nullable", False):
