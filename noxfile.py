@@ -27,7 +27,7 @@ nox.options.sessions = [
     "typecheck",
     "tests_core",
     "agents",  # ~1 minute: `tito rollout` driving agent processes (openai SDK, OpenAI Agents SDK) through the gateway
-    "harnesses",  # ~2 minutes: Codex CLI, Claude Code (npm) and mini-swe-agent through the gateway (scripted)
+    "harnesses",  # ~2 minutes: Codex CLI, Claude Code, Gemini CLI (npm), mini-swe-agent through the gateway
     "tests_adapter",
     "tests_families",
     "faults",
@@ -72,6 +72,7 @@ def _python312() -> str:
 
 OPENAI_SDK = "openai>=2.0"  # the client the gateway's tests use (tests only: tito-core does not depend on it)
 ANTHROPIC_SDK = "anthropic>=2.10"  # the client of the gateway's Messages API tests (tests only, likewise)
+GEMINI_SDK = "google-genai>=3.6"  # the client of the gateway's Gemini API tests (tests only, likewise)
 
 
 def install_core(session: nox.Session, *extra_paths: str) -> None:
@@ -108,7 +109,7 @@ def tests_core(session: nox.Session) -> None:
     servers), plugin discovery with the example third-party adapter."""
     install_core(session, EXAMPLE, ADAPTERS["sglang"])
     session.install("-e", f"{CORE}[parquet,vision]")  # vision: Pillow, for the image tests
-    session.install(OPENAI_SDK, ANTHROPIC_SDK)  # the gateway's tests drive the real SDKs (and Strands' OpenAIModel)
+    session.install(OPENAI_SDK, ANTHROPIC_SDK, GEMINI_SDK)  # the gateway's tests drive the real SDKs (and Strands')
     session.run(
         "pytest",
         "tests/core",
@@ -136,17 +137,17 @@ def agents(session: nox.Session) -> None:
     session.run("pytest", "tests/gateway_runner", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
 
 
-HARNESSES = ["@openai/codex@0.169.0", "@anthropic-ai/claude-code@2.1.328"]
+HARNESSES = ["@openai/codex@0.169.0", "@anthropic-ai/claude-code@2.1.328", "@google/gemini-cli@0.61.0"]
 
 
 @nox.session(python=PYTHON, tags=["tests"])
 def harnesses(session: nox.Session) -> None:
     """Coding harnesses through the gateway, each running a shell tool loop on the scripted backend: Codex CLI (it
-    speaks only the Responses API), Claude Code (Messages; the CLI the Claude Agent SDK drives) and mini-swe-agent
-    (chat completions through LiteLLM, run by `tito rollout`). Needs `npm` on PATH (Node 18+); the CLIs go into
-    the session's folder."""
+    speaks only the Responses API), Claude Code (Messages; the CLI the Claude Agent SDK drives), Gemini CLI (Google's
+    Gemini API) and mini-swe-agent (chat completions through LiteLLM, run by `tito rollout`). Needs `npm` on PATH
+    (Node 20+: Gemini CLI's floor); the CLIs go into the session's folder."""
     if shutil.which("npm") is None:
-        session.skip("npm is not on PATH: the harnesses are npm packages (install Node 18+ to run this session)")
+        session.skip("npm is not on PATH: the harnesses are npm packages (install Node 20+ to run this session)")
     install_core(session)
     session.install("mini-swe-agent==2.4.6")  # bash through LiteLLM: the SWE-style harness, run by `tito rollout`
     prefix = Path(session.virtualenv.location) / "npm"
@@ -154,7 +155,8 @@ def harnesses(session: nox.Session) -> None:
                 external=True)  # fmt: skip
     bin_dir = prefix / "node_modules" / ".bin"
     mini = Path(session.virtualenv.location) / "bin" / "mini"
-    env = {"TITO_CODEX": str(bin_dir / "codex"), "TITO_CLAUDE": str(bin_dir / "claude"), "TITO_MINI": str(mini)}
+    env = {"TITO_CODEX": str(bin_dir / "codex"), "TITO_CLAUDE": str(bin_dir / "claude"), "TITO_MINI": str(mini),
+           "TITO_GEMINI": str(bin_dir / "gemini")}  # fmt: skip
     session.run("pytest", "tests/harnesses", *session.posargs, env=env)
 
 

@@ -342,7 +342,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,32000", help="target trajectory sizes for the per-call figures")
     parser.add_argument("--calls", type=int, default=8, help="model calls per rollout")
     parser.add_argument("--repeats", type=int, default=7, help="timed rollouts per size and client (after a warm-up)")
-    parser.add_argument("--fronts", default="chat,responses,messages", help="the gateway's fronts for ms/call")
+    parser.add_argument("--fronts", default="chat,responses,messages,gemini", help="the gateway's fronts for ms/call")
     parser.add_argument("--concurrency", default="64", help="concurrent rollouts for calls/s")
     parser.add_argument("--concurrency-sizes", default="1000", help="sizes for the calls/s runs")
     parser.add_argument("--throughput-repeats", type=int, default=3, help="runs per calls/s figure (the median)")

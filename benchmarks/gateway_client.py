@@ -1,7 +1,8 @@
 """The gateway's benchmark client: the workload's agent as a client of ``tito serve``, on one of its fronts.
 
 ``gateway_client.py TOKENIZER_DIR [FRONT]``: ``chat`` (chat completions, the default), ``responses`` (the Responses
-API, the whole input replayed each call as the Agents SDK sends it) or ``messages`` (Anthropic Messages).
+API, the whole input replayed each call as the Agents SDK sends it), ``messages`` (Anthropic Messages) or ``gemini``
+(Google's Gemini API, ``generateContent``).
 
 Speaks ``client.py``'s command protocol (one JSON command per stdin line, one ``RESULT <json>`` line back), so
 ``run.py``'s helpers drive it beside the ``tito`` and ``peer`` workers. A rollout is what any OpenAI agent does:
@@ -64,6 +65,8 @@ MESSAGES_TOOL = {
     "description": LOOKUP["function"]["description"],
     "input_schema": LOOKUP["function"]["parameters"],
 }
+GEMINI_TOOL = {"functionDeclarations": [{"name": "lookup", "description": LOOKUP["function"]["description"],
+                                         "parametersJsonSchema": LOOKUP["function"]["parameters"]}]}  # fmt: skip
 
 
 class Chat:
@@ -150,7 +153,37 @@ class Messages:
         self.messages.append({"role": "user", "content": blocks})
 
 
-FRONTS: dict[str, Callable[[], Any]] = {"chat": Chat, "responses": Responses, "messages": Messages}
+class Gemini:
+    """The conversation as Gemini contents (the google-genai SDK's JSON; the call ids sent back, as Gemini CLI does)."""
+
+    path = "/models/tito:generateContent"  # under the rollout's /v1: the Python SDK's default API version
+
+    def __init__(self) -> None:
+        self.contents: list[Any] = [{"role": "user", "parts": [{"text": USER_PROMPT}]}]
+        self.calls: list[Any] = []
+
+    def request(self) -> dict[str, Any]:
+        """The next call's request body."""
+        return {"systemInstruction": {"parts": [{"text": SYSTEM_PROMPT}]}, "contents": self.contents,
+                "tools": [GEMINI_TOOL]}  # fmt: skip
+
+    def answered(self, answer: Any) -> list[str]:
+        """Keep the answer; the queries of its function calls."""
+        content = answer["candidates"][0]["content"]
+        self.contents.append(content)
+        self.calls = [part["functionCall"] for part in content["parts"] if "functionCall" in part]
+        return [call["args"]["query"] for call in self.calls]
+
+    def results(self, texts: list[str]) -> None:
+        """Answer the last function calls with ``texts``."""
+        parts = [
+            {"functionResponse": {"id": call["id"], "name": call["name"], "response": {"output": text}}}
+            for call, text in zip(self.calls, texts, strict=True)
+        ]
+        self.contents.append({"role": "user", "parts": parts})
+
+
+FRONTS: dict[str, Callable[[], Any]] = {"chat": Chat, "responses": Responses, "messages": Messages, "gemini": Gemini}
 
 
 class CallFailed(Exception):

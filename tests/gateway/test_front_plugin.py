@@ -52,7 +52,7 @@ async def test_a_plugin_front_is_served_and_recorded(backend: Any, qwen3_tokeniz
         gateway = Gateway(config(), tokenizer=qwen3_tokenizer, backend=backend)
         base = await gateway.start()
     try:
-        assert [f.name for f in gateway.fronts] == ["chat_completions", "echo", "messages", "responses"]
+        assert [f.name for f in gateway.fronts] == ["chat_completions", "echo", "gemini", "messages", "responses"]
         rollout = gateway.open()
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{base}/v1/echo", json={"say": "hi"}, headers={"x-echo-key": rollout.token}) as r:

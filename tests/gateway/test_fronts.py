@@ -1,6 +1,7 @@
 """One core under three fronts: the same scripted conversation through chat completions, the Responses API and the
 Anthropic Messages API, each with its real SDK, records the same trajectory: ids, loss mask, logprobs and images
-(an image in the user's message, another in the tool's result, as a screenshot agent sends them)."""
+(an image in the user's message, another in the tool's result, as a screenshot agent sends them). Gemini's API, the
+fourth front, records what chat completions records for a tool result in its order (the text, then the image)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 import pytest
 from anthropic import AsyncAnthropic
+from google import genai
+from google.genai import types
 from openai import AsyncOpenAI
 
 pytest.importorskip("PIL")
@@ -87,3 +90,47 @@ async def test_the_three_fronts_record_the_same_trajectory(vl: tuple[Gateway, An
     reference = what(trajectories[0])
     assert what(trajectories[1]) == reference  # Responses = chat completions
     assert what(trajectories[2]) == reference  # Messages = chat completions
+
+
+async def gemini(rollout: Any) -> None:
+    """Gemini's API (the google-genai SDK): a function response is its ``response`` text, then its ``parts``."""
+    http = types.HttpOptions(base_url=rollout.base_url.removesuffix("/v1"), api_version="v1beta")
+    api = genai.Client(api_key=rollout.token, http_options=http)
+    shot = types.FunctionDeclaration(name="shot", description="screenshot", parameters_json_schema={"type": "object"})
+    setup = types.GenerateContentConfig(
+        tools=[types.Tool(function_declarations=[shot])],
+        automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+    )
+    photo = types.Part.from_bytes(data=PHOTO, mime_type="image/png")
+    contents: list[Any] = [types.Content(role="user", parts=[types.Part(text=QUESTION), photo])]
+    first = await api.aio.models.generate_content(model="m", contents=contents, config=setup)
+    screen = types.FunctionResponsePart.from_bytes(data=SCREEN, mime_type="image/png")
+    result = types.Part.from_function_response(name="shot", response={"output": "now"}, parts=[screen])
+    contents += [first.candidates[0].content, types.Content(role="user", parts=[result])]  # type: ignore[index]
+    await api.aio.models.generate_content(model="m", contents=contents, config=setup)
+
+
+async def chat_text_first(rollout: Any) -> None:
+    """Chat completions with the tool result in Gemini's order: its text, then its image."""
+    api = AsyncOpenAI(base_url=rollout.base_url, api_key=rollout.token, max_retries=0)
+    user = [{"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {"url": data_url(PHOTO)}}]
+    messages: list[Any] = [{"role": "user", "content": user}]
+    first = await api.chat.completions.create(model="m", messages=messages, tools=[SHOT])
+    call = (first.choices[0].message.tool_calls or [])[0]
+    result = [{"type": "text", "text": "now"}, {"type": "image_url", "image_url": {"url": data_url(SCREEN)}}]
+    messages += [first.choices[0].message.model_dump(exclude_none=True)]
+    messages += [{"role": "tool", "tool_call_id": call.id, "content": result}]
+    await api.chat.completions.create(model="m", messages=messages, tools=[SHOT])
+
+
+async def test_the_gemini_front_records_what_chat_completions_records(vl: tuple[Gateway, Any]) -> None:  # noqa: F811
+    """The fourth front, with its inline images (the SDK's URL-safe base64) in the user's content and the function
+    response's ``parts``: the same trajectory as chat completions."""
+    reference, traj = [await recorded(vl, front) for front in (chat_text_first, gemini)]
+    assert traj.branch == 0 and not traj.branches and len(traj.turns) == 2 and len(traj.media) == 2
+
+    def what(traj: Trajectory) -> Any:
+        spans = [(s.sha256, s.grid_thw, s.start, s.end) for s in traj.media]
+        return traj.token_ids, traj.loss_mask, traj.logprobs, spans, [t.tool_calls for t in traj.turns]
+
+    assert what(traj) == what(reference)

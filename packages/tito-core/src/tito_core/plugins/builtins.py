@@ -93,3 +93,4 @@ def tito_fronts() -> Iterator[FrontSpec]:
     )
     yield FrontSpec("responses", "tito_core.gateway.fronts.responses:Responses", "OpenAI Responses API")
     yield FrontSpec("messages", "tito_core.gateway.fronts.messages:Messages", "Anthropic Messages API")
+    yield FrontSpec("gemini", "tito_core.gateway.fronts.gemini:Gemini", "Google's Gemini API (generateContent)")

@@ -3,6 +3,8 @@
 - ``chat_completions`` (:mod:`~tito_core.gateway.fronts.chat_completions`): ``POST /v1/chat/completions``;
 - ``responses`` (:mod:`~tito_core.gateway.fronts.responses`): ``POST /v1/responses``;
 - ``messages`` (:mod:`~tito_core.gateway.fronts.messages`): ``POST /v1/messages`` and ``/v1/messages/count_tokens``.
+- ``gemini`` (:mod:`~tito_core.gateway.fronts.gemini`): ``POST /v1beta/models/{model}:generateContent``,
+  ``:streamGenerateContent`` and ``:countTokens`` (and the same under ``/v1/models/``).
 
 Each route is served under ``/rollouts/<id>`` and by token alone. Each front is registered through the plugin
 manager (``tito_fronts``, :class:`~tito_core.plugins.FrontSpec`), as a third party's front is; :func:`load_fronts`
