@@ -103,6 +103,22 @@ def test_close_marks_running_trajectories_aborted():
     assert traj.status == "aborted" and traj.status_reason
 
 
+def test_a_trajectory_file_saved_while_running_reads_as_aborted(tmp_path):
+    from tito_core.records import read_records
+
+    running, done = Trajectory("a"), Trajectory("b")
+    for traj in (running, done):
+        traj.append("prompt", [1, 2], turn=0)
+        traj.append("output", [3], [-0.5], turn=0)
+    done.set_status("completed")
+    path = tmp_path / "trajectories.jsonl"
+    path.write_bytes(running.to_json() + b"\n" + done.to_json() + b"\n")
+    first, second = (record.trajectory for record in read_records(path))
+    assert (first.status, first.status_reason) == ("aborted", "saved while still running")
+    assert (second.status, second.status_reason) == ("completed", None)
+    assert first.token_ids == [1, 2, 3]
+
+
 def test_routed_experts_are_stitched_over_turns():
     import struct
 

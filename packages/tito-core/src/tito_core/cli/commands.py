@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -183,7 +184,7 @@ def _rollout(args: argparse.Namespace) -> int:
     reporter: Reporter
     if args.quiet:
         reporter = QuietReporter()
-        logging.basicConfig(level=logging.ERROR, format="tito: %(message)s")
+        _errors_only()
     elif args.log_json:
         reporter = JsonReporter()
         handler = logging.StreamHandler()
@@ -249,6 +250,22 @@ def _executor(args: argparse.Namespace) -> Any:
     from ..runner.ray_executor import RayExecutor
 
     return RayExecutor(2 if args.workers is None else args.workers, address=args.address)
+
+
+def _errors_only() -> None:
+    """``--quiet``: log errors only, ours and the libraries'.
+
+    transformers writes its advice ("PyTorch was not found") through a handler of its own at import, whatever the
+    root logger's level.
+    """
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.ERROR)  # a library logger with a level of its own still reaches the root's handlers
+    handler.setFormatter(logging.Formatter("tito: %(message)s"))
+    logging.basicConfig(level=logging.ERROR, handlers=[handler])
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].logging.set_verbosity_error()
+    else:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # read when transformers first logs
 
 
 def _drop_truncation_notices(record: logging.LogRecord) -> bool:

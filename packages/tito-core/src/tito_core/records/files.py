@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from ..errors import ConfigError, TitoError
+from ..status import Closed, status_of
 from ..trajectory import Trajectory, TrajectoryRecord
 from ..trajectory.media import load_images
 from .jsonl import JsonlWriter, read_jsonl
@@ -197,7 +198,7 @@ def _read_trajectories(source: Path, on_partial: Callable[[int], None] | None) -
                     on_partial(len(line))
                 continue
             if traj.status == "running":  # saved before its rollout ended: a record's status is a final one
-                traj.status, traj.status_reason = "aborted", "saved while still running"
+                traj.status, traj.status_reason = status_of(Closed(traj.status, "saved while still running"))
             tool_calls = sum(turn.tool_calls for turn in traj.turns)
             yield rollout_record(traj, task_id=traj.rollout_id, sample=0, group=number, reward=None, server=None,
                                  started=0.0, wall_s=0.0, agent_s=0.0, tool_calls=tool_calls)  # fmt: skip
