@@ -64,6 +64,27 @@ def first_gens(n: int) -> Callable[[Received], bool]:
     return lambda r: r.gen is not None and r.gen < n
 
 
+@dataclass
+class StallTimeout:
+    """``backend``'s timeout is ``seconds`` for one stalled request alone, so that the calls which must succeed never
+    run under it, however slow the machine: :meth:`after_call` (a Strands ``AfterModelCallEvent`` callback) sets it
+    once the first model call was answered; :meth:`restore` (the fault rule's ``then``) gives the backend its own
+    back the moment the server has read the stalled request (a timeout is taken when a request is sent)."""
+
+    backend: Any
+    seconds: float
+    kept: float | None = None
+    armed: bool = False
+
+    def after_call(self, event: Any) -> None:
+        if not self.armed and event.exception is None:
+            self.armed = True
+            self.kept, self.backend.http.timeout = self.backend.http.timeout, self.seconds
+
+    def restore(self, received: Received) -> None:
+        self.backend.http.timeout = self.kept
+
+
 def find_error(exc: BaseException | None, kind: type[BaseException]) -> BaseException | None:
     """The first ``kind`` in ``exc``'s cause / context chain (Strands wraps model errors)."""
     seen: set[int] = set()

@@ -205,11 +205,13 @@ def on_path(path: str) -> Callable[[Received], bool]:
 
 @dataclass
 class Rule:
-    """Apply ``fault`` to the requests ``when`` matches, ``times`` times (-1: always)."""
+    """Apply ``fault`` to the requests ``when`` matches, ``times`` times (-1: always); ``then`` is called with each
+    request it applies to, as it applies (a test acts the moment the request is there)."""
 
     fault: Fault
     when: Match
     times: int = 1
+    then: Callable[[Received], None] | None = None
 
     def matches(self, req: Received) -> bool:
         if self.times == 0:
@@ -446,9 +448,12 @@ class FaultServer:
 
     # -- scripting --------------------------------------------------------------------------------
 
-    def inject(self, fault: Fault, when: Match = 0, *, times: int = 1) -> Rule:
-        """Apply ``fault`` to the requests ``when`` matches (an int: that generation request, 0-based)."""
-        rule = Rule(fault, when, times)
+    def inject(
+        self, fault: Fault, when: Match = 0, *, times: int = 1, then: Callable[[Received], None] | None = None
+    ) -> Rule:
+        """Apply ``fault`` to the requests ``when`` matches (an int: that generation request, 0-based); call ``then``
+        with each of them as the fault is applied."""
+        rule = Rule(fault, when, times, then)
         self.rules.append(rule)
         return rule
 
@@ -463,6 +468,8 @@ class FaultServer:
             if rule.matches(req):
                 if rule.times > 0:
                     rule.times -= 1
+                if rule.then is not None:
+                    rule.then(req)
                 return rule.fault
         if pre_read or self._random is None or req.path not in GENERATE_PATHS or req.rid in self._seen_rids:
             return None
