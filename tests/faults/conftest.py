@@ -28,7 +28,7 @@ from tito_core import TitoModel, Trajectory, get_backend
 from tito_core.backend import Backend
 from tito_core.http import RetryPolicy
 
-from .server import FaultServer
+from .server import FaultServer, Received
 
 SYSTEM = "You count with the add tool."
 PROMPT = "Count to the end with the add tool."
@@ -44,6 +44,45 @@ async def slow_add(a: int, b: int) -> int:
     """Add two integers, slowly."""
     await asyncio.sleep(0.3)
     return a + b
+
+
+def add_after_pause(server: FaultServer, times: int = 1) -> Any:
+    """An ``add`` tool that returns once ``server`` has been paused ``times`` times: the rollout's next call meets
+    the paused engine, however slow the machine."""
+
+    @tool(name="add")
+    async def add_after(a: int, b: int) -> int:
+        """Add two integers."""
+        await server.paused(times)
+        return a + b
+
+    return add_after
+
+
+def first_gens(n: int) -> Callable[[Received], bool]:
+    """A predicate matching the first ``n`` generation requests (``FaultServer.decode_until_cut``)."""
+    return lambda r: r.gen is not None and r.gen < n
+
+
+@dataclass
+class StallTimeout:
+    """``backend``'s timeout is ``seconds`` for one stalled request alone, so that the calls which must succeed never
+    run under it, however slow the machine: :meth:`after_call` (a Strands ``AfterModelCallEvent`` callback) sets it
+    once the first model call was answered; :meth:`restore` (the fault rule's ``then``) gives the backend its own
+    back the moment the server has read the stalled request (a timeout is taken when a request is sent)."""
+
+    backend: Any
+    seconds: float
+    kept: float | None = None
+    armed: bool = False
+
+    def after_call(self, event: Any) -> None:
+        if not self.armed and event.exception is None:
+            self.armed = True
+            self.kept, self.backend.http.timeout = self.backend.http.timeout, self.seconds
+
+    def restore(self, received: Received) -> None:
+        self.backend.http.timeout = self.kept
 
 
 def find_error(exc: BaseException | None, kind: type[BaseException]) -> BaseException | None:

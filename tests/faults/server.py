@@ -13,10 +13,11 @@ Routes:
     ``/update_weight_version``. A generation that arrives while the server is paused is held (keep mode) and
     answered after the resume; when the version changed meanwhile, its first half is labelled with the version it
     arrived under and the rest with the new one (``weight_versions`` spans), as a request frozen mid-decode.
-    With ``decode_s`` > 0 a generation decodes for that long before it answers; a pause in abort mode
-    (``{"mode": "abort"}`` / ``?mode=abort``) ends the ones decoding with ``finish_reason`` abort and the first
-    half of their ids, and a later request whose prompt is such a prompt plus its half gets the other half (a
-    partial rollout's continuation, labelled with the version current then).
+    A generation that ``decode_until_cut`` matches (a predicate on its :class:`Received`) decodes until a pause in
+    abort mode (``{"mode": "abort"}`` / ``?mode=abort``) ends it with ``finish_reason`` abort and the first half
+    of its ids; a later request whose prompt is such a prompt plus its half gets the other half (a partial
+    rollout's continuation, labelled with the version current then). A tool awaits :meth:`FaultServer.paused`
+    so that its rollout's next call meets a paused engine.
     Control (for a server in another process): ``GET /_control/log``, ``POST /_control/random``
     (``{"rate": 0.1, "seed": 7}``), ``POST /_control/clear``.
 
@@ -204,11 +205,13 @@ def on_path(path: str) -> Callable[[Received], bool]:
 
 @dataclass
 class Rule:
-    """Apply ``fault`` to the requests ``when`` matches, ``times`` times (-1: always)."""
+    """Apply ``fault`` to the requests ``when`` matches, ``times`` times (-1: always); ``then`` is called with each
+    request it applies to, as it applies (a test acts the moment the request is there)."""
 
     fault: Fault
     when: Match
     times: int = 1
+    then: Callable[[Received], None] | None = None
 
     def matches(self, req: Received) -> bool:
         if self.times == 0:
@@ -375,10 +378,12 @@ class FaultServer:
         self.weight_version = "default"
         self.prompt_logprob = -0.75  # the logprob of every prompt token it scores: a test changes it to "load" others
         self.pauses: list[str] = []  # "pause" / "pause:abort" / "resume" / "version:<v>", in order
-        self.decode_s = 0.0  # how long a generation decodes before it answers (an abort-mode pause cuts it)
+        # the generations that decode until an abort-mode pause cuts them (the others answer at once)
+        self.decode_until_cut: Callable[[Received], bool] | None = None
         self._running = asyncio.Event()
         self._running.set()
         self._cut = asyncio.Event()  # set (and replaced) by each abort-mode pause
+        self._paused = asyncio.Event()  # set (and replaced) by each pause
         self._rests: dict[tuple[int, ...], tuple[list[int], str]] = {}  # prompt + half -> other half, finish
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -443,9 +448,12 @@ class FaultServer:
 
     # -- scripting --------------------------------------------------------------------------------
 
-    def inject(self, fault: Fault, when: Match = 0, *, times: int = 1) -> Rule:
-        """Apply ``fault`` to the requests ``when`` matches (an int: that generation request, 0-based)."""
-        rule = Rule(fault, when, times)
+    def inject(
+        self, fault: Fault, when: Match = 0, *, times: int = 1, then: Callable[[Received], None] | None = None
+    ) -> Rule:
+        """Apply ``fault`` to the requests ``when`` matches (an int: that generation request, 0-based); call ``then``
+        with each of them as the fault is applied."""
+        rule = Rule(fault, when, times, then)
         self.rules.append(rule)
         return rule
 
@@ -460,6 +468,8 @@ class FaultServer:
             if rule.matches(req):
                 if rule.times > 0:
                     rule.times -= 1
+                if rule.then is not None:
+                    rule.then(req)
                 return rule.fault
         if pre_read or self._random is None or req.path not in GENERATE_PATHS or req.rid in self._seen_rids:
             return None
@@ -467,6 +477,11 @@ class FaultServer:
         if rng.random() < rate:
             return rng.choice(faults)
         return None
+
+    async def paused(self, times: int = 1) -> None:
+        """Return once the server has been paused ``times`` times in all (either mode)."""
+        while sum(p.startswith("pause") for p in self.pauses) < times:
+            await self._paused.wait()
 
     # -- log views --------------------------------------------------------------------------------
 
@@ -610,10 +625,9 @@ class FaultServer:
                 return
         if is_gen:
             rec.continued = tuple(rec.input_ids or ()) in self._rests
-        if is_gen and self.decode_s > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._cut.wait(), self.decode_s)
-                rec.cut = True
+        if is_gen and self.decode_until_cut is not None and self.decode_until_cut(rec):
+            await self._cut.wait()
+            rec.cut = True
         fault = self._pick(rec, pre_read=False)
         if is_gen and rec.rid is not None:
             self._seen_rids.add(rec.rid)
@@ -645,6 +659,8 @@ class FaultServer:
                 self.pauses.append("pause:abort")
             else:
                 self.pauses.append("pause")
+            self._paused.set()
+            self._paused = asyncio.Event()
             return 200, b'{"status": "paused"}'
         if path in ("/continue_generation", "/resume"):
             self._running.set()

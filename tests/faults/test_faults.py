@@ -33,7 +33,7 @@ from tito_core.errors import (
 )
 from tito_core.http import RetryPolicy
 
-from .conftest import RETRY, Harness, all_branches, slow_add
+from .conftest import RETRY, Harness, StallTimeout, all_branches, slow_add
 from .server import BAD_FIELDS, Fault, FaultServer, from_gen, on_path
 
 GENERATE_PATH = {"sglang": "/generate", "vllm": "/inference/v1/generate"}
@@ -179,8 +179,10 @@ async def test_reset_after_the_request_was_read_is_not_resent(h: Harness, delay:
 
 
 async def test_read_timeout_aborts_the_request(h: Harness) -> None:
-    h.server.inject(Fault.hang(), when=1)
-    outcome = await h.rollout(backend=h.backend(timeout=0.5))
+    backend = h.backend()
+    stall = StallTimeout(backend, 0.2)  # the hung call's timeout; the first call and the abort keep the backend's
+    h.server.inject(Fault.hang(), when=1, then=stall.restore)
+    outcome = await h.rollout(backend=backend, callbacks=[(AfterModelCallEvent, stall.after_call)])
     assert_failed(outcome, BackendTimeoutError)
     hung = h.server.gen_requests()[1]
     assert gen_after(h, 1) == []
@@ -503,10 +505,12 @@ async def test_session_never_continues_from_a_request_lost_to_a_fault(
             retried.append("yes")
             event.retry = True
 
-    h.server.inject(SESSION_FAULTS[fault], when=1)
-    backend = h.backend(session="on", timeout=1.0)
+    backend = h.backend(session="on")
+    stall = StallTimeout(backend, 0.2)  # ends a hang; the other calls (the retry, the closes) keep the backend's
+    h.server.inject(SESSION_FAULTS[fault], when=1, then=stall.restore)
     try:
-        outcome = await h.rollout(backend=backend, callbacks=[(AfterModelCallEvent, retry_errors)])
+        callbacks = [(AfterModelCallEvent, stall.after_call), (AfterModelCallEvent, retry_errors)]
+        outcome = await h.rollout(backend=backend, callbacks=callbacks)
         assert outcome.error is None, outcome.error
         assert retried and outcome.traj.status == "completed"
         first, failed, retry = h.server.gen_requests()[:3]

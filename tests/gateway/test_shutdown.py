@@ -141,19 +141,21 @@ async def test_a_second_signal_stops_the_drain(qwen3_tokenizer: Any, tmp_path: P
 
 
 async def test_sigterm_to_tito_serve_with_calls_in_flight_writes_every_answer(tmp_path: Path) -> None:
-    """The shipping path: `tito serve` in a subprocess, SIGTERM while calls run (each takes 3 s on the engine).
-    The gateway says how many calls were in flight; each of them is answered 200 and found in a record, and a
-    call that arrived after the signal is a 503, never a 200 that is not written."""
+    """The shipping path: `tito serve` in a subprocess, SIGTERM while 10 calls are held in the engine (a gate the
+    test opens). The gateway counts the 10 in flight; a call after the signal is a 503; each held call is then
+    answered 200 and found in a record, and every opened rollout is written."""
     import json
     import signal
     import sys
 
+    from tito_testing.gate import FileGate
     from tito_testing.tokenizers import qwen_tokenizer_dir
 
+    gate = FileGate(tmp_path / "gate")
     tok = json.dumps(str(qwen_tokenizer_dir("qwen3")))
     cfg = tmp_path / "tito.toml"
     replies = json.dumps([f"answer {i}" for i in range(20)])
-    options = f"tokenizer = {tok}\ndelay = 3.0\nreplies = {replies}\n"
+    options = f"tokenizer = {tok}\ngate = {json.dumps(str(gate.path))}\nreplies = {replies}\n"
     cfg.write_text(f'backend = "scripted"\ntokenizer = {tok}\n[backend_options]\n{options}')
     out = tmp_path / "served.jsonl"
     code = "import sys; from tito_core.cli import main; sys.exit(main())"
@@ -166,27 +168,36 @@ async def test_sigterm_to_tito_serve_with_calls_in_flight_writes_every_answer(tm
         line = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode()  # hang guard only
         base = line.rsplit(" ", 1)[1].strip()
         async with aiohttp.ClientSession() as session:
-            opened = [(await _post(session, f"{base}/rollouts", {"task_id": f"t{i}"}))[2] for i in range(10)]
+            opened = [(await _post(session, f"{base}/rollouts", {"task_id": f"t{i}"}))[2] for i in range(11)]
+            late = opened.pop()
             calls = [
                 asyncio.ensure_future(_post(session, f"{o['base_url']}/chat/completions", USER, o["token"]))
                 for o in opened
             ]
-            await asyncio.sleep(0.5)  # the requests on their way; whether each was taken before the signal or not,
-            proc.send_signal(signal.SIGTERM)  # the invariant below holds
+            async with asyncio.timeout(120):  # hang guard only
+                while gate.arrived() < 10:
+                    await asyncio.sleep(0.01)
+            proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(120):  # hang guard only: the line comes once the gateway refuses new calls
+                while "shutting down; " not in (said := (await proc.stderr.readline()).decode()):
+                    assert said, "tito serve exited without saying it was shutting down"
+            in_flight = int(said.split("shutting down; ", 1)[1].split(" ", 1)[0])
+            refused = await _post(session, f"{late['base_url']}/chat/completions", USER, late["token"])
+            gate.open()
             answers = await asyncio.gather(*calls)
         assert await asyncio.wait_for(proc.wait(), 300) == 0
-        err = (await proc.stderr.read()).decode()
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-    in_flight = int(err.split("shutting down; ", 1)[1].split(" ", 1)[0])
-    ok = [body for status, _, body in answers if status == 200]
-    assert len(ok) == in_flight and all(status in (200, 503) for status, _, _ in answers), (in_flight, answers)
+    assert in_flight == 10
+    status, headers, body = refused
+    assert status == 503 and body["error"]["code"] == "shutting_down" and headers["x-should-retry"] == "false"
+    assert [status for status, _, _ in answers] == [200] * 10, answers
     recorded = _recorded_outputs(out)
-    for body in ok:
+    for _, _, body in answers:
         assert [body["tito"]["output_ids"]] == recorded[body["tito"]["rollout_id"]]
-    assert len(recorded) == 10  # every opened rollout written, called or refused
+    assert len(recorded) == 11 and recorded[late["id"]] == []  # every opened rollout written, the late one
 
 
 async def _slow_upload(base: str, token: str, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

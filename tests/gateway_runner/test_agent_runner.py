@@ -19,9 +19,10 @@ from tito_core.errors import ConfigError
 from tito_core.runner import read_records
 from tito_core.runner.agent_process import AgentExited, answer_line
 from tito_core.tokenizers import load_tokenizer
+from tito_testing.gate import FileGate
 
 from ..runner.helpers import answer_with, lines, tokenizer_dir
-from .helpers import add_tasks, agent_config, script
+from .helpers import HOUR, SkippingLoop, add_tasks, agent_config, run_skipping, script, until
 
 HELPERS = "tests.gateway_runner.helpers"
 REWARD = f"{HELPERS}:number_reward"
@@ -90,12 +91,23 @@ def test_a_crashing_agent_gives_a_failed_record_with_its_exit_code_and_stderr_ta
 
 def test_an_agent_past_its_time_limit_is_killed_with_its_process_group(tmp_path: Path) -> None:
     out, pid_file = tmp_path / "out.jsonl", tmp_path / "child.pid"
-    agent = {"command": script("misbehaving.py"), "timeout_s": 8, "env": {"PID_FILE": str(pid_file)}}
-    rollout(agent_config(agent, answer_with("4")), add_tasks(1, mode="hang"), out)
+    agent = {"command": script("misbehaving.py"), "timeout_s": HOUR, "env": {"PID_FILE": str(pid_file)}}
+    cfg = agent_config(agent, answer_with("4"))
+
+    async def main(loop: SkippingLoop) -> tuple[int, int]:
+        run = asyncio.ensure_future(arollout(cfg, add_tasks(1, mode="hang"), out))
+        await until(pid_file.exists, run, "the agent made its call and started its child")
+        agent_pid, child_pid = map(int, pid_file.read_text().split())
+        assert _alive(agent_pid) and _alive(child_pid)
+        loop.skip(HOUR)  # the limit runs out now, through the runner's own asyncio.timeout
+        async with asyncio.timeout(300):  # a hang guard (the clock runs on from here)
+            await run
+        return agent_pid, child_pid
+
+    agent_pid, child_pid = run_skipping(main)
     (record,) = read_records(out)
-    assert (record.status, record.status_reason) == ("aborted", "timed out after 8 s")
+    assert (record.status, record.status_reason) == ("aborted", f"timed out after {HOUR} s")
     assert record.tokens.model_calls == 1
-    agent_pid, child_pid = map(int, pid_file.read_text().split())
     assert not _alive(agent_pid) and not _alive(child_pid)  # the child it started in its group is gone too
 
 
@@ -159,12 +171,22 @@ def test_a_callable_agent(
 
 
 def test_a_call_in_flight_when_the_time_limit_hits_is_recorded_then_the_rollout_times_out(tmp_path: Path) -> None:
-    out = tmp_path / "out.jsonl"
-    cfg = agent_config({"callable": f"{HELPERS}:aiohttp_agent", "timeout_s": 0.5})
-    cfg["backend_options"]["delay"] = 2.0  # the engine answers after the agent was stopped
-    rollout(cfg, add_tasks(1), out)
+    out, stopped, gate = tmp_path / "out.jsonl", tmp_path / "stopped", FileGate(tmp_path / "gate")
+    cfg = agent_config({"callable": f"{HELPERS}:marks_its_stop_agent", "timeout_s": HOUR})
+    cfg["backend_options"]["gate"] = str(gate.path)  # the engine holds the call until the test opens the gate
+
+    async def main(loop: SkippingLoop) -> None:
+        run = asyncio.ensure_future(arollout(cfg, add_tasks(1, stopped=str(stopped)), out))
+        await until(lambda: gate.arrived() == 1, run, "the call reached the engine")
+        loop.skip(HOUR)
+        await until(stopped.exists, run, "the time limit stopped the agent")
+        gate.open()  # the engine answers after the agent was stopped
+        async with asyncio.timeout(300):  # a hang guard
+            await run
+
+    run_skipping(main)
     (record,) = read_records(out)
-    assert (record.status, record.status_reason) == ("aborted", "timed out after 0.5 s")
+    assert (record.status, record.status_reason) == ("aborted", f"timed out after {HOUR} s")
     assert record.tokens.model_calls == 1 and record.tokens.output > 0  # the engine's answer, as it gave it
 
 

@@ -7,6 +7,7 @@ failed record (the SDK raising on a call to a tool it does not have) and a timeo
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -14,13 +15,13 @@ import msgspec
 import pytest
 from pydantic import BaseModel
 
-from tito_core import Trajectory, rollout
+from tito_core import Trajectory, arollout, rollout
 from tito_core.config import load_config
 from tito_core.runner import read_records
 from tito_core.tokenizers import load_tokenizer
 
 from ..runner.helpers import call, tokenizer_dir
-from .helpers import EXAMPLE, adds_then_answers, agent_config, script
+from .helpers import EXAMPLE, HOUR, SkippingLoop, adds_then_answers, agent_config, run_skipping, script, until
 
 pytest.importorskip("agents", reason="the OpenAI Agents SDK (openai-agents) is installed by the nox session `agents`")
 
@@ -72,11 +73,22 @@ def test_the_example_agent_gives_tool_turns_rewards_and_a_crash_record(tmp_path:
 
 
 def test_an_sdk_agent_stuck_in_a_tool_times_out(tmp_path: Path) -> None:
-    out = tmp_path / "out.jsonl"
-    replies = [call("fetch", url="https://example.com")] * 10
-    rollout(agent_config({"command": script("agents_sdk_hanging_tool.py"), "timeout_s": 20}, replies), _fetch(), out)
+    """The limit runs out once the agent is in its tool (its one model call recorded), however long the SDK took to
+    import: the test's clock jumps over the hour."""
+    out, in_tool = tmp_path / "out.jsonl", tmp_path / "in_tool"
+    agent = {"command": script("agents_sdk_hanging_tool.py"), "timeout_s": HOUR, "env": {"IN_TOOL_FILE": str(in_tool)}}
+    cfg = agent_config(agent, [call("fetch", url="https://example.com")] * 10)
+
+    async def main(loop: SkippingLoop) -> None:
+        run = asyncio.ensure_future(arollout(cfg, _fetch(), out))
+        await until(in_tool.exists, run, "the agent entered its tool")
+        loop.skip(HOUR)
+        async with asyncio.timeout(300):  # a hang guard (the clock runs on from here)
+            await run
+
+    run_skipping(main)
     (record,) = read_records(out)
-    assert (record.status, record.status_reason) == ("aborted", "timed out after 20 s")
+    assert (record.status, record.status_reason) == ("aborted", f"timed out after {HOUR} s")
     assert record.tokens.model_calls == 1 and Trajectory.from_record(record.trajectory).turns[0].tool_calls == 1
 
 

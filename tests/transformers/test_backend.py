@@ -194,17 +194,18 @@ async def test_max_batch_size_bounds_the_batch(tiny_model_dir, tokenizer, batch_
         backend.close()
 
 
-async def test_cancel_frees_the_slot_at_the_next_step(tiny_model_dir, tokenizer, batch_sizes) -> None:
+async def test_cancel_frees_the_slot_at_the_next_step(tiny_model_dir, tokenizer, batch_sizes, step_gate) -> None:
     backend = TransformersBackend(tiny_model_dir, max_batch_size=1)
     try:
         ids = prompts(tokenizer)[0]
+        step_gate.close()  # held before its first decoding step: it cannot end before the cancel
         long = asyncio.create_task(backend.generate(request(ids, temperature=0, max_new_tokens=2000)))
-        while not batch_sizes:
-            await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(step_gate.held.wait, 120)
         long.cancel()
         with pytest.raises(asyncio.CancelledError):
             await long
         steps = len(batch_sizes)
+        step_gate.open.set()
         # the only slot is free again: the next request runs, long before the cancelled one could have ended
         async with asyncio.timeout(30):
             result = await backend.generate(request(ids, temperature=0, max_new_tokens=3, ignore_eos=True))
@@ -235,11 +236,13 @@ async def test_config_context_window_and_invalid_requests(tiny_backend, tokenize
         await tiny_backend.generate(request(ids, prefix_len=len(ids) + 1))
 
 
-async def test_closed_backend_refuses_requests(tiny_model_dir, tokenizer) -> None:
+async def test_closed_backend_refuses_requests(tiny_model_dir, tokenizer, batch_sizes) -> None:
     backend = TransformersBackend(tiny_model_dir)
     ids = prompts(tokenizer)[0]
     running = asyncio.create_task(backend.generate(request(ids, max_new_tokens=2000, ignore_eos=True)))
-    await asyncio.sleep(0.2)
+    async with asyncio.timeout(120):  # a hang guard: until it decodes (closed mid-generation, not in the queue)
+        while not batch_sizes:
+            await asyncio.sleep(0.01)
     await backend.aclose()
     with pytest.raises(BackendError, match="closed"):
         await running

@@ -246,18 +246,21 @@ async def test_bad_constraint_raises_before_generation(
     assert tokenizer.decode(ok.output_ids[:-1]) == "ok"
 
 
-async def test_cancelled_constrained_request_stops_at_the_next_step(tiny_model_dir, tokenizer, batch_sizes) -> None:
+async def test_cancelled_constrained_request_stops_at_the_next_step(
+    tiny_model_dir, tokenizer, batch_sizes, step_gate
+) -> None:
     backend = TransformersBackend(tiny_model_dir, max_batch_size=1)
     try:
+        step_gate.close()  # held before its first decoding step: it cannot reach its "." and end before the cancel
         long = asyncio.create_task(
             backend.generate(request(prompt(tokenizer), 'root ::= [a-z]+ "."', temperature=1.0, max_new_tokens=2000))
         )
-        while not batch_sizes:
-            await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(step_gate.held.wait, 120)
         long.cancel()
         with pytest.raises(asyncio.CancelledError):
             await long
         steps = len(batch_sizes)
+        step_gate.open.set()
         async with asyncio.timeout(30):
             result = await backend.generate(
                 request(prompt(tokenizer), temperature=0, max_new_tokens=3, ignore_eos=True)

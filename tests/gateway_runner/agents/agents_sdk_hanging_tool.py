@@ -1,10 +1,14 @@
-"""An OpenAI Agents SDK agent whose one tool never returns: the runner's time limit must end it."""
+"""An OpenAI Agents SDK agent whose one tool never returns: the runner's time limit must end it.
+
+Entering the tool, it creates the file ``$IN_TOOL_FILE``: the test's signal that its one model call is recorded.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+from pathlib import Path
 
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI
@@ -17,6 +21,7 @@ async def fetch(url: str) -> str:
     Args:
         url: The page.
     """
+    Path(os.environ["IN_TOOL_FILE"]).touch()
     await asyncio.Event().wait()
     return ""
 

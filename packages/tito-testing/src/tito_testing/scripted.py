@@ -8,6 +8,7 @@ would have received.
 from __future__ import annotations
 
 import asyncio
+import os
 import zlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,8 @@ import msgspec
 from tito_core.backend import Backend, FinishReason, GenerateRequest, GenerateResult
 from tito_core.errors import BackendError, ContextLengthError
 from tito_core.versions import VersionSpan
+
+from .gate import FileGate
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -49,6 +52,8 @@ class ScriptedBackend(Backend):
             simulate a weight update); None reports no versions, as an engine that says nothing. A callable
             is given each request and returns the version of that call (e.g. by ``request.sequence``, which
             starts with the rollout id).
+        gate: A :class:`~tito_testing.gate.FileGate`'s directory: each call, once recorded, waits there until the
+            test opens the gate (a test acts while calls are known to be in flight, also in another process).
     """
 
     name = "scripted"
@@ -64,6 +69,7 @@ class ScriptedBackend(Backend):
         context_length: int | None = None,
         delay: float = 0.0,
         weight_version: str | Callable[[GenerateRequest], str | None] | None = None,
+        gate: str | os.PathLike[str] | None = None,
     ) -> None:
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
@@ -74,6 +80,7 @@ class ScriptedBackend(Backend):
         self.context_length = context_length
         self.delay = delay
         self.weight_version = weight_version
+        self.gate = FileGate(gate) if gate is not None else None
         self.requests: list[GenerateRequest] = []
         self._next = 0
 
@@ -97,6 +104,8 @@ class ScriptedBackend(Backend):
                 status=400,
                 backend=self.name,
             )
+        if self.gate is not None:
+            await self.gate.enter()
         if self.delay:
             await asyncio.sleep(self.delay)
         if self._next >= len(self.replies):
