@@ -52,6 +52,37 @@ async def test_the_viewer_shows_open_rollouts_live_and_finished_ones(gateway: Ga
         assert (await _get(session, f"{ui}/api/records/open-{rollout.id}", key))[0] == 404  # finished: not open
 
 
+async def test_an_open_rollout_counts_every_branch_and_the_page_every_version(gateway: Gateway, backend: Any) -> None:
+    """A retried call forks the open rollout: its row counts both calls (as a finished record's row does), and the
+    page lists every weight version of the open and finished rollouts, so each keeps one colour on every page."""
+    backend.add("First try.", "Second try.", "Done.")
+    finished, rollout = gateway.open(task_id="old"), gateway.open(task_id="retried")
+    key = gateway.access.viewer_key
+    ui = f"{gateway.base_url}/ui"
+    async with aiohttp.ClientSession() as session:
+
+        async def chat(opened: Any) -> None:
+            async with session.post(f"{opened.base_url}/chat/completions", json={"model": "m", "messages": USER},
+                                    headers={"Authorization": f"Bearer {opened.token}"}) as response:  # fmt: skip
+                assert response.status == 200
+
+        backend.weight_version = "7"
+        await chat(finished)
+        async with session.post(f"{finished.base_url.rsplit('/v1', 1)[0]}/finish", json={"reward": 0.0},
+                                headers={"Authorization": f"Bearer {finished.token}"}) as response:  # fmt: skip
+            assert response.status == 200
+        backend.weight_version = "10"
+        await chat(rollout)
+        await chat(rollout)  # the same messages again: a retry, the first output discarded
+        status, runs = await _get(session, f"{ui}/api/runs", key)
+        assert status == 200
+        row = next(r for r in runs["rows"] if r["task_id"] == "retried")
+        assert (row["branches"], row["turns"]) == (2, 2)
+        assert runs["versions"] == ["7", "10"]  # in version order, not as strings
+        status, view = await _get(session, f"{ui}/api/records/open-{rollout.id}", key)
+        assert status == 200 and view["version_order"] == ["7", "10"]  # the finished rollout's version too
+
+
 async def test_the_viewer_takes_its_key_only_and_the_gateways_browser_rules(gateway: Gateway) -> None:
     rollout = gateway.open(task_id="t")
     ui = f"{gateway.base_url}/ui"

@@ -7,11 +7,14 @@ only, so sibling agents cannot read each other's through the viewer.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from ..trajectory import Trajectory
 from ..trajectory.record import TrajectoryRecord, snapshot
+from ..versions import version_key
 from ..viewer import TokenTexts, record_fields, record_view, run_row, runs_page
+from ..viewer.pages import model_calls, weight_versions
 from ..viewer.source import image_of
 from .registry import GatewayRollout
 
@@ -42,11 +45,17 @@ class GatewaySource:
 
     def runs(self) -> dict[str, Any]:
         """Open rollouts first (status ``running``), then the finished ones the gateway still holds."""
-        rows = [
-            _open_row(f"{OPEN}{r.id}", r, snapshot(r.core.trajectory)) for r in self.gateway.registry.open_rollouts()
-        ]
+        opened = [(r, snapshot(r.core.trajectory)) for r in self.gateway.registry.open_rollouts()]
+        rows = [_open_row(f"{OPEN}{rollout.id}", rollout, traj) for rollout, traj in opened]
         rows += [run_row(f"{DONE}{n}", record) for n, record in self.gateway.writer.recent]
-        return runs_page(self.title, rows, audit=None, figures=[], live=True)
+        versions = self._versions(traj for _, traj in opened)
+        return runs_page(self.title, rows, audit=None, figures=[], live=True, versions=versions)
+
+    def _versions(self, open_trajectories: Iterable[TrajectoryRecord]) -> list[str]:
+        """Every weight version the page shows, open and finished rollouts alike, in order: one colour each."""
+        finished = (record.trajectory for _, record in self.gateway.writer.recent)
+        found = {v for traj in (*open_trajectories, *finished) for v in weight_versions(traj)}
+        return sorted(found, key=version_key)
 
     def _find(self, key: str) -> tuple[dict[str, Any], TrajectoryRecord]:
         if key.startswith(OPEN):
@@ -62,8 +71,9 @@ class GatewaySource:
     def record(self, key: str) -> dict[str, Any]:
         """An open or finished rollout, token by token."""
         fields, traj = self._find(key)
+        versions = self._versions(snapshot(r.core.trajectory) for r in self.gateway.registry.open_rollouts())
         return record_view(
-            fields, Trajectory.from_record(traj), self.texts, image_url=lambda sha: f"images/{key}/{sha}"
+            fields, Trajectory.from_record(traj), self.texts, image_url=lambda s: f"images/{key}/{s}", versions=versions
         )
 
     def image(self, key: str, sha256: str) -> tuple[bytes, str]:
@@ -97,7 +107,7 @@ def _open_row(key: str, rollout: GatewayRollout, traj: TrajectoryRecord) -> dict
         "index": key,
         "tokens": len(traj.token_ids),
         "output_tokens": output,
-        "turns": len(traj.turns),
+        "turns": model_calls(traj),  # over every branch, as a finished record's row counts them
         "tool_calls": rollout.tool_calls,
         "branches": 1 + len(traj.branches),
         "images": len(traj.media),
