@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from strands import tool
 
 from tests.helpers import agent_for, hermes_call
 from tests.helpers.lineages import PARENT, REPLIES, SUB, assert_two_lineages, by_number, interleave
 from tito_core import TitoModel, Trajectory
+from tito_core.backend import GenerateRequest
 from tito_core.conversation import ChatMessage, Conversation
+from tito_core.errors import BackendError
 from tito_core.export import training_branches
 from tito_core.plugins import get_tool_parser
 from tito_core.render.renderer import ChatRenderer
@@ -191,3 +194,27 @@ def test_only_the_most_recently_used_lineages_keep_their_backend_sequence(qwen25
     call("a", {"role": "assistant", "content": "hello"}, _user("more"))  # lineage "a" goes on, on a new sequence
     assert lineages.trajectory.branch == 0 and len(lineages.trajectory) == 6  # two calls of 3 tokens
     assert names["a"][1] != names["a"][0] and backend.ended == [names["a"][0], names["b"][0]]
+
+
+def test_a_failed_call_sets_the_status_of_its_own_branch_and_ends_only_its_sequence(qwen25_tokenizer) -> None:
+    def down(request: GenerateRequest) -> str:
+        raise BackendError("the engine went away", backend="scripted")
+
+    rollout, backend = _rollout(qwen25_tokenizer, ["p1", down, "s1", "p2"])
+
+    async def run() -> None:
+        parent, sub = [_user("plan")], [_user("part one")]
+        await _turn(rollout, PARENT, parent)
+        with pytest.raises(BackendError):
+            await _turn(rollout, SUB, sub)
+        first, failed = by_number(rollout.trajectory)
+        assert (failed.status, failed.status_reason) == ("failed", "BackendError: the engine went away")
+        assert first.status == "completed" and backend.ended == [backend.requests[1].sequence]
+        await _turn(rollout, SUB, sub)  # the sub-agent tries again: on its empty branch, not a third one
+        parent.append(_user("part one is done"))
+        await _turn(rollout, PARENT, parent)
+
+    asyncio.run(run())
+    parent, sub = by_number(rollout.trajectory)
+    assert (len(parent.turns), len(sub.turns)) == (2, 1) and [parent.status, sub.status] == ["completed"] * 2
+    assert backend.requests[3].sequence == backend.requests[0].sequence != backend.requests[2].sequence
