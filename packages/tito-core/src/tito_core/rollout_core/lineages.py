@@ -83,23 +83,20 @@ class Lineages:
         """The lineage of the last call (the first one before any)."""
         return self._last
 
-    @property
-    def open(self) -> tuple[Lineage, ...]:
-        """The open lineages, oldest first."""
-        return tuple(self._open)
-
     def choose(self, conversation: Conversation, tools: list[dict[str, Any]] | None) -> tuple[Lineage, Plan]:
         """The lineage the call of ``conversation`` goes on, and what to render there (it may be a new one)."""
         decided = [(lineage, lineage.sync.decide(conversation, tools)) for lineage in self._open]
-        extending = [(d.depth, lin.used, lin, d) for lin, d in decided if d.extends]
-        forks = [(d.depth, d.retry, d.agree, lin.used, lin, d) for lin, d in decided if d.same_head and not d.extends]
-        best_extend = max(extending, key=lambda c: c[:2]) if extending else None
-        best_fork = max(forks, key=lambda c: c[:4]) if forks else None
-        if best_extend is not None and (best_extend[0] > 0 or best_fork is None or best_fork[0] == 0):
-            lineage = best_extend[2]  # an empty branch is taken only where no fork keeps any token
+        extend = max(((lin, d) for lin, d in decided if d.extends), key=lambda c: (c[1].depth, c[0].used), default=None)
+        fork = max(
+            ((lin, d) for lin, d in decided if d.same_head and not d.extends),
+            key=lambda c: (c[1].depth, c[1].retry, c[1].agree, c[0].used),
+            default=None,
+        )
+        if extend is not None and (extend[1].depth > 0 or fork is None or fork[1].depth == 0):
+            lineage = extend[0]  # an empty branch is taken only where no fork keeps any token
             plan = lineage.sync.follow(conversation, tools)
-        elif best_fork is not None:
-            lineage, decision = best_fork[4], best_fork[5]
+        elif fork is not None:
+            lineage, decision = fork
             if decision.retry:
                 plan = lineage.sync.supersede(conversation, tools, decision)  # the attempt is closed
             else:
