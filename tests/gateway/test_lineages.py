@@ -10,10 +10,12 @@ from typing import Any
 import pytest
 from google.genai import types
 
+from tests.gateway.test_chat_surface import ADD
 from tests.gateway.test_chat_surface import client as chat_client
 from tests.gateway.test_gemini import client as gemini_client
 from tests.gateway.test_messages import client as messages_client
-from tests.helpers.lineages import REPLIES, assert_two_lineages, interleave
+from tests.helpers import hermes_call
+from tests.helpers.lineages import PARENT, REPLIES, SUB, assert_two_lineages, by_number, interleave
 from tito_core import Trajectory
 from tito_core.gateway import Gateway
 
@@ -86,3 +88,22 @@ async def test_a_parent_and_a_sub_agent_taking_turns_keep_one_branch_each(
     sequences = [request.sequence for request in backend.requests]
     assert sequences[0] == sequences[2] == sequences[4] != sequences[1] == sequences[3]  # one per lineage
     assert [b.status for b in traj.all_branches] == ["completed", "completed"] and record.status == "completed"
+
+
+async def test_finishing_closes_every_open_branch_with_its_own_status(gateway: Gateway, backend: Any) -> None:
+    """The parent's last output asked for a tool the client never ran; the sub-agent answered: each branch says so."""
+    backend.add(hermes_call("add", {"a": 2, "b": 3}), "s1")
+    rollout = gateway.open()
+    sdk = chat_client(rollout)
+    first = await sdk.chat.completions.create(
+        model="m", messages=[{"role": "system", "content": PARENT}, {"role": "user", "content": "add"}], tools=[ADD]
+    )
+    assert first.choices[0].finish_reason == "tool_calls"
+    await sdk.chat.completions.create(
+        model="m", messages=[{"role": "system", "content": SUB}, {"role": "user", "content": "part one"}]
+    )
+    record = await gateway.finish(rollout.id)
+    parent, sub = by_number(Trajectory.from_record(record.trajectory))
+    unanswered = "the client finished the rollout with the last output's tool calls unanswered"
+    assert (parent.status, parent.status_reason) == ("aborted", unanswered)
+    assert sub.status == record.status == "completed" and sub.parent_branch is None  # a new lineage: no tools
