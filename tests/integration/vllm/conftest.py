@@ -16,7 +16,7 @@ Environment:
     TITO_VLLM_PYTHON         interpreter with vllm installed (default: the one running the tests)
     TITO_VLLM_URL            use an already running server instead (serving the tiny model as "tiny")
     TITO_VLLM_VL_URL         the same for the image tests (serving the tiny VL model as "tiny", with the shim)
-    TITO_VLLM_START_TIMEOUT  seconds to wait for the server to be healthy (default 300)
+    TITO_VLLM_START_TIMEOUT  seconds to wait for the server to be healthy (default 900)
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ..servers import fail_if_left_busy, free_port, stop_process_group, wait_unt
 pytestmark = pytest.mark.integration
 
 SERVER_PYTHON = os.environ.get("TITO_VLLM_PYTHON") or sys.executable
-START_TIMEOUT = float(os.environ.get("TITO_VLLM_START_TIMEOUT", "300"))
+START_TIMEOUT = float(os.environ.get("TITO_VLLM_START_TIMEOUT", "900"))  # a hang guard, as SGLang's
 SERVED_NAME = "tiny"
 SERVER_FLAGS = [
     "--served-model-name", SERVED_NAME,

@@ -110,6 +110,16 @@ class GatewayOutput:
                 ) from exc
         return record
 
+    def write_ended(self, rollout: GatewayRollout, traj: Trajectory, server: str) -> None:
+        """Write the record of a rollout the gateway ended itself (idle, shutdown), with its per-call rewards.
+
+        No client waits for it: a failed write is logged, and the record kept for the next write and the shutdown.
+        """
+        try:
+            self.write(rollout, traj, None, server, rollout.rewards.so_far(len(traj.turns)))
+        except GatewayError as exc:
+            logger.error("%s", exc.message)
+
     def _write_kept(self, writer: RecordWriter) -> None:
         """Write the records kept after failed writes, in order, while the writer takes them."""
         while self.unwritten:

@@ -14,6 +14,7 @@ import logging
 import secrets
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -32,6 +33,10 @@ T = TypeVar("T")
 def new_token() -> str:
     """A rollout token: ``tito-`` and 192 random bits (URL-safe base64)."""
     return "tito-" + secrets.token_urlsafe(24)
+
+
+KEEP_FINISHED = 1024
+"""Finished rollouts whose trajectory ``GET /rollouts/<id>`` still answers (and whose ids stay taken)."""
 
 
 class GatewayRollout:
@@ -149,7 +154,20 @@ class Registry:
         self.idle_timeout = idle_timeout
         self._on_idle = on_idle
         self._open: dict[str, GatewayRollout] = {}
+        self._finished: OrderedDict[str, bytes] = OrderedDict()
         self._sweeper: asyncio.Task[None] | None = None
+
+    def keep_finished(self, rollout_id: str, trajectory_json: bytes) -> list[str]:
+        """Keep a finished rollout's trajectory JSON (the last :data:`KEEP_FINISHED`); returns the ids let go."""
+        self._finished[rollout_id] = trajectory_json
+        gone = []
+        while len(self._finished) > KEEP_FINISHED:
+            gone.append(self._finished.popitem(last=False)[0])
+        return gone
+
+    def finished(self, rollout_id: str) -> bytes | None:
+        """The trajectory JSON of a rollout finished lately (None: not finished, or let go)."""
+        return self._finished.get(rollout_id)
 
     def new_id(self) -> str:
         """A fresh rollout id."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +44,6 @@ if TYPE_CHECKING:
 __all__ = ["Gateway", "GatewayRollout"]
 
 logger = logging.getLogger("tito")
-_KEEP_FINISHED = 1024  # finished rollouts whose trajectory GET /rollouts/<id> still answers
 SEND_GRACE_S = 1.0
 """At shutdown, after the drain: how long requests still open get to end (an answer being sent) before they are cut.
 
@@ -95,12 +93,7 @@ class Gateway:
         allow_origins: Sequence[str] = (),
         fronts: Sequence[str] | None = None,
     ) -> None:
-        if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
-            raise ConfigError("api_key must be a string that is not empty or only whitespace, or None")
-        if max_body_bytes <= 0:
-            raise ConfigError(f"max_body_bytes must be positive, got {max_body_bytes!r}")
-        if idle_timeout <= 0:
-            raise ConfigError(f"idle_timeout must be positive, got {idle_timeout!r}")
+        _check_settings(api_key, idle_timeout, max_body_bytes)
         self.config = config
         self.tokenizer = tokenizer
         self.backend = backend if backend is not None else config.create_backend()
@@ -114,7 +107,6 @@ class Gateway:
         self._processor = processor
         self._image_refusal: str | None = None
         self.writer = GatewayOutput(output)
-        self._finished: OrderedDict[str, bytes] = OrderedDict()
         self._runner: web.AppRunner | None = None
         self._closing = False
         self._hurry = asyncio.Event()
@@ -189,7 +181,7 @@ class Gateway:
         runner, self._runner = self._runner, None
         for rollout in self.registry.drain():
             traj = self._end(rollout, "shutdown", Stopped("the gateway shut down before the rollout was finished"))
-            self._write(rollout, traj, None)
+            self.writer.write_ended(rollout, traj, self.base_url)
         self.writer.close()  # every record is written: nothing below waits on a client
         if runner is not None:
             await runner.cleanup()
@@ -220,7 +212,7 @@ class Gateway:
         rid = rollout_id or self.registry.new_id()
         if rid in (".", ".."):
             raise GatewayError(400, f"id: {rid!r} cannot be a rollout id (a URL path segment)", param="id")
-        if rid in self._finished:
+        if self.registry.finished(rid) is not None:
             raise GatewayError(409, f"rollout {rid!r} was finished already", code="rollout_exists")
         core = self.setup.rollout(self.backend, rid)
         task = task_id if task_id is not None else rid
@@ -236,7 +228,7 @@ class Gateway:
 
     def authorize(self, rollout_id: str, credential: str | None) -> None:
         """Check a request on rollout ``rollout_id``: 404 when unknown, 401 without its token or the key."""
-        if rollout_id not in self._finished:
+        if self.registry.finished(rollout_id) is None:
             self.registry.get(rollout_id)
         self.access.authorize(rollout_id, credential)
 
@@ -248,14 +240,14 @@ class Gateway:
 
     def get(self, rollout_id: str) -> GatewayRollout:
         """The open rollout ``rollout_id`` (404, or 409 when it was finished)."""
-        if rollout_id in self._finished:
+        if self.registry.finished(rollout_id) is not None:
             message = f"rollout {rollout_id!r} is finished and takes no more calls"
             raise GatewayError(409, message, code="rollout_finished")
         return self.registry.get(rollout_id)
 
     def trajectory_json(self, rollout_id: str) -> bytes:
         """The trajectory JSON of an open rollout or a recently finished one (404 otherwise)."""
-        done = self._finished.get(rollout_id)
+        done = self.registry.finished(rollout_id)
         if done is not None:
             return done
         return self.registry.get(rollout_id).core.trajectory.to_json()
@@ -301,27 +293,14 @@ class Gateway:
         traj.metadata.update({**rollout.metadata, "task_id": rollout.task_id, "gateway_end": why})
         close_ended(traj, ended)
         core.reset()  # ends the backend sequence; the new empty trajectory is never used
-        self._finished[rollout.id] = traj.to_json()
-        while len(self._finished) > _KEEP_FINISHED:
-            gone, _ = self._finished.popitem(last=False)
+        for gone in self.registry.keep_finished(rollout.id, traj.to_json()):
             self.access.forget(gone)
         return traj
-
-    def _write(self, rollout: GatewayRollout, traj: Trajectory, reward: float | None) -> None:
-        """Write the record of a rollout the gateway ended itself (idle, shutdown).
-
-        No client waits for it: a failed write is logged, and the record kept for the next write and the shutdown.
-        """
-        per_turn = rollout.rewards.so_far(len(traj.turns))  # a rollout ended without finish keeps its per-call rewards
-        try:
-            self.writer.write(rollout, traj, reward, self.base_url, per_turn)
-        except GatewayError as exc:
-            logger.error("%s", exc.message)
 
     async def _end_idle(self, rollout: GatewayRollout) -> None:
         timeout = self.registry.idle_timeout
         traj = self._end(rollout, "idle_timeout", Stopped(f"no call for {timeout:g} s: the gateway's idle timeout"))
-        self._write(rollout, traj, None)
+        self.writer.write_ended(rollout, traj, self.base_url)
         logger.info("rollout %s ended after %g s idle", rollout.id, timeout)
 
     # ---------------------------------------------------------------------------------------------- calls
@@ -343,7 +322,7 @@ class Gateway:
         self._refuse_if_closing()
         route = route or front.routes[0]
         with rollout.claim():
-            context = self._context(rollout, front, route, path, rollout.images)
+            context = _context(rollout, front, route, path, rollout.images)
             try:
                 decoded = front.decode(body, context)
             except GatewayError as exc:
@@ -365,16 +344,27 @@ class Gateway:
         """
         rollout = self.get(rollout_id)
         route = route or next(r for r in front.routes if r.kind == "count")
-        context = self._context(rollout, front, route, path, ImageReader(_NO_IMAGES_WHEN_COUNTING))
+        context = _context(rollout, front, route, path, ImageReader(_NO_IMAGES_WHEN_COUNTING))
         return front.count(await count_prompt(rollout, front.decode(body, context).request))
 
-    @staticmethod
-    def _context(
-        rollout: GatewayRollout, front: Front, route: Route, path: dict[str, str] | None, images: ImageReader
-    ) -> Context:
-        if front.name not in rollout.front_states:
-            rollout.front_states[front.name] = front.new_state()
-        return Context(rollout.replies, images, rollout.front_states[front.name], route, path)
+
+def _check_settings(api_key: str | None, idle_timeout: float, max_body_bytes: int) -> None:
+    """Refuse, with a :class:`~tito_core.errors.ConfigError`, a key that is empty or blank and limits not positive."""
+    if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+        raise ConfigError("api_key must be a string that is not empty or only whitespace, or None")
+    if max_body_bytes <= 0:
+        raise ConfigError(f"max_body_bytes must be positive, got {max_body_bytes!r}")
+    if idle_timeout <= 0:
+        raise ConfigError(f"idle_timeout must be positive, got {idle_timeout!r}")
+
+
+def _context(
+    rollout: GatewayRollout, front: Front, route: Route, path: dict[str, str] | None, images: ImageReader
+) -> Context:
+    """What ``front`` reads and keeps for ``rollout`` while it decodes and answers a request on ``route``."""
+    if front.name not in rollout.front_states:
+        rollout.front_states[front.name] = front.new_state()
+    return Context(rollout.replies, images, rollout.front_states[front.name], route, path)
 
 
 _NO_IMAGES_WHEN_COUNTING = "images are not counted here: count a prompt of text (no image is read)"
