@@ -33,7 +33,7 @@ from tito_core.errors import (
 )
 from tito_core.http import RetryPolicy
 
-from .conftest import RETRY, Harness, StallTimeout, all_branches, slow_add
+from .conftest import RETRY, Harness, StallTimeout, all_branches, check_trajectory, slow_add
 from .server import BAD_FIELDS, Fault, FaultServer, from_gen, on_path
 
 GENERATE_PATH = {"sglang": "/generate", "vllm": "/inference/v1/generate"}
@@ -406,8 +406,10 @@ async def test_sliding_window_trim_mid_rollout_forks(h: Harness) -> None:
     assert traj.status == "completed"
     assert traj.branch >= 1, "the trimmed history did not fork the rollout"
     assert {b.rollout_id for b in all_branches(traj)} == {traj.rollout_id}
-    assert all(b.closed for b in traj.branches)
+    assert not any(b.closed for b in traj.branches)  # a lineage the window left behind stays open
     h.check(outcome)
+    assert outcome.model.reset() is traj and all(b.closed for b in all_branches(traj))
+    check_trajectory(h.server, traj)
 
 
 async def test_context_overflow_with_sliding_window_retries_on_a_new_branch(h: Harness) -> None:

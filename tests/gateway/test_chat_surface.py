@@ -89,7 +89,7 @@ async def test_a_template_that_cannot_place_it_gets_it_in_the_system_prompt_and_
     second = qwen3_tokenizer.decode(backend.requests[1].input_ids)
     assert second.startswith("<|im_start|>system\nYou are terse.\n\nBe brief.<|im_end|>\n"), second
     assert "first" in second and second.count("Be brief.") == 1
-    assert traj.branch == 1 and traj.fork_reason == "the system prompt changed"
+    assert traj.branch == 1 and traj.fork_reason == "a new lineage (the system prompt changed)"
     assert "joined into the system prompt and the rollout forks" in caplog.text
 
 

@@ -87,7 +87,7 @@ def test_the_summary_is_model_output_recorded_in_the_branch_that_generated_it(tm
     ]  # fmt: skip
     assert summaries, [tokenizer.decode(b.token_ids[-40:]) for b in traj.all_branches]
     branch = summaries[0]
-    assert branch.fork_reason == "the system prompt and the tool list changed"  # the summarizer's own prompt, no tools
+    assert branch.fork_reason == "a new lineage (the system prompt and the tool list changed)"  # the summarizer's
     sample = next(s for s in training_branches(traj) if s.trajectory is branch)
     assert tokenizer.decode(sample.trajectory.token_ids[sample.prompt_length :]).startswith(SUMMARY)
     assert sum(sample.trajectory.loss_mask[sample.prompt_length :]) > 0  # trained: loss 1

@@ -334,16 +334,24 @@ async def test_model_keeps_one_session_per_branch_and_closes_it_on_reset(qwen3_t
     assert len(two["input_ids"]) == traj.turns[1].prompt_len < len(traj) // 2  # only the new prompt + boundary
     assert one["input_ids"] + [*range(7, 9), IM_END] + two["input_ids"] == traj.token_ids[: traj.turns[1].output_start]
 
-    # a rewritten history forks: the old branch's session is closed, the new branch opens its own
+    # a rewritten history forks: the new branch opens its own session, the old branch keeps its own (it may go on)
     await call(model, [user("something else")])
     await asyncio.sleep(0)
     three = server.bodies("/generate")[2]
-    assert server.closed == [one["session_params"]["id"]]
+    assert server.closed == [] and three["session_params"]["id"] != one["session_params"]["id"]
     assert model.trajectory.branch == 1 and "rid" not in three["session_params"]
+
+    # the first history goes on: on its branch, in its session, sending only its new ids
+    messages.append(user("three"))
+    await call(model, messages)
+    four = server.bodies("/generate")[3]
+    assert four["session_params"] == {"id": one["session_params"]["id"], "rid": two["rid"]}
+    assert model.trajectory.branch == 0 and len(four["input_ids"]) == model.trajectory.turns[2].prompt_len
 
     model.reset()
     await asyncio.sleep(0)
-    assert server.closed[-1] == three["session_params"]["id"] and server.sessions == {}
+    assert sorted(server.closed) == sorted([one["session_params"]["id"], three["session_params"]["id"]])
+    assert server.sessions == {}
 
 
 def test_reset_outside_an_event_loop_closes_on_the_next_call(qwen3_tokenizer: Any) -> None:

@@ -77,7 +77,7 @@ def test_summarizing_on_the_embedded_backend_records_the_summary(tiny_model_dir:
         traj = Trajectory.from_record(record.trajectory)
         trained_once(traj)
         for branch in traj.all_branches:
-            if branch.fork_reason == "the system prompt and the tool list changed":  # the summarizer's, no tools
+            if branch.fork_reason == "a new lineage (the system prompt and the tool list changed)":  # the summarizer's
                 own = branch.first_output_from(branch.fork_at)
                 if own < len(branch):
                     summaries += 1

@@ -213,7 +213,8 @@ def placed_system(conversation: Conversation, renderer: ChatRenderer, rollout_id
 
     In place when the template renders a system message where it stands (Qwen, Llama 3, GLM, Kimi, Gemma);
     otherwise joined into the system prompt (:meth:`Conversation.late_system_joined`): the system prompt then
-    differs from the one the rollout's tokens began with, so the rollout forks ("the system prompt changed").
+    differs from the one the rollout's tokens began with, so the call starts a new lineage ("a new lineage (the
+    system prompt changed)").
     """
     if renderer.renders_system_in_place or not any(m.get("role") == "system" for m in conversation.messages):
         return conversation

@@ -384,23 +384,26 @@ def served_model_name(config: TitoConfig) -> str:
 
 
 def close_ended(traj: Trajectory, ended: Outcome | None) -> None:
-    """Close the trajectory of a rollout the gateway ends, with the status :func:`~tito_core.status.status_of` gives.
+    """Close every open branch of a rollout the gateway ends, with the status :func:`~tito_core.status.status_of` gives.
 
-    ``ended`` (the gateway stopped it: shutdown, idle timeout; or how its agent ended) decides the status where
-    :func:`~tito_core.status.replaces` says so; otherwise a rollout the client finished is ``failed`` without any
-    model call, ``aborted`` with the last output's tool calls unanswered, and keeps the status of its last call.
+    ``ended`` (the gateway stopped it: shutdown, idle timeout; or how its agent ended) decides a branch's status
+    where :func:`~tito_core.status.replaces` says so; otherwise a rollout the client finished is ``failed`` without
+    any model call, a branch whose last output's tool calls went unanswered is ``aborted``, and every other branch
+    keeps the status of its last call.
     """
-    if traj.closed:
-        return
-    if ended is not None and replaces(ended, traj.status):
-        traj.close(*status_of(ended))
-    elif traj.status == "running" and not traj.turns and not traj.branches:
-        traj.close(*status_of(NoModelCall()))
-    elif traj.status == "running":
-        reason = "the client finished the rollout with the last output's tool calls unanswered"
-        traj.close(*status_of(Closed("running", reason)))
-    else:
-        traj.close()
+    called = any(branch.turns for branch in traj.all_branches) or bool(traj.branches)
+    for branch in traj.all_branches:
+        if branch.closed:
+            continue
+        if ended is not None and replaces(ended, branch.status):
+            branch.close(*status_of(ended))
+        elif branch.status == "running" and not called:
+            branch.close(*status_of(NoModelCall()))
+        elif branch.status == "running":
+            reason = "the client finished the rollout with the last output's tool calls unanswered"
+            branch.close(*status_of(Closed("running", reason)))
+        else:
+            branch.close()
 
 
 def image_refusal(vision: VisionProcessor | None, backend: Backend) -> str | None:

@@ -1,10 +1,10 @@
 """The call loop of one rollout: sync, prompt, request, continuation after an abort, check, record, status.
 
 :class:`Rollout` runs one model call at a time on tito's own :class:`~tito_core.conversation.Conversation`
-and owns nothing but the parts that each own their state: the conversation sync and the live branch
-(:class:`ConversationSync`), the prompt builder (:class:`PromptBuilder`), the backend sequence
-(:class:`SequenceTracker`) and the backend's capabilities (read once). Every way out of a call sets a status
-(:func:`~tito_core.status.status_of`); a call is recorded whole or not at all.
+and owns nothing but the parts that each own their state: the open lineages, each a branch with its conversation
+and its backend sequence (:class:`Lineages`, which picks the one a call goes on), the prompt builder
+(:class:`PromptBuilder`) and the backend's capabilities (read once). Every way out of a call sets a status on the
+branch it ran on (:func:`~tito_core.status.status_of`); a call is recorded whole or not at all.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from ..tool_parsers.base import ParsedOutput, ToolParser
 from ..trajectory import Trajectory
 from ..weights import aborted_by_update, aborting_updates
 from .checks import check_result
+from .lineages import Lineage, Lineages
 from .output import CallResult, parse_output, parse_text, record_call
 from .prompt import NewPrompt, PrefixPolicy, PromptBuilder, RenderMode, chat_media, error_for
-from .sequence import SequenceTracker
-from .sync import ConversationSync, Plan
+from .sync import Plan
 
 __all__ = ["CallOptions", "Rollout"]
 
@@ -91,19 +91,18 @@ class Rollout:
             vision=vision,
             input_kinds=self.capabilities.input_kinds,
         )
-        self._sync = ConversationSync(Trajectory(rollout_id))
-        self._sequence = SequenceTracker(backend)
+        self._lineages = Lineages(backend, rollout_id)
+        self._running: Lineage | None = None  # the lineage of the call in progress
 
     @property
     def trajectory(self) -> Trajectory:
-        """The live trajectory (its latest branch)."""
-        return self._sync.trajectory
+        """The rollout: the branch of the last call, with every other branch in its ``branches``."""
+        return self._lineages.trajectory
 
     def reset(self, rollout_id: str | None = None) -> Trajectory:
-        """Close the current trajectory, start a new rollout, and return the closed trajectory."""
-        closed = self._sync.trajectory.close()
-        self._sequence.end()
-        self._sync.restart(Trajectory(rollout_id))
+        """Close every open branch, start a new rollout, and return the closed trajectory."""
+        closed = self._lineages.close()
+        self._lineages.restart(rollout_id)
         return closed
 
     async def call(
@@ -125,14 +124,18 @@ class Rollout:
         except BaseException as exc:
             self.fail(exc)
             raise
+        finally:
+            self._running = None
 
     def fail(self, exc: BaseException) -> None:
         """A call ended with ``exc`` (here, or in the front before the call): set the status, end the sequence.
 
-        Engine-side state of the branch may hold what was not recorded: the next call starts afresh.
+        On the branch the call ran on (the last call's before it chose one). Engine-side state of that branch may
+        hold what was not recorded: its next call starts afresh.
         """
-        self._sequence.end()
-        traj = self._sync.trajectory
+        lineage = self._running or self._lineages.last
+        lineage.sequence.end()
+        traj = lineage.trajectory
         if not traj.closed:
             traj.set_status(*status_of(exc))
 
@@ -142,10 +145,12 @@ class Rollout:
     async def _call(
         self, conversation: Conversation, options: CallOptions, tool_choice: Any, answer_schema: Any
     ) -> CallResult:
-        sync, prompts, backend = self._sync, self.prompts, self.backend
+        prompts, backend = self.prompts, self.backend
         grammar = prompts.grammar(conversation.tool_specs, tool_choice, answer_schema)
         tools = tool_specs_to_chat(conversation.tool_specs)
-        plan = sync.plan(conversation, tools)
+        lineage, plan = self._lineages.choose(conversation, tools)
+        self._running = lineage
+        sync = lineage.sync
         renders = self.capabilities.renders_prompt
         items = chat_media(plan.chat) if renders else ()
         if items:
@@ -154,7 +159,7 @@ class Rollout:
             )
         new: NewPrompt = ([], 0, ()) if renders else await prompts.build(plan, conversation, sync)
         new_ids, n_boundary, media = new
-        request = await self._request(conversation, tools, new_ids, media, options, grammar)
+        request = await self._request(lineage, conversation, tools, new_ids, media, options, grammar)
         started = time.perf_counter()
         updates = aborting_updates(backend)
         result = await backend.generate(request)
@@ -177,7 +182,7 @@ class Rollout:
                 text = self.renderer.decode(cut.output_ids)
                 parsed = parse_text(self.renderer, self.tool_parser, text, conversation.tool_specs, request.input_ids)
                 with contextlib.suppress(GenerationAbortedError):
-                    self._record(conversation, plan, request, cut, new, parsed, started, progress.rids)
+                    self._record(lineage, conversation, plan, request, cut, new, parsed, started, progress.rids)
                 raise
         result = progress.result
         if renders:
@@ -186,10 +191,11 @@ class Rollout:
         parsed = await parse_output(
             self.renderer, self.tool_parser, result, conversation.tool_specs, request.sampling, request.input_ids
         )
-        return self._record(conversation, plan, request, result, new, parsed, started, progress.rids)
+        return self._record(lineage, conversation, plan, request, result, new, parsed, started, progress.rids)
 
     async def _request(
         self,
+        lineage: Lineage,
         conversation: Conversation,
         tools: list[dict[str, Any]] | None,
         new_ids: list[int],
@@ -197,7 +203,7 @@ class Rollout:
         options: CallOptions,
         grammar: str | None,
     ) -> GenerateRequest:
-        traj = self._sync.trajectory
+        traj = lineage.trajectory
         prefix_len = len(traj)
         sampling = options.sampling
         if sampling.seed is not None and traj.turns:  # call k samples with seed + k: no two calls share a stream
@@ -227,7 +233,7 @@ class Rollout:
             messages=conversation.chat() if renders else None,
             tools=tools if renders else None,
             grammar=grammar,
-            sequence=self._sequence.name(traj),
+            sequence=lineage.sequence.name(traj),
             media=(*traj.prompt_media(), *media) if media or traj.media else (),
             never_sample=vision.never_sample if vision is not None else (),
         )
@@ -246,6 +252,7 @@ class Rollout:
 
     def _record(
         self,
+        lineage: Lineage,
         conversation: Conversation,
         plan: Plan,
         request: GenerateRequest,
@@ -256,7 +263,7 @@ class Rollout:
         continued: list[str],
     ) -> CallResult:
         """Record the call, note what it consumed and what must come back, then set the status it ends with."""
-        sync = self._sync
+        sync = lineage.sync
         traj = sync.trajectory
         new_ids, n_boundary, media = new
         prompt_end = len(traj) + len(new_ids)

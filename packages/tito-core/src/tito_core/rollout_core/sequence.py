@@ -1,8 +1,9 @@
-"""The backend sequence of a rollout's live branch, and the one place that ends one.
+"""The backend sequence of one lineage's branch, and the one place that ends one.
 
 A backend that keeps engine state between calls (SGLang sessions, an adapter's cached ids JSON) keys it by
-:attr:`~tito_core.backend.GenerateRequest.sequence`. A branch has one sequence; a fork, a reset, a failed call
-or the rollout being garbage-collected ends it (:meth:`~tito_core.backend.Backend.end_sequence`), here and
+:attr:`~tito_core.backend.GenerateRequest.sequence`. A branch has one sequence; a fork that supersedes it, a reset,
+a failed call, the rollout's bound on live sequences (:class:`~tito_core.rollout_core.lineages.Lineages`) or the
+rollout being garbage-collected ends it (:meth:`~tito_core.backend.Backend.end_sequence`), here and
 nowhere else.
 """
 
@@ -34,7 +35,7 @@ def _end(backend: Backend, box: list[Any]) -> None:
 
 
 class SequenceTracker:
-    """Names the backend sequence of the live branch and ends it when the branch changes or the call fails."""
+    """Names the backend sequence of a lineage's branch and ends it when the branch changes or the call fails."""
 
     __slots__ = ("__weakref__", "_backend", "_box")
 
@@ -51,6 +52,11 @@ class SequenceTracker:
             _end(self._backend, box)
             box[0], box[1] = f"{branch.rollout_id}/{branch.branch}/{uuid.uuid4().hex[:12]}", branch
         return str(box[0])
+
+    @property
+    def live(self) -> bool:
+        """Whether a sequence is held (named and not ended)."""
+        return self._box[0] is not None
 
     def end(self) -> None:
         """End the current sequence (its engine state may hold what was not recorded); the next call starts one."""

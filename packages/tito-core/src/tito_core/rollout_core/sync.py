@@ -1,11 +1,14 @@
-"""Conversation sync: which messages a rollout's tokens cover, and the one way a rollout forks.
+"""Conversation sync: which messages one lineage's tokens cover, and how a conversation relates to them.
 
 Each call brings the whole conversation (:class:`~tito_core.conversation.Conversation`). :class:`ConversationSync`
-matches it with the messages already consumed: the assistant message after the last output must be the one the
+matches it with the messages its branch consumed: the assistant message after the last output must be the one the
 rollout gave back (:func:`~tito_core.conversation.reply_message`); anything else (a trimming conversation
-manager, a retried call, an edited message, a changed system prompt or tool list) is a rewritten history, and
-the rollout forks a new branch that keeps the longest token prefix still consistent with the conversation.
-Every fork, here or in the prompt builder, goes through :meth:`ConversationSync.fork`.
+manager, a retried call, an edited message, a changed system prompt or tool list) does not extend the branch.
+:meth:`ConversationSync.decide` says so without changing anything (:class:`Decision`); the rollout's lineages
+(:mod:`~tito_core.rollout_core.lineages`) compare every open branch that way and then :meth:`~ConversationSync.follow`
+one, :meth:`~ConversationSync.branch` off one (it stays open) or :meth:`~ConversationSync.supersede` one (a retry:
+the attempt is closed). A fork keeps the longest token prefix still consistent with the conversation; every
+branch is started by the rollout's :class:`~tito_core.rollout_core.tree.BranchTree`.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import msgspec
 from ..conversation import ChatMessage, Conversation, canonical
 from ..status import Discarded, Status, status_of
 from ..trajectory import Trajectory
+from .tree import BranchTree
 
-__all__ = ["ConversationSync", "Plan"]
+__all__ = ["ConversationSync", "Decision", "Plan"]
 
 logger = logging.getLogger("tito")
 
@@ -34,6 +38,28 @@ class _Mark(msgspec.Struct, frozen=True, gc=False):
     count: int
     offset: int
     kind: _MarkKind
+
+
+class Decision(msgspec.Struct, frozen=True):
+    """How a call's conversation relates to one branch, decided without changing anything.
+
+    Attributes:
+        extends: The branch is a prefix of the conversation: the call continues it.
+        depth: Tokens of the branch the call keeps: all of them when it extends, else up to the fork point.
+        agree: Leading messages that agree with the consumed ones (the last output counted when it came back).
+        same_head: The system prompt and the tools are the branch's (else only a new lineage fits).
+        retry: The conversation is the one of the call whose output is pending: that output is discarded.
+        reason: Why the conversation does not extend the branch (None when it does).
+        keep: Where a fork keeps the branch's tokens (None: nothing is consistent; or the call extends).
+    """
+
+    extends: bool
+    depth: int
+    agree: int
+    same_head: bool = True
+    retry: bool = False
+    reason: str | None = None
+    keep: _Mark | None = None
 
 
 class Plan(msgspec.Struct, frozen=True):
@@ -64,29 +90,31 @@ def _has_assistant(messages: Sequence[ChatMessage]) -> bool:
 
 
 class ConversationSync:
-    """The live branch of one rollout and the conversation its tokens cover.
+    """One lineage of a rollout: its branch and the conversation the branch's tokens cover.
 
-    Owns the trajectory branch, the consumed messages (as :func:`~tito_core.conversation.canonical` JSON), the
-    token offsets where message chunks end (the fork points), the output waiting to come back as the next
-    assistant message, and the system prompt and tools the branch was rendered with.
+    Owns the branch, the consumed messages (as :func:`~tito_core.conversation.canonical` JSON), the token offsets
+    where message chunks end (the fork points), the output waiting to come back as the next assistant message,
+    and the system prompt and tools the branch was rendered with. ``tree`` starts its branches (a tree of its own
+    when None: a rollout of one lineage).
     """
 
-    def __init__(self, trajectory: Trajectory) -> None:
+    def __init__(self, trajectory: Trajectory, tree: BranchTree | None = None) -> None:
+        self._tree = tree if tree is not None else BranchTree(trajectory)
         self.restart(trajectory)
 
     @property
     def trajectory(self) -> Trajectory:
-        """The live branch."""
+        """The lineage's branch."""
         return self._traj
 
     @property
     def system(self) -> str | None:
-        """The system prompt of the live branch."""
+        """The system prompt of the branch."""
         return self._system
 
     @property
     def tools(self) -> list[dict[str, Any]] | None:
-        """The chat-template tools of the live branch."""
+        """The chat-template tools of the branch."""
         return self._tools
 
     def restart(self, trajectory: Trajectory) -> None:
@@ -99,30 +127,31 @@ class ConversationSync:
         self._tools: list[dict[str, Any]] | None = None
 
     def last_kind(self) -> str | None:
-        """The kind of the live branch's last segment (None when it is empty)."""
+        """The kind of the branch's last segment (None when it is empty)."""
         last = self._traj.last_segment
         return last.kind if last is not None else None
 
-    # ------------------------------------------------------------------------------------------ planning
-    def plan(self, conversation: Conversation, tools: list[dict[str, Any]] | None) -> Plan:
-        """Match ``conversation`` with what the branch holds; fork when its history was rewritten."""
+    # ------------------------------------------------------------------------------------------ deciding
+    def decide(self, conversation: Conversation, tools: list[dict[str, Any]] | None) -> Decision:
+        """How ``conversation`` relates to the branch: it extends it, retries its last call, or forks from it."""
         messages, system = conversation.messages, conversation.system
         if self._traj.last_segment is None:
-            self._system, self._tools = system, tools
-            return Plan(initial=True, count=0, chat=conversation.chat())
+            return Decision(extends=True, depth=0, agree=0)
         if system != self._system or tools != self._tools:
             changed = [
                 what
                 for what, same in (("system prompt", system == self._system), ("tool list", tools == self._tools))
                 if not same
             ]
-            return self._rewritten(conversation, tools, 0, f"the {' and the '.join(changed)} changed")
+            return Decision(
+                extends=False, depth=0, agree=0, same_head=False, reason=f"the {' and the '.join(changed)} changed"
+            )
         n = len(self._consumed)
         agree = _common_prefix(messages, self._consumed)
         pending = self._pending
         if pending is not None and agree == n and len(messages) == n:
-            reason = "the previous output was discarded (model call retried)"
-            return self._rewritten(conversation, tools, n, reason, discarded=True)
+            reason = f"a retry of the call at turn {len(self._traj.turns) - 1} (its output discarded)"
+            return self._fork_at(messages, n, reason, retry=True)
         output_back = (
             pending is not None
             and agree == n
@@ -130,62 +159,123 @@ class ConversationSync:
             and _same(messages[n], pending)
         )
         if agree < n or (pending is not None and not output_back):
-            reason = f"the conversation history was rewritten at message {agree}"
-            return self._rewritten(conversation, tools, agree, reason)
-        if pending is not None:  # its output came back as the next message
-            self._consumed.append(pending)
-            self._marks.append(_Mark(n + 1, len(self._traj), "output"))
-            self._pending = None
+            return self._fork_at(messages, agree, f"the conversation history was rewritten at message {agree}")
+        if output_back:  # its output came back as the next message
             n += 1
-        new = list(messages[n:])
+        new = messages[n:]
         if _has_assistant(new):
-            return self._rewritten(conversation, tools, n, "assistant messages were inserted into the history")
+            return self._fork_at(messages, n, "assistant messages were inserted into the history", output_back)
         if new and self.last_kind() != "output":
-            # The trajectory ends with a generation prompt that got no output; messages cannot follow it.
-            return self._rewritten(conversation, tools, n, "messages were added after a prompt that got no output")
-        return Plan(initial=False, count=n, chat=new)  # no new messages: a retry of a call that failed before output
+            # The branch ends with a generation prompt that got no output; messages cannot follow it.
+            reason = "messages were added after a prompt that got no output"
+            return self._fork_at(messages, n, reason, output_back)
+        return Decision(extends=True, depth=len(self._traj), agree=n)  # no new messages: a retry before any output
 
-    def _rewritten(
+    def _fork_at(
         self,
-        conversation: Conversation,
-        tools: list[dict[str, Any]] | None,
+        messages: Sequence[ChatMessage],
         agree: int,
         reason: str,
+        output_back: bool = False,
         *,
-        discarded: bool = False,
-    ) -> Plan:
-        """Fork at the last mark still consistent with ``conversation`` (from scratch when there is none)."""
-        messages, system = conversation.messages, conversation.system
+        retry: bool = False,
+    ) -> Decision:
+        """Fork at the last mark still consistent with ``messages`` (the output that came back counts)."""
+        marks = self._marks_with(output_back)
         keep: _Mark | None = None
-        if system == self._system and tools == self._tools:
-            for mark in reversed(self._marks):
-                rest = messages[mark.count :]
-                if mark.count > agree or _has_assistant(rest):
-                    continue
-                if mark.kind == "prompt" and rest:
-                    continue  # the prompt chunk already ends with the generation header
-                keep = mark
-                break
-        status = status_of(Discarded())[0] if discarded else None
+        for mark in reversed(marks):
+            rest = messages[mark.count :]
+            if mark.count > agree or _has_assistant(rest):
+                continue
+            if mark.kind == "prompt" and rest:
+                continue  # the prompt chunk already ends with the generation header
+            keep = mark
+            break
+        depth = keep.offset if keep is not None else 0
+        return Decision(extends=False, depth=depth, agree=agree, retry=retry, reason=reason, keep=keep)
+
+    def _marks_with(self, output_back: bool) -> list[_Mark]:
+        if not output_back:
+            return self._marks
+        return [*self._marks, _Mark(len(self._consumed) + 1, len(self._traj), "output")]
+
+    def _consumed_with(self, output_back: bool) -> list[_Seen]:
+        if not output_back or self._pending is None:
+            return self._consumed
+        return [*self._consumed, self._pending]
+
+    # ------------------------------------------------------------------------------------------ planning
+    def plan(self, conversation: Conversation, tools: list[dict[str, Any]] | None) -> Plan:
+        """Match ``conversation`` with the branch: continue it, or fork a new branch that supersedes it."""
+        decision = self.decide(conversation, tools)
+        if decision.extends:
+            return self.follow(conversation, tools)
+        return self.supersede(conversation, tools, decision)
+
+    def follow(self, conversation: Conversation, tools: list[dict[str, Any]] | None) -> Plan:
+        """Continue the branch with ``conversation``, which :meth:`decide` found extends it (its output came back)."""
+        messages = conversation.messages
+        if self._traj.last_segment is None:
+            self._system, self._tools = conversation.system, tools
+            return Plan(initial=True, count=0, chat=conversation.chat())
+        if self._pending is not None:  # its output came back as the next message
+            self._take_back()
+        n = len(self._consumed)
+        return Plan(initial=False, count=n, chat=list(messages[n:]))
+
+    def _take_back(self) -> None:
+        """The pending output came back: it is consumed, and its end is a fork point."""
+        if self._pending is not None:
+            self._consumed.append(self._pending)
+            self._marks.append(_Mark(len(self._consumed), len(self._traj), "output"))
+            self._pending = None
+
+    def supersede(self, conversation: Conversation, tools: list[dict[str, Any]] | None, decision: Decision) -> Plan:
+        """Fork a new branch for ``conversation`` that replaces this one, which is closed (a retry: discarded)."""
+        keep = decision.keep
+        reason = decision.reason or "the conversation does not extend the branch"
+        status = status_of(Discarded())[0] if decision.retry else None
         if keep is None:
             self.fork(0, reason, messages=0, status=status)
-            self._system, self._tools = system, tools
+            self._system, self._tools = conversation.system, tools
             return Plan(initial=True, count=0, chat=conversation.chat())
+        if keep.count > len(self._consumed):
+            self._take_back()
         self.fork(keep.offset, reason, messages=keep.count, status=status)
-        if keep.kind == "prompt":
-            return Plan(initial=False, count=keep.count, chat=[])
-        return Plan(initial=False, count=keep.count, chat=list(messages[keep.count :]))
+        return _kept_plan(conversation, keep)
+
+    def branch(
+        self, conversation: Conversation, tools: list[dict[str, Any]] | None, decision: Decision
+    ) -> tuple[ConversationSync, Plan]:
+        """A new lineage for ``conversation``, branched off this one where ``decision`` forks; this one stays open."""
+        keep = decision.keep
+        reason = decision.reason or "the conversation does not extend the branch"
+        child = ConversationSync(
+            self._tree.branch_off(self._traj, keep.offset if keep is not None else 0, reason), self._tree
+        )
+        if keep is None:
+            child._system, child._tools = conversation.system, tools
+            return child, Plan(initial=True, count=0, chat=conversation.chat())
+        back = keep.count > len(self._consumed)
+        child._consumed = self._consumed_with(back)[: keep.count]
+        child._marks = [m for m in self._marks_with(back) if m.offset <= keep.offset]
+        child._system, child._tools = self._system, self._tools
+        return child, _kept_plan(conversation, keep)
+
+    def new_lineage(self, reason: str) -> ConversationSync:
+        """A new lineage from nothing, on an empty branch (another system prompt or tool list); this one stays open."""
+        return ConversationSync(self._tree.new_lineage(reason, self._traj), self._tree)
 
     # ------------------------------------------------------------------------------------------- forking
     def fork(self, at: int, reason: str, *, messages: int | None = None, status: Status | None = None) -> None:
         """Start a new branch keeping the first ``at`` tokens (a segment boundary) and, when given, ``messages``.
 
-        The one fork of a rollout: a rewritten history, a full render that differs from the tokens, a server
+        The fork that supersedes the branch: a retried call, a full render that differs from the tokens, a server
         prompt that does not extend them. The old branch is closed (with ``status`` when given) and kept in
         the new one's history; marks past ``at`` and any pending output are dropped.
         """
         old = self._traj
-        self._traj = old.fork(at, reason, status=status)
+        self._traj = self._tree.fork(old, at, reason, status)
         self._marks = [m for m in self._marks if m.offset <= at]
         if messages is not None:
             del self._consumed[messages:]
@@ -208,6 +298,13 @@ class ConversationSync:
         """Until ``reply`` comes back as the next assistant message, the last output is pending.
 
         A conversation that comes back without it (a retry, a consumer that stopped early, an engine abort)
-        forks the rollout.
+        does not extend the branch.
         """
         self._pending = canonical(reply)
+
+
+def _kept_plan(conversation: Conversation, keep: _Mark) -> Plan:
+    """What to render on a branch that kept the tokens up to ``keep``."""
+    if keep.kind == "prompt":
+        return Plan(initial=False, count=keep.count, chat=[])
+    return Plan(initial=False, count=keep.count, chat=list(conversation.messages[keep.count :]))

@@ -223,9 +223,10 @@ class RolloutWorker:
             if ended is exc and _find(exc, BackendConnectionError) is not None:
                 await self.pool.suspect(server)
         agent_s = time.perf_counter() - t0
-        live = model.trajectory
-        if ended is not None and replaces(ended, live.status):
-            live.close(*status_of(ended))
+        if ended is not None:  # how the agent ended decides every open branch's status where it replaces it
+            for branch in model.trajectory.all_branches:
+                if not branch.closed and replaces(ended, branch.status):
+                    branch.close(*status_of(ended))
         traj = model.reset()
         ran = Ran(
             text=text,

@@ -155,11 +155,11 @@ class TitoModel(Model):
     # -------------------------------------------------------------------------------- trajectory
     @property
     def trajectory(self) -> Trajectory:
-        """The live trajectory of the current rollout (its latest branch)."""
+        """The current rollout: the branch of the last call, with every other branch in its ``branches``."""
         return self._rollout.trajectory
 
     def reset(self, rollout_id: str | None = None) -> Trajectory:
-        """Close the current trajectory, start a new rollout, and return the closed trajectory."""
+        """Close every branch of the current rollout, start a new one, and return the closed trajectory."""
         self._malformed.clear()
         return self._rollout.reset(rollout_id)
 

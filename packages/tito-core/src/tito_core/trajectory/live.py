@@ -41,10 +41,11 @@ __all__ = ["Segment", "SegmentKind", "Status", "Trajectory", "TrajectoryRecord",
 class Trajectory(TrajectoryMedia):
     """Token ids, loss mask and logprobs of one rollout, exactly as the engine consumed and produced them.
 
-    A live trajectory grows as the model is called; :meth:`close` freezes it. When the conversation
-    history is rewritten, the rollout forks: :meth:`fork` closes this branch and returns a new one that
-    shares the rollout id and keeps a copy of the shared token prefix; earlier branches stay reachable
-    through :attr:`branches`.
+    A live trajectory grows as the model is called; :meth:`close` freezes it. A rollout is a tree of branches:
+    :meth:`branch_off` starts a new branch that shares the rollout id and keeps a copy of the shared token prefix
+    (this one stays open: another lineage of the rollout), :meth:`fork` does the same and closes this branch (the
+    new one supersedes it). The trajectory a rollout hands out is the branch of its last call, with every other
+    branch of the rollout in :attr:`branches`.
     """
 
     __slots__ = (
@@ -150,9 +151,10 @@ class Trajectory(TrajectoryMedia):
 
     @property
     def all_branches(self) -> list[Trajectory]:
-        """Every branch of the rollout, oldest first, ending with this one.
+        """Every branch of the rollout: the others (:attr:`branches`, by number), then this one.
 
-        Branch ``n + 1`` was forked from branch ``n`` and starts with a copy of its first ``fork_at`` tokens.
+        A branch with a ``parent_branch`` starts with a copy of its parent's first ``fork_at`` tokens; one without
+        (branch 0, a new lineage) starts from nothing.
         """
         return [*self.branches, self]
 
@@ -277,16 +279,17 @@ class Trajectory(TrajectoryMedia):
         self._closed = True
         return self
 
-    def fork(self, keep: int, reason: str, *, status: Status | None = None) -> Trajectory:
-        """Close this branch (with ``status``, if given) and start the next one, keeping ``keep`` tokens.
+    def branch_off(self, keep: int, reason: str, *, branch: int | None = None) -> Trajectory:
+        """A new branch that starts with this one's first ``keep`` tokens; this branch stays open.
 
-        ``keep`` must fall on a segment boundary. The new branch shares the rollout id; the turns whose
-        tokens lie entirely within the kept prefix are kept too.
+        ``keep`` must fall on a segment boundary. The new branch shares the rollout id, is numbered ``branch``
+        (the rollout hands out the numbers; ``self.branch + 1`` when None) and names this one as its parent; the
+        turns, media and metadata whose tokens lie entirely within the kept prefix are kept too.
         """
         bounds = {0, *(s.end for s in self._segments)}
         if keep not in bounds:
             raise TrajectoryError(f"cannot fork at token {keep}: not a segment boundary")
-        child = Trajectory(self.rollout_id, branch=self.branch + 1)
+        child = Trajectory(self.rollout_id, branch=self.branch + 1 if branch is None else branch)
         child.parent_branch = self.branch
         child.fork_at = keep
         child.fork_reason = reason
@@ -298,6 +301,15 @@ class Trajectory(TrajectoryMedia):
         child._media = [s for s in self._media if s.end <= keep]
         child._image_data = referenced(child._media, self._image_data)
         child.tool_parse_errors = dict(self.tool_parse_errors)
+        return child
+
+    def fork(self, keep: int, reason: str, *, status: Status | None = None, branch: int | None = None) -> Trajectory:
+        """Close this branch (with ``status``, if given) and start the next one, keeping ``keep`` tokens.
+
+        :meth:`branch_off`, then this branch is closed and kept in the new one's :attr:`branches`: the new branch
+        supersedes it (a retried call, a render that differs from the tokens).
+        """
+        child = self.branch_off(keep, reason, branch=branch)
         note = f"forked into branch {child.branch}: {reason}"
         self.close(status, note) if status is not None else self.close(reason=note)
         child.branches = [*self.branches, self]

@@ -1,0 +1,63 @@
+"""The branches of one rollout: their numbers, and the trajectory the rollout hands out.
+
+Every branch a rollout starts goes through :class:`BranchTree`: a branch off an open one that leaves it open (a
+history rewritten by one lineage while the old one may go on), a new lineage from nothing (another system prompt
+or tool list), or a fork that supersedes its parent and closes it (a retried call, a render that differs from the
+tokens). Numbers are unique across the rollout, in the order the branches started. The trajectory handed out
+(:attr:`BranchTree.current`) is the branch of the last call, with every other branch in its ``branches`` (by
+number): the record format of one trajectory and its branches.
+"""
+
+from __future__ import annotations
+
+from ..status import Status
+from ..trajectory import Trajectory
+
+__all__ = ["BranchTree"]
+
+
+class BranchTree:
+    """Every branch of one rollout, numbered in the order they started; the current one holds the others."""
+
+    __slots__ = ("_all", "_current")
+
+    def __init__(self, root: Trajectory) -> None:
+        self._all: list[Trajectory] = [root]
+        self._current = root
+
+    @property
+    def current(self) -> Trajectory:
+        """The branch of the last call, with every other branch of the rollout in its ``branches``."""
+        return self._current
+
+    @property
+    def branches(self) -> tuple[Trajectory, ...]:
+        """Every branch, by number."""
+        return tuple(self._all)
+
+    def focus(self, branch: Trajectory) -> None:
+        """Make ``branch`` (one of this rollout's) the current one."""
+        self._current = branch
+        branch.branches = [b for b in self._all if b is not branch]
+        for other in branch.branches:
+            other.branches = []
+
+    def branch_off(self, parent: Trajectory, keep: int, reason: str) -> Trajectory:
+        """A new current branch with ``parent``'s first ``keep`` tokens; ``parent`` stays open."""
+        return self._add(parent.branch_off(keep, reason, branch=len(self._all)))
+
+    def new_lineage(self, reason: str, like: Trajectory) -> Trajectory:
+        """A new current branch from nothing, with no parent (its metadata copied from ``like``)."""
+        branch = Trajectory(like.rollout_id, branch=len(self._all))
+        branch.fork_reason = reason
+        branch.metadata = dict(like.metadata)
+        return self._add(branch)
+
+    def fork(self, parent: Trajectory, keep: int, reason: str, status: Status | None = None) -> Trajectory:
+        """A new current branch with ``parent``'s first ``keep`` tokens that supersedes it: ``parent`` is closed."""
+        return self._add(parent.fork(keep, reason, status=status, branch=len(self._all)))
+
+    def _add(self, branch: Trajectory) -> Trajectory:
+        self._all.append(branch)
+        self.focus(branch)
+        return branch

@@ -1,0 +1,49 @@
+"""The five-call example of a rollout with two lineages (issue 48): a parent agent and a sub-agent with another
+system prompt taking turns (parent 1, sub 1, parent 2, sub 2, parent 3), and the check of its two branches."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tito_core import Trajectory
+
+__all__ = ["NEW_LINEAGE", "PARENT", "REPLIES", "SUB", "assert_two_lineages", "by_number", "interleave"]
+
+PARENT, SUB = "You are the parent agent.", "You are a sub-agent."
+NEW_LINEAGE = "a new lineage (the system prompt changed)"
+REPLIES = ["p1", "s1", "p2", "s2", "p3"]
+
+
+async def interleave(user: Callable[[str], Any], ask: Callable[[str, list[Any]], Awaitable[Any]]) -> list[Any]:
+    """Parent 1, sub 1, parent 2, sub 2, parent 3: ``ask(system, history)`` makes one call on ``history`` and appends
+    the reply as the client replays it; ``user(text)`` is a user message in the front's form. Each agent replays
+    its own history, never the other's. Returns what each ``ask`` returned."""
+    parent, sub = [user("plan the work")], [user("do part one")]
+    results = [await ask(PARENT, parent), await ask(SUB, sub)]
+    parent.append(user("part one is done"))
+    results.append(await ask(PARENT, parent))
+    sub.append(user("now part two"))
+    results.append(await ask(SUB, sub))
+    parent.append(user("part two is done"))
+    results.append(await ask(PARENT, parent))
+    return results
+
+
+def by_number(traj: Trajectory) -> list[Trajectory]:
+    """Every branch of the rollout, by number (``all_branches`` ends with the branch of the last call)."""
+    branches = sorted(traj.all_branches, key=lambda b: b.branch)
+    assert [b.branch for b in branches] == list(range(len(branches)))
+    return branches
+
+
+def assert_two_lineages(traj: Trajectory, reason: str = NEW_LINEAGE) -> None:
+    """The five calls made two branches: the parent's (3 turns) and the sub-agent's (2), a root each; the rollout is
+    the branch of the last call (the parent's), the other in its ``branches``."""
+    branches = by_number(traj)
+    assert len(branches) == 2, [(b.branch, b.fork_reason) for b in branches]
+    parent, sub = branches
+    assert (len(parent.turns), len(sub.turns)) == (3, 2)
+    assert (parent.parent_branch, parent.fork_at, parent.fork_reason) == (None, 0, None)
+    assert (sub.parent_branch, sub.fork_at, sub.fork_reason) == (None, 0, reason)
+    assert traj is parent and traj.branches == [sub]
