@@ -97,7 +97,9 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("rollout", help="run a dataset of tasks into a resumable rollout file")
     run.add_argument("--config", required=True, help="TOML config (model keys and a [rollout] table)")
-    run.add_argument("--dataset", required=True, help="tasks: .jsonl or .parquet rows with id, prompt, answer")
+    run.add_argument(
+        "--dataset", help="tasks: .jsonl or .parquet rows with id, prompt, answer (default: [rollout.tasks] harbor)"
+    )
     run.add_argument("-o", "--output", required=True, help="rollout file: .jsonl, or .parquet (a directory of parts)")
     run.add_argument("--group-size", type=int, help="rollouts per task")
     run.add_argument("--concurrency", type=int, help="most rollouts at once")

@@ -1,0 +1,51 @@
+"""A minimal coding harness for the Harbor tests: chat completions with one ``bash`` tool, stdlib only.
+
+It reads the rollout's ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (as any OpenAI client does) and the task in
+``TITO_TASK``, runs each ``bash`` call in its working directory and sends the output back, until the model answers
+without a tool call; it prints that answer. ``SHELL_AGENT_CRASH=1`` makes it exit 3 after its first model call
+(a harness crash).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+
+def chat(messages: list[dict[str, object]]) -> dict[str, object]:
+    tool = {"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}  # fmt: skip
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"model": "tito", "messages": messages, "tools": [tool]}).encode(),
+        headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        message: dict[str, object] = json.load(response)["choices"][0]["message"]
+    return message
+
+
+def main() -> None:
+    task = json.loads(os.environ["TITO_TASK"])
+    messages: list[dict[str, object]] = [{"role": "user", "content": task["prompt"]}]
+    for _ in range(8):
+        message = chat(messages)
+        if os.environ.get("SHELL_AGENT_CRASH"):
+            sys.stderr.write("shell agent: crashing as asked\n")
+            raise SystemExit(3)
+        messages.append(message)
+        calls = message.get("tool_calls") or []
+        if not calls:
+            print(message.get("content") or "")
+            return
+        for call in calls:  # type: ignore[union-attr]
+            command = json.loads(call["function"]["arguments"])["command"]
+            done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": done.stdout + done.stderr})
+
+
+if __name__ == "__main__":
+    main()
