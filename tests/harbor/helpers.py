@@ -19,6 +19,8 @@ COMMANDS = {
     "/app/calc.py": "sed -i 's/a - b/a + b/' calc.py && cat calc.py",
     "/app/greeting.txt": "echo 'hello from tito' > greeting.txt",
     "/app/answer.txt": "echo yes > answer.txt",
+    "/logs/verifier/reward.txt": "echo 1 > /logs/verifier/reward.txt",
+    "/app/slow": "sleep 120",
 }
 """The shell command the scripted model runs for each example task (known by the file its instruction names)."""
 
@@ -32,16 +34,35 @@ def solver(request: GenerateRequest) -> str:
     return call("bash", command=command)
 
 
-def harbor_config(agent: list[str], *, dataset: Path = DATASET, **rollout: Any) -> dict[str, Any]:
-    """A config mapping on the scripted backend running ``agent`` on a Harbor dataset."""
+def harbor_config(
+    command: list[str], *, dataset: Path = DATASET, agent: dict[str, Any] | None = None, **rollout: Any
+) -> dict[str, Any]:
+    """A config mapping on the scripted backend running ``command`` on a Harbor dataset (``agent``: more of
+    ``[rollout.agent]``)."""
     tok = tokenizer_dir()
     return {
         "backend": "scripted",
         "tokenizer": tok,
         "backend_options": {"tokenizer": load_tokenizer(tok), "replies": [solver] * 1000},
-        "rollout": {"concurrency": 4, "tasks": {"harbor": str(dataset)}, **rollout,
-                    "agent": {"command": agent, "timeout_s": 300, **rollout.pop("agent", {})}},  # fmt: skip
+        "rollout": {
+            "concurrency": 4,
+            "tasks": {"harbor": str(dataset)},
+            **rollout,
+            "agent": {"command": command, "timeout_s": 300, **(agent or {})},
+        },
     }
+
+
+def make_task(root: Path, name: str, instruction: str, test_sh: str, **limits: float) -> Path:
+    """A Harbor task folder ``root/name`` with this instruction and verifier (``agent`` / ``verifier`` timeouts)."""
+    task = root / name
+    (task / "environment").mkdir(parents=True)
+    (task / "tests").mkdir()
+    (task / "instruction.md").write_text(instruction)
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\n" + test_sh + "\n")
+    tables = "".join(f"[{key}]\ntimeout_sec = {value}\n" for key, value in limits.items())
+    (task / "task.toml").write_text('schema_version = "1.4"\n' + tables)
+    return task
 
 
 def script(name: str) -> list[str]:

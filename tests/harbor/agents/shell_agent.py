@@ -2,14 +2,15 @@
 
 It reads the rollout's ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (as any OpenAI client does) and the task in
 ``TITO_TASK``, runs each ``bash`` call in its working directory and sends the output back, until the model answers
-without a tool call; it prints that answer. ``SHELL_AGENT_CRASH=1`` makes it exit 3 after its first model call
-(a harness crash).
+without a tool call; it prints that answer. ``SHELL_AGENT_CRASH=N`` makes the rollout of sample ``N`` exit 3
+after its first model call (a harness crash).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -33,7 +34,8 @@ def main() -> None:
     messages: list[dict[str, object]] = [{"role": "user", "content": task["prompt"]}]
     for _ in range(8):
         message = chat(messages)
-        if os.environ.get("SHELL_AGENT_CRASH"):
+        crash = os.environ.get("SHELL_AGENT_CRASH")
+        if crash and re.search(rf"(%3A|:){crash}/v1$", os.environ["OPENAI_BASE_URL"]):
             sys.stderr.write("shell agent: crashing as asked\n")
             raise SystemExit(3)
         messages.append(message)

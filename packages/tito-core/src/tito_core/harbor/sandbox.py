@@ -92,15 +92,16 @@ class Sandbox:
             raise SandboxError(f"cannot make the sandbox of {spec.task_dir}: {exc}") from exc
         return box
 
-    def argv(self, command: Sequence[str], env: Mapping[str, str], *, verifier: bool = False) -> list[str]:
-        """The ``bwrap`` command line running ``command`` in this sandbox with exactly ``env`` (plus ``HOME``).
+    def argv(self, command: Sequence[str], *, verifier: bool = False) -> list[str]:
+        """The ``bwrap`` command line running ``command`` in this sandbox; run it with :meth:`environ`'s variables.
 
-        ``verifier``: ``/tests`` is bound too (the agent never sees the tests).
+        The variables go through bwrap's own environment, not its command line, where any process of the host
+        could read a rollout's token. ``verifier``: ``/tests`` is bound too (the agent never sees the tests).
         """
         workdir = self.spec.workdir
         top = Path(workdir).parts[1]  # the host folder the working directory would land in is not bound
         args = [bwrap(), "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
-        args += ["--unshare-cgroup-try", "--hostname", "tito-sandbox", "--clearenv"]
+        args += ["--unshare-cgroup-try", "--hostname", "tito-sandbox"]
         for entry in sorted(os.listdir("/")):
             path = Path("/") / entry
             if entry in _NOT_BOUND or entry == top:
@@ -116,9 +117,12 @@ class Sandbox:
         args += ["--bind", str(self.logs), "/logs", "--bind", str(self.work), workdir]
         if verifier:
             args += ["--bind", str(self.tests), "/tests"]
-        for key, value in {**env, "HOME": HOME}.items():
-            args += ["--setenv", key, value]
         return [*args, "--chdir", workdir, "--", *command]
+
+    @staticmethod
+    def environ(env: Mapping[str, str]) -> dict[str, str]:
+        """The whole environment of a sandboxed command: ``env`` and ``HOME`` (no other host variable)."""
+        return {**env, "HOME": HOME}
 
     def stage_tests(self) -> None:
         """Copy the task's ``tests/`` to the sandbox's ``/tests`` afresh, and remove any reward file already there.

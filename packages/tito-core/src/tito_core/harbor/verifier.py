@@ -92,7 +92,8 @@ async def verify(box: Sandbox) -> Verdict:
     env = {**base_env(), **box.spec.env, **box.spec.verifier_env}
     shell = ["/bin/sh", "-c", "/tests/test.sh > /logs/verifier/test-stdout.txt 2>&1"]
     process = await asyncio.create_subprocess_exec(
-        *box.argv(shell, env, verifier=True),
+        *box.argv(shell, verifier=True),
+        env=box.environ(env),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,

@@ -202,7 +202,7 @@ class AgentRunner:
             return await run_command(self.settings.command, env={**os.environ, **rollout_env}, cwd=self.cwd)
         env = {**base_env(), **box.spec.env, **rollout_env}  # the sandbox gets no other host variable
         command = _absolute(self.settings.command, self.cwd)
-        return await run_command(box.argv(command, env), env=base_env(), cwd=None)
+        return await run_command(box.argv(command), env=box.environ(env), cwd=None)
 
 
 async def run_command(command: list[str], *, env: dict[str, str], cwd: Path | None) -> str:
