@@ -28,6 +28,7 @@ nox.options.sessions = [
     "tests_core",
     "agents",  # ~1 minute: `tito rollout` driving agent processes (openai SDK, OpenAI Agents SDK) through the gateway
     "harnesses",  # ~2 minutes: Codex CLI, Claude Code, Gemini CLI (npm), mini-swe-agent through the gateway
+    "harbor",  # Harbor tasks (Python 3.12): bubblewrap sandboxes, verifier rewards, ATIF, mini-swe-agent
     "tests_adapter",
     "tests_families",
     "faults",
@@ -158,6 +159,37 @@ def harnesses(session: nox.Session) -> None:
     env = {"TITO_CODEX": str(bin_dir / "codex"), "TITO_CLAUDE": str(bin_dir / "claude"), "TITO_MINI": str(mini),
            "TITO_GEMINI": str(bin_dir / "gemini")}  # fmt: skip
     session.run("pytest", "tests/harnesses", *session.posargs, env=env)
+
+
+HARBOR = "harbor==0.26.0"  # reads Harbor tasks and validates ATIF (Python >= 3.12)
+
+
+@nox.session(python=_python312(), tags=["tests"])
+def harbor(session: nox.Session) -> None:
+    """`tito rollout` on Harbor tasks (tests/harbor, docs/harbor.md): the `harbor` package (Python 3.12) reads
+    them, each rollout's harness runs in a bubblewrap sandbox (Debian's `bubblewrap`, installed through apt when
+    missing: root and apt-get needed, else the session is skipped, saying why; in CI it fails instead), the task's
+    verifier gives the reward, and the ATIF export is validated with harbor's own classes; mini-swe-agent is the
+    real harness."""
+    if shutil.which("bwrap") is None:
+        if shutil.which("apt-get") is None or os.geteuid() != 0:
+            _skip_or_fail(session, "no bwrap, and no apt-get as root to install Debian's bubblewrap")
+        install = "apt-get install -y -q --no-install-recommends bubblewrap"
+        done = subprocess.run(["bash", "-c", f"{install} || (apt-get update -q && {install})"], check=False)
+        if done.returncode != 0 or shutil.which("bwrap") is None:
+            _skip_or_fail(session, f"apt-get could not install bubblewrap (exit {done.returncode})")
+    install_core(session)
+    session.install(HARBOR, "mini-swe-agent==2.4.6")
+    env = {"TITO_MINI": str(Path(session.virtualenv.location) / "bin" / "mini")}
+    session.run("pytest", "tests/harbor", *session.posargs, env=env)
+    release_env(session)
+
+
+def _skip_or_fail(session: nox.Session, reason: str) -> None:
+    """Skip the session with ``reason``; in CI (``CI`` set), fail it rather than skip a suite unseen."""
+    if os.environ.get("CI"):
+        session.error(reason)
+    session.skip(reason)
 
 
 @nox.session(python=PYTHON, tags=["tests"])

@@ -34,8 +34,25 @@ def solver(request: GenerateRequest) -> str:
     return call("bash", command=command)
 
 
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+"""mini-swe-agent's submission: the command whose first output line ends its run."""
+
+
+def mini_solver(request: GenerateRequest) -> str:
+    """The scripted model for mini-swe-agent: its task's command, then the submission."""
+    text = load_tokenizer(tokenizer_dir()).decode(list(request.input_ids))
+    if "<tool_response>" in text:
+        return call("bash", command=SUBMIT)
+    return solver(request)
+
+
 def harbor_config(
-    command: list[str], *, dataset: Path = DATASET, agent: dict[str, Any] | None = None, **rollout: Any
+    command: list[str],
+    *,
+    dataset: Path = DATASET,
+    agent: dict[str, Any] | None = None,
+    model: Any = solver,
+    **rollout: Any,
 ) -> dict[str, Any]:
     """A config mapping on the scripted backend running ``command`` on a Harbor dataset (``agent``: more of
     ``[rollout.agent]``)."""
@@ -43,7 +60,7 @@ def harbor_config(
     return {
         "backend": "scripted",
         "tokenizer": tok,
-        "backend_options": {"tokenizer": load_tokenizer(tok), "replies": [solver] * 1000},
+        "backend_options": {"tokenizer": load_tokenizer(tok), "replies": [model] * 1000},
         "rollout": {
             "concurrency": 4,
             "tasks": {"harbor": str(dataset)},
