@@ -169,8 +169,8 @@ def harbor(session: nox.Session) -> None:
     """`tito rollout` on Harbor tasks (tests/harbor, docs/harbor.md): the `harbor` package (Python 3.12) reads
     them, each rollout's harness runs in a bubblewrap sandbox (Debian's `bubblewrap`, installed through apt when
     missing: root and apt-get needed, else the session is skipped, saying why; in CI it fails instead), the task's
-    verifier gives the reward, and the ATIF export is validated with harbor's own classes; mini-swe-agent is the
-    real harness."""
+    verifier gives the reward, and the ATIF export is validated with harbor's own classes; mini-swe-agent, Codex
+    CLI and Claude Code (npm, when on PATH) are the real harnesses."""
     if shutil.which("bwrap") is None:
         if shutil.which("apt-get") is None or os.geteuid() != 0:
             _skip_or_fail(session, "no bwrap, and no apt-get as root to install Debian's bubblewrap")
@@ -181,6 +181,15 @@ def harbor(session: nox.Session) -> None:
     install_core(session)
     session.install(HARBOR, "mini-swe-agent==2.4.6")
     env = {"TITO_MINI": str(Path(session.virtualenv.location) / "bin" / "mini")}
+    if shutil.which("npm") is not None:  # Codex CLI and Claude Code (their tests skip, saying so, without npm)
+        prefix = Path(session.virtualenv.location) / "npm"  # not under /tmp: the sandbox has its own /tmp
+        clis = [h for h in HARNESSES if "gemini" not in h]
+        session.run("npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), *clis,
+                    external=True)  # fmt: skip
+        env |= {
+            "TITO_CODEX": str(prefix / "node_modules/.bin/codex"),
+            "TITO_CLAUDE": str(prefix / "node_modules/.bin/claude"),
+        }
     session.run("pytest", "tests/harbor", *session.posargs, env=env)
     release_env(session)
 

@@ -25,13 +25,24 @@ COMMANDS = {
 """The shell command the scripted model runs for each example task (known by the file its instruction names)."""
 
 
-def solver(request: GenerateRequest) -> str:
-    """The scripted model: the first call of a rollout runs its task's command, the next one ends the turn."""
+def solver(request: GenerateRequest, *, tool: str = "bash", arg: str = "command", **more: str) -> str:
+    """The scripted model: the first call of a rollout runs its task's command with the harness's shell tool
+    (``tool``, its command argument ``arg``), the next one ends the turn."""
     text = load_tokenizer(tokenizer_dir()).decode(list(request.input_ids))
     if "<tool_response>" in text or "PROBE " in text:
         return "Done."
     command = next(cmd for path, cmd in COMMANDS.items() if path in text)
-    return call("bash", command=command)
+    return call(tool, **{arg: command}, **more)
+
+
+def codex_solver(request: GenerateRequest) -> str:
+    """The scripted model for Codex CLI: its ``exec_command`` tool."""
+    return solver(request, tool="exec_command", arg="cmd")
+
+
+def claude_solver(request: GenerateRequest) -> str:
+    """The scripted model for Claude Code: its ``Bash`` tool."""
+    return solver(request, tool="Bash", description="Run it")
 
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"

@@ -172,6 +172,8 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             raise ConfigError(
                 "`rollout.tasks.harbor` runs a harness in a sandbox: it needs `[rollout.agent]` with a `command`"
             )
+        if self.tasks is not None and self.reward is not None:
+            raise ConfigError("`rollout.reward` with `rollout.tasks.harbor`: each task's verifier is the reward")
         for name in ("group_size", "concurrency", "row_group_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"`rollout.{name}` must be at least 1, got {getattr(self, name)}")
