@@ -16,13 +16,14 @@ from types import SimpleNamespace
 import pytest
 
 from tito_core import Trajectory, rollout
+from tito_core.config import load_config
 from tito_core.errors import DatasetError
 from tito_core.harbor import harbor_spec, load_harbor_tasks, read_reward
 from tito_core.runner import read_records
 from tito_core.tokenizers import load_tokenizer
 
 from ..runner.helpers import tokenizer_dir
-from .helpers import DATASET, harbor_config, make_task, script
+from .helpers import DATASET, EXAMPLES, harbor_config, make_task, script
 
 pytest.importorskip("harbor", reason="the harbor package (Python 3.12+): run `nox -s harbor`")
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed: `nox -s harbor`")
@@ -44,6 +45,9 @@ def test_harbor_reads_the_example_tasks_and_names_a_broken_one(tmp_path: Path) -
     spec = harbor_spec(tasks[0])
     assert spec is not None and spec.workdir == "/app" and spec.agent_timeout_s == 120 and spec.verifier_timeout_s == 60
     assert "`add` in `/app/calc.py`" in str(tasks[0].prompt) and spec.hide == [str(DATASET)]
+    example = load_config(EXAMPLES / "tito.toml")  # the example's config names the dataset and the harness
+    assert example.rollout.tasks is not None and (EXAMPLES / example.rollout.tasks.harbor).resolve() == DATASET
+    assert example.rollout.agent is not None and example.rollout.agent.command == ["python", "mini_swe.py"]
     broken = make_task(tmp_path, "broken", "Do it.", "exit 0")
     (broken / "tests" / "test.sh").unlink()
     with pytest.raises(DatasetError, match=r"broken: not a valid Harbor task.*test\.sh"):

@@ -20,7 +20,7 @@ pytest.importorskip("harbor", reason="the harbor package (Python 3.12+): run `no
 pytestmark = pytest.mark.skipif(
     not (MINI and Path(MINI).exists()), reason="mini-swe-agent not installed: run `nox -s harbor`"
 )
-AGENT = Path(__file__).parents[1] / "harnesses" / "agents" / "mini_swe.py"
+AGENT = Path(__file__).parents[2] / "examples" / "coding_tasks" / "mini_swe.py"
 
 
 def test_mini_swe_agent_solves_the_solvable_tasks_in_its_sandbox(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@ import sys
 
 sys.path.insert(0, "/app")
 
-from calc import add  # noqa: E402
+from calc import add
 
 
 def test_add() -> None:
