@@ -3,7 +3,8 @@
 It reads the rollout's ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` (as any OpenAI client does) and the task in
 ``TITO_TASK``, runs each ``bash`` call in its working directory and sends the output back, until the model answers
 without a tool call; it prints that answer. ``SHELL_AGENT_CRASH=N`` makes the rollout of sample ``N`` exit 3
-after its first model call (a harness crash).
+after its first model call (a harness crash); ``SHELL_AGENT_TOOL_CHOICE=required`` makes its first call's
+``tool_choice`` that (for a small model that writes no tool call unforced).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import sys
 import urllib.request
 
 
-def chat(messages: list[dict[str, object]]) -> dict[str, object]:
+def chat(messages: list[dict[str, object]], tool_choice: str | None = None) -> dict[str, object]:
     tool = {"type": "function", "function": {"name": "bash", "parameters": {
         "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}  # fmt: skip
     request = urllib.request.Request(
         os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-        data=json.dumps({"model": "tito", "messages": messages, "tools": [tool]}).encode(),
+        data=json.dumps(
+            {"model": "tito", "messages": messages, "tools": [tool], "tool_choice": tool_choice or "auto"}
+        ).encode(),
         headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=300) as response:
@@ -32,8 +35,8 @@ def chat(messages: list[dict[str, object]]) -> dict[str, object]:
 def main() -> None:
     task = json.loads(os.environ["TITO_TASK"])
     messages: list[dict[str, object]] = [{"role": "user", "content": task["prompt"]}]
-    for _ in range(8):
-        message = chat(messages)
+    for turn in range(8):
+        message = chat(messages, os.environ.get("SHELL_AGENT_TOOL_CHOICE") if turn == 0 else None)
         crash = os.environ.get("SHELL_AGENT_CRASH")
         if crash and re.search(rf"(%3A|:){crash}/v1$", os.environ["OPENAI_BASE_URL"]):
             sys.stderr.write("shell agent: crashing as asked\n")
