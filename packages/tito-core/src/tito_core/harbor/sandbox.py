@@ -85,18 +85,25 @@ class Sandbox:
                 shutil.copytree(environment, box.work, symlinks=True, ignore=ignore)
             else:
                 box.work.mkdir()
-            for folder in (box.logs / "agent", box.logs / "verifier", box.logs / "artifacts", box.tmp / "home"):
+            for folder in (
+                box.logs / "agent",
+                box.logs / "verifier",
+                box.logs / "artifacts",
+                box.tmp / "home",
+                box.tests,
+            ):
                 folder.mkdir(parents=True)
         except OSError as exc:
             box.remove()
             raise SandboxError(f"cannot make the sandbox of {spec.task_dir}: {exc}") from exc
         return box
 
-    def argv(self, command: Sequence[str], *, verifier: bool = False) -> list[str]:
+    def argv(self, command: Sequence[str], *, verifier: bool = False, cwd: str | None = None) -> list[str]:
         """The ``bwrap`` command line running ``command`` in this sandbox; run it with :meth:`environ`'s variables.
 
         The variables go through bwrap's own environment, not its command line, where any process of the host
         could read a rollout's token. ``verifier``: ``/tests`` is bound too (the agent never sees the tests).
+        ``cwd``: where the command starts (default: the working directory).
         """
         workdir = self.spec.workdir
         top = Path(workdir).parts[1]  # the host folder the working directory would land in is not bound
@@ -117,7 +124,23 @@ class Sandbox:
         args += ["--bind", str(self.logs), "/logs", "--bind", str(self.work), workdir]
         if verifier:
             args += ["--bind", str(self.tests), "/tests"]
-        return [*args, "--chdir", workdir, "--", *command]
+        return [*args, "--chdir", cwd or workdir, "--", *command]
+
+    def host_path(self, path: str) -> Path:
+        """The host path behind ``path`` inside the sandbox.
+
+        Only the working directory, ``/logs``, ``/tmp`` and ``/tests`` have one: the places a sandbox writes.
+
+        Raises:
+            SandboxError: ``path`` is elsewhere (the host's own folders are read-only inside).
+        """
+        inside = Path(os.path.normpath(path))
+        mounts = {Path(self.spec.workdir): self.work, Path("/logs"): self.logs, Path("/tmp"): self.tmp}
+        mounts[Path("/tests")] = self.tests
+        for target, source in mounts.items():
+            if inside == target or inside.is_relative_to(target):
+                return source / inside.relative_to(target)
+        raise SandboxError(f"{path}: not a writable place of the sandbox (its working directory, /logs, /tmp, /tests)")
 
     @staticmethod
     def environ(env: Mapping[str, str]) -> dict[str, str]:
