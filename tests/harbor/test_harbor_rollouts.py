@@ -44,7 +44,8 @@ def test_harbor_reads_the_example_tasks_and_names_a_broken_one(tmp_path: Path) -
     assert [t.id for t in tasks] == ["fix-add", "impossible", "write-greeting"]
     spec = harbor_spec(tasks[0])
     assert spec is not None and spec.workdir == "/app" and spec.agent_timeout_s == 120 and spec.verifier_timeout_s == 60
-    assert "`add` in `/app/calc.py`" in str(tasks[0].prompt) and spec.hide == [str(DATASET)]
+    assert "`add` in `/app/calc.py`" in str(tasks[0].prompt)
+    assert spec.hide == [str(path) for path in sorted(DATASET.iterdir())]  # every task folder is masked
     example = load_config(EXAMPLES / "tito.toml")  # the example's config names the dataset and the harness
     assert example.rollout.tasks is not None and (EXAMPLES / example.rollout.tasks.harbor).resolve() == DATASET
     assert example.rollout.agent is not None and example.rollout.agent.command == ["python", "mini_swe.py"]

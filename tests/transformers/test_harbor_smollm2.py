@@ -32,7 +32,7 @@ def test_smollm2_behind_a_harness_on_a_harbor_task_records_its_calls_and_the_ver
 
     model_dir = str(build_smollm2())
     folder = DATASET / "fix-add"
-    spec = HarborSpec(task_dir=str(folder), agent_timeout_s=120, verifier_timeout_s=60, hide=[str(DATASET)])
+    spec = HarborSpec(task_dir=str(folder), agent_timeout_s=120, verifier_timeout_s=60, hide=[str(folder)])
     task = Task(id="fix-add", prompt=(folder / "instruction.md").read_text(), metadata={HARBOR_KEY: spec})
     config = {
         "backend": "transformers",

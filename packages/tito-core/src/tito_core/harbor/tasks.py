@@ -37,7 +37,7 @@ class HarborSpec(msgspec.Struct, frozen=True, kw_only=True):
         verifier_timeout_s: ``[verifier].timeout_sec``.
         env: ``[environment].env``, templates resolved: set for the agent and the verifier.
         verifier_env: ``[verifier].env``, templates resolved: set for the verifier only.
-        hide: Host folders the sandbox masks: the dataset's (every task's tests and solution).
+        hide: Host folders the sandbox masks: every task folder of the dataset (their tests and solutions).
     """
 
     task_dir: str
@@ -75,10 +75,11 @@ def load_harbor_tasks(path: str | os.PathLike[str]) -> list[Task]:
         folders = sorted(p for p in root.iterdir() if (p / "task.toml").is_file())
     if not folders:
         raise DatasetError(f"{root}: no Harbor task here (a task folder holds task.toml; a dataset, task folders)")
+    hidden = [str(folder) for folder in folders]  # every task folder, not the dataset's: the config may live there
     tasks: list[Task] = []
     seen: dict[str, Path] = {}
     for index, folder in enumerate(folders):
-        task = _task(folder, index, hide=str(root))
+        task = _task(folder, index, hide=hidden)
         if task.id in seen:
             raise DatasetError(f"{folder}: task name {task.id!r} repeats {seen[task.id]}")
         seen[task.id] = folder
@@ -86,7 +87,7 @@ def load_harbor_tasks(path: str | os.PathLike[str]) -> list[Task]:
     return tasks
 
 
-def _task(folder: Path, index: int, *, hide: str) -> Task:
+def _task(folder: Path, index: int, *, hide: list[str]) -> Task:
     harbor_task, resolve_env_vars = _harbor()
     try:
         read: Any = harbor_task(folder)
@@ -102,7 +103,7 @@ def _task(folder: Path, index: int, *, hide: str) -> Task:
             verifier_timeout_s=float(config.verifier.timeout_sec),
             env=dict(resolve_env_vars(config.environment.env)),
             verifier_env=dict(resolve_env_vars(config.verifier.env)),
-            hide=[hide],
+            hide=hide,
         )
     except DatasetError:
         raise
