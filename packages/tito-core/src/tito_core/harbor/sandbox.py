@@ -7,8 +7,9 @@ command runs under ``bwrap`` (Debian's ``bubblewrap``) with those bound writable
 read-only: the harness and the verifier run on the host's programs, not on an image built from the task's
 Dockerfile.
 
-What it isolates: files (a rollout writes only its own folders; other rollouts' folders, the host's ``/tmp`` and
-the dataset folder, with every task's tests and solution, are not visible), processes (a PID namespace: the
+What it isolates: files (a rollout writes only its own folders; other rollouts' folders, the host's ``/tmp``,
+every task folder of the dataset, with its tests and solution, and the credentials in the runner's home
+(:data:`SECRETS`) are not visible), processes (a PID namespace: the
 sandbox sees only its own, so not another harness's environment or token), IPC and the host name, and the
 environment (cleared: only ``PATH``, ``HOME``, ``LANG``, the task's and the agent's variables). When the
 runner kills the command, bwrap and everything in the sandbox die with it.
@@ -35,6 +36,11 @@ DOCKER_FILES = frozenset({"Dockerfile", ".dockerignore", "docker-compose.yaml", 
 
 _NOT_BOUND = frozenset({"proc", "dev", "sys", "tmp", "run", "logs", "tests"})
 """Top-level host folders the sandbox does not see (it gets its own ``/proc``, ``/dev``, ``/tmp``, ``/logs``)."""
+
+SECRETS = (".ssh", ".aws", ".gnupg", ".config", ".docker", ".kube", ".codex", ".claude", ".netrc", ".git-credentials",
+           ".pypirc", ".npmrc")
+"""Entries of the runner's home a sandbox sees empty: credentials and tools' settings (the rest of the host is
+read-only but readable, so a harness finds the programs installed there)."""
 
 HOME = "/tmp/home"
 """``HOME`` inside the sandbox: in its own ``/tmp``, so a harness's config and caches stay in its rollout."""
@@ -117,6 +123,13 @@ class Sandbox:
                 args += ["--symlink", os.readlink(path), str(path)]
             elif path.is_dir():
                 args += ["--ro-bind", str(path), str(path)]
+        home = Path.home()
+        for name in SECRETS:
+            secret = home / name
+            if secret.is_dir() and not secret.is_symlink():
+                args += ["--tmpfs", str(secret)]
+            elif secret.is_file():
+                args += ["--ro-bind", "/dev/null", str(secret)]
         for hidden in self.hide:
             if hidden.is_dir() and hidden.parts[1] not in _NOT_BOUND and hidden.parts[1] != top:
                 args += ["--tmpfs", str(hidden)]
