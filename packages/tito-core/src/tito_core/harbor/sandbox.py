@@ -37,8 +37,8 @@ DOCKER_FILES = frozenset({"Dockerfile", ".dockerignore", "docker-compose.yaml", 
 _NOT_BOUND = frozenset({"proc", "dev", "sys", "tmp", "run", "logs", "tests"})
 """Top-level host folders the sandbox does not see (it gets its own ``/proc``, ``/dev``, ``/tmp``, ``/logs``)."""
 
-SECRETS = (".ssh", ".aws", ".gnupg", ".config", ".docker", ".kube", ".codex", ".claude", ".netrc", ".git-credentials",
-           ".pypirc", ".npmrc")
+SECRETS: tuple[str, ...] = (".ssh", ".aws", ".gnupg", ".config", ".docker", ".kube", ".codex", ".claude")  # folders
+SECRETS += (".netrc", ".git-credentials", ".pypirc", ".npmrc")  # files
 """Entries of the runner's home a sandbox sees empty: credentials and tools' settings (the rest of the host is
 read-only but readable, so a harness finds the programs installed there)."""
 
