@@ -56,7 +56,13 @@ def _is_torch(value: Any) -> bool:
     return type(value).__module__.split(".")[0] == "torch"
 
 
-def kept_logprobs(logits: Any, token_ids: Any, mask: Mask, *, temperature: float = 1.0) -> Any:
+def _temperature(mask: Mask, temperature: float | None) -> float:
+    if temperature is not None:
+        return temperature
+    return mask.temperature if isinstance(mask, SamplingMask) else 1.0
+
+
+def kept_logprobs(logits: Any, token_ids: Any, mask: Mask, *, temperature: float | None = None) -> Any:
     """The logprob of each recorded token under the distribution it was sampled from.
 
     Args:
@@ -64,7 +70,8 @@ def kept_logprobs(logits: Any, token_ids: Any, mask: Mask, *, temperature: float
             a numpy array or a torch tensor (any float dtype; computed in float32 at least).
         token_ids: ``(tokens,)``: the recorded ids.
         mask: Their kept sets, one row per token (an empty row: the whole vocabulary).
-        temperature: The sampling temperature of the rollout (the engines truncate ``softmax(logits / T)``).
+        temperature: The sampling temperature (the engines truncate ``softmax(logits / T)``); None takes the
+            mask's own (:attr:`SamplingMask.temperature`), or 1.0 for ``(ids, offsets)``.
 
     Returns:
         ``(tokens,)`` log-probabilities, ``log_softmax(logits / T)`` over each kept set: the recorded logprobs when
@@ -74,6 +81,7 @@ def kept_logprobs(logits: Any, token_ids: Any, mask: Mask, *, temperature: float
         ValueError: The kept sets do not fit the logits (row count, offsets, an id outside the vocabulary).
     """
     keep = _keep(logits, mask)
+    temperature = _temperature(mask, temperature)
     if _is_torch(logits):
         import torch
 
@@ -92,12 +100,13 @@ def kept_logprobs(logits: Any, token_ids: Any, mask: Mask, *, temperature: float
     return picked - norm
 
 
-def log_kept_mass(logits: Any, mask: Mask, *, temperature: float = 1.0) -> Any:
+def log_kept_mass(logits: Any, mask: Mask, *, temperature: float | None = None) -> Any:
     """``log S`` of each token: the log of the probability mass its kept set holds under ``softmax(logits / T)``.
 
     A full-vocabulary logprob is ``kept_logprobs(...) + log_kept_mass(...)``; 0 on an empty row.
     """
     keep = _keep(logits, mask)
+    temperature = _temperature(mask, temperature)
     if _is_torch(logits):
         import torch
 

@@ -46,10 +46,14 @@ class SamplingMask(msgspec.Struct, frozen=True, gc=False, kw_only=True):
         token_ids: The kept ids of every row, row after row (little-endian int32; base64 in JSON).
         offsets: ``rows + 1`` little-endian int32 offsets into ``token_ids``, from 0: row ``i`` is
             ``token_ids[offsets[i]:offsets[i + 1]]``.
+        temperature: The sampling temperature ``T`` the sets were kept at (from ``softmax(logits / T)``), as the
+            request set it (the core stamps it when it records the call; 1.0 when the request left the engine's
+            default).
     """
 
     token_ids: bytes
     offsets: bytes
+    temperature: float = 1.0
 
     @classmethod
     def from_rows(cls, rows: Iterable[Sequence[int]]) -> SamplingMask:
@@ -116,7 +120,7 @@ def joined_masks(first: SamplingMask | None, then: SamplingMask | None) -> Sampl
     base = offsets[-1]
     offsets.extend(base + o for o in more_offsets[1:])
     ids.extend(more_ids)
-    return SamplingMask(token_ids=_int32(ids), offsets=_int32(offsets))
+    return SamplingMask(token_ids=_int32(ids), offsets=_int32(offsets), temperature=first.temperature)
 
 
 def truncates(sampling: SamplingParams, vocab_size: int | None = None) -> bool:

@@ -162,7 +162,7 @@ def record_call(
         routed_experts_start=result.routed_experts_start,
         routed_experts_shape=result.routed_experts_shape,
         routed_experts_missing=_routing_missing(request, result, backend),
-        sampling_mask=result.sampling_mask if request.return_sampling_mask else None,
+        sampling_mask=_stamped(result.sampling_mask, request) if request.return_sampling_mask else None,
         sampling_mask_missing=mask_missing,
         constrained=request.grammar is not None,
         continued_rids=tuple(continued),
@@ -198,6 +198,14 @@ def record_call(
         routed_experts=turn.routed_experts is not None,
         routed_experts_missing=turn.routed_experts_missing,
     )
+
+
+def _stamped(mask: SamplingMask | None, request: GenerateRequest) -> SamplingMask | None:
+    """``mask`` with the temperature its sets were kept at (the request's; 1.0 when it left the engine's default)."""
+    t = request.sampling.temperature
+    if mask is None or t is None or mask.temperature == t:
+        return mask
+    return msgspec.structs.replace(mask, temperature=float(t))
 
 
 def _routing_missing(request: GenerateRequest, result: GenerateResult, backend: str) -> str | None:
