@@ -15,7 +15,7 @@ from tito_core.errors import BackendResponseError, SamplingMaskError
 from tito_core.plugins import get_tool_parser
 from tito_core.render.renderer import ChatRenderer
 from tito_core.rollout_core import CallOptions, Rollout
-from tito_core.sampling_mask import SamplingMask, joined_masks, truncates
+from tito_core.sampling_mask import SamplingMask, joined_masks
 from tito_core.trajectory import TrajectoryRecord
 from tito_testing.scripted import ScriptedBackend, scripted_kept_set, scripted_routing
 
@@ -46,7 +46,7 @@ def _run(backend, options: CallOptions, tok, calls: int = 1):
     ],
 )
 def test_truncates_names_exactly_the_truncating_requests(sampling: SamplingParams, expected: bool) -> None:
-    assert truncates(sampling, vocab_size=100) is expected
+    assert sampling.truncates(vocab_size=100) is expected
 
 
 def test_a_mask_round_trips_rows_csr_and_json() -> None:

@@ -91,6 +91,24 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
             out[names.get("ignore_eos", "ignore_eos")] = True
         return out
 
+    def truncates(self, vocab_size: int | None = None) -> bool:
+        """Whether these parameters sample from a truncated distribution (its kept sets are then recorded).
+
+        ``top_k`` below the vocabulary, ``top_p`` < 1 or ``extra["min_p"]`` > 0, at a temperature other than 0
+        (greedy decoding samples nothing: it records no mask). Unset fields count as the engine's defaults of no
+        truncation: a model's ``generation_config`` defaults that truncate are not seen here, so set them on the
+        request.
+        """
+        if self.temperature == 0:
+            return False
+        k = self.top_k
+        if k is not None and k != -1 and (vocab_size is None or k < vocab_size):
+            return True
+        if self.top_p is not None and self.top_p < 1:
+            return True
+        min_p = self.extra.get("min_p")
+        return isinstance(min_p, int | float) and not isinstance(min_p, bool) and min_p > 0
+
 
 _SAMPLING_FIELDS: frozenset[str] = frozenset(SamplingParams.__struct_fields__)
 

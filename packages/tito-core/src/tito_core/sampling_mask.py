@@ -4,7 +4,8 @@ With truncation the engine samples from the distribution renormalised over a kep
 vocabulary; a trainer that takes a log-softmax over the full vocabulary is off by the kept mass ``log S`` at every
 token (:mod:`tito_core.kept_logprobs` is the fix). :class:`SamplingMask` holds the kept sets of one call's output
 in CSR form: the kept ids row after row and ``rows + 1`` offsets, both little-endian int32, so a token costs
-4 bytes per kept id plus 4 (docs/performance.md). A request that does not truncate records none (:func:`truncates`).
+4 bytes per kept id plus 4 (docs/performance.md). A request that does not truncate records none
+(:meth:`~tito_core.backend.SamplingParams.truncates`).
 """
 
 from __future__ import annotations
@@ -12,14 +13,10 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-if TYPE_CHECKING:
-    from .backend import SamplingParams
-
-__all__ = ["SamplingMask", "joined_masks", "truncates"]
+__all__ = ["SamplingMask", "joined_masks"]
 
 _LITTLE = sys.byteorder == "little"
 
@@ -121,21 +118,3 @@ def joined_masks(first: SamplingMask | None, then: SamplingMask | None) -> Sampl
     offsets.extend(base + o for o in more_offsets[1:])
     ids.extend(more_ids)
     return SamplingMask(token_ids=_int32(ids), offsets=_int32(offsets), temperature=first.temperature)
-
-
-def truncates(sampling: SamplingParams, vocab_size: int | None = None) -> bool:
-    """Whether ``sampling`` samples from a truncated distribution.
-
-    ``top_k`` below the vocabulary, ``top_p`` < 1 or ``extra["min_p"]`` > 0, at a temperature other than 0 (greedy
-    decoding samples nothing: it records no mask). Unset fields count as the engine's defaults of no truncation: a
-    model's ``generation_config`` defaults that truncate are not seen here, so set them on the request.
-    """
-    if sampling.temperature == 0:
-        return False
-    k = sampling.top_k
-    if k is not None and k != -1 and (vocab_size is None or k < vocab_size):
-        return True
-    if sampling.top_p is not None and sampling.top_p < 1:
-        return True
-    min_p: Any = sampling.extra.get("min_p")
-    return isinstance(min_p, int | float) and not isinstance(min_p, bool) and min_p > 0

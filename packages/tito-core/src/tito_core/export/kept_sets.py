@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..trajectory import Trajectory
+from ..trajectory.views import sampling_masks
 
 __all__ = ["KEPT_SET_KEYS", "kept_set_fields"]
 
@@ -26,7 +27,7 @@ KEPT_SET_KEYS = ("sampling_mask_ids", "sampling_mask_offsets", "sampling_mask_mi
 
 def kept_set_fields(traj: Trajectory, start: int) -> dict[str, Any]:
     """The kept sets of ``traj``'s tokens from ``start`` on, in tito's layout; empty when no call truncated."""
-    masks = traj.sampling_masks(since=start)
+    masks = sampling_masks(traj.turns, start, len(traj))
     if masks is None:
         return {}
     ids, offsets, missing = masks

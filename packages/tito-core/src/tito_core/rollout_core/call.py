@@ -24,7 +24,6 @@ from ..media import PromptMedia
 from ..media.processor import VisionProcessor
 from ..partial import Progress, go_on
 from ..render.renderer import ChatRenderer
-from ..sampling_mask import truncates
 from ..status import CallEnd, status_of
 from ..tool_parsers.base import ParsedOutput, ToolParser
 from ..trajectory import Trajectory
@@ -227,7 +226,7 @@ class Rollout:
         input_ids.fromlist(new_ids)  # twice as fast as extend() for a list
         renders = self.capabilities.renders_prompt
         vision = self.prompts.vision
-        masks = truncates(sampling, self.vocab_size)
+        masks = sampling.truncates(self.vocab_size)
         if masks and not self.capabilities.supports_sampling_mask and options.sampling_masks == "exact":
             raise SamplingMaskError(
                 f"{self._no_mask()}; this call truncates sampling (top_k={sampling.top_k}, top_p={sampling.top_p}, "
@@ -259,7 +258,7 @@ class Rollout:
 
     def _mask_missing(self, request: GenerateRequest) -> str | None:
         """Why a truncating call has no kept sets ("no kept set"), or None when it has them or needs none."""
-        if request.return_sampling_mask or not truncates(request.sampling, self.vocab_size):
+        if request.return_sampling_mask or not request.sampling.truncates(self.vocab_size):
             return None
         return f"no kept set: {self._no_mask()}; the logprobs are the engine's as reported"
 

@@ -174,14 +174,6 @@ class Trajectory(TrajectoryMedia):
         """
         return views.routed_experts(self._turns, len(self._ids))
 
-    def sampling_masks(self, since: int = 0) -> tuple[list[int], list[int], bool] | None:
-        """The kept sets of tokens ``since:`` as CSR (kept ids, offsets) and whether some truncating call has none.
-
-        An empty row keeps the whole vocabulary (a prompt token, a call that did not truncate). None when no call
-        truncated (:func:`tito_core.trajectory.views.sampling_masks`).
-        """
-        return views.sampling_masks(self._turns, since, len(self._ids))
-
     def weight_versions(self, since: int = 0) -> list[VersionSpan] | None:
         """The weights of every generated token: each turn's spans at trajectory token positions.
 
