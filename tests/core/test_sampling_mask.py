@@ -144,3 +144,23 @@ def test_routing_is_recorded_when_returned_and_its_loss_has_a_reason(qwen3_token
     turn = rollout.trajectory.turns[0]
     assert turn.routed_experts is None and not done.routed_experts
     assert turn.routed_experts_missing is not None and "has none" in turn.routed_experts_missing
+
+
+def test_the_strands_front_records_kept_sets_and_routing_through_an_agent(qwen3_tokenizer) -> None:
+    from strands import Agent
+
+    from tito_core import TitoModel
+
+    backend = ScriptedBackend(qwen3_tokenizer, ["Four."], routed_experts=(1, 2))
+    model = TitoModel(backend, qwen3_tokenizer, sampling=TOP_P, return_routed_experts=True)
+    Agent(model=model, callback_handler=None)("2+2?")
+    (turn,) = model.trajectory.turns
+    assert turn.sampling_mask is not None and turn.sampling_mask.rows == turn.output_len
+    assert model.trajectory.routed_experts() is not None
+
+    refused = TitoModel(
+        ScriptedBackend(qwen3_tokenizer, ["Four."], sampling_masks=False), qwen3_tokenizer, sampling=TOP_P
+    )
+    with pytest.raises(SamplingMaskError):
+        Agent(model=refused, callback_handler=None)("2+2?")
+    assert refused.trajectory.status == "failed"
