@@ -44,7 +44,7 @@ def _trainer_logits(model_dir: Path, ids: list[int]) -> np.ndarray:
 def _check(traj: Trajectory, model_dir: Path, what: str) -> None:
     """Every turn's kept sets fit its output; renormalised trainer logprobs match, full-vocabulary ones are off."""
     logits = _trainer_logits(model_dir, traj.token_ids)
-    gaps, off = [], []
+    gaps, off, log_s, same = [], [], [], 0
     for turn in traj.turns:
         mask = turn.sampling_mask
         assert mask is not None and turn.sampling_mask_missing is None, what
@@ -61,11 +61,17 @@ def _check(traj: Trajectory, model_dir: Path, what: str) -> None:
         full = scaled[np.arange(len(out)), out] - top - np.log(np.exp(scaled - top[:, None]).sum(-1))
         gaps.extend(np.abs(renormalised - recorded))
         off.extend((full - recorded) - log_kept_mass(at, mask))
+        log_s.extend(log_kept_mass(at, mask))
+        same += sum(
+            sorted(row) == sorted(np.argsort(-row_logits)[:20].tolist())
+            for row, row_logits in zip(rows, at, strict=True)
+        )
         assert log_kept_mass(at, mask).mean() < -1.0  # 20 of ~152k ids on a random model: a large truncation
     REPORT.append(
         f"kept sets ({what}, top_p 0.9, top_k 20, T {TEMPERATURE}): {len(gaps)} tokens, renormalised float32 "
         f"trainer vs recorded |Δ| mean {np.mean(gaps):.2e} max {np.max(gaps):.2e}; full-vocabulary minus log S vs "
-        f"recorded |Δ| max {np.max(np.abs(off)):.2e}"
+        f"recorded |Δ| max {np.max(np.abs(off)):.2e}; log S mean {np.mean(log_s):.2f}; kept set = the float32 "
+        f"trainer's top 20 on {same}/{len(gaps)} tokens"
     )
     assert np.mean(gaps) < BF16_MEAN and np.max(gaps) < BF16_MAX, (np.mean(gaps), np.max(gaps))
     assert np.max(np.abs(off)) < BF16_MAX  # the full-vocabulary logprob is the recorded one plus log S
