@@ -264,3 +264,52 @@ def test_a_branch_sample_carries_the_versions_of_the_tokens_it_trains() -> None:
     assert to_trl(second)["weight_versions"] == ["3"]
     assert to_verl(second)["extra_fields"] == {"min_global_steps": 3, "max_global_steps": 3}
     assert [e["model_version"] for e in model_request_events(second)] == [3]
+
+
+def masked_trajectory(second_missing: bool = False) -> Trajectory:
+    """sample_trajectory's tokens; the first call truncated with kept sets, the second without them when asked."""
+    from tito_core.sampling_mask import SamplingMask
+
+    traj = Trajectory("r1")
+    traj.append("prompt", [1, 2, 3], turn=0)
+    traj.append("output", [4, 5], [-0.5, -0.25], turn=0)
+    traj.append("boundary", [6], turn=1)
+    traj.append("prompt", [7, 8], turn=1)
+    traj.append("output", [9], [-1.0], turn=1)
+    rows = struct.pack("<16i", *range(16))
+    for i, (start, plen, olen) in enumerate([(0, 3, 2), (5, 3, 1)]):
+        traj.add_turn(
+            Turn(
+                index=i, rid="x", prompt_start=start, prompt_len=plen, output_len=olen, finish_reason="stop",
+                stop_reason="end_turn", usage=Usage(prompt_tokens=plen, completion_tokens=olen),
+                routed_experts=rows if i == 0 else None, routed_experts_shape=(2, 1) if i == 0 else None,
+                sampling_mask=SamplingMask.from_rows([[4, 11], [5]]) if i == 0 else None,
+                sampling_mask_missing="no kept set: test" if i == 1 and second_missing else None,
+            )
+        )  # fmt: skip
+    traj.set_status("completed")
+    return traj
+
+
+def test_each_export_carries_the_kept_sets_in_the_tito_layout() -> None:
+    expected = {"sampling_mask_ids": [4, 11, 5], "sampling_mask_offsets": [0, 2, 3, 3, 3, 3, 3]}
+    slime = to_slime(masked_trajectory())
+    verl = to_verl(masked_trajectory())
+    trl = to_trl(masked_trajectory())
+    for fields in (slime, verl["extra_fields"], trl):
+        assert {k: fields[k] for k in expected} == expected and fields["sampling_mask_missing"] is False
+    assert len(slime["sampling_mask_offsets"]) == slime["response_length"] + 1
+    assert to_slime(masked_trajectory(second_missing=True))["sampling_mask_missing"] is True
+    batch = to_trl([masked_trajectory(), sample_trajectory()])
+    assert batch["sampling_mask_ids"] == [[4, 11, 5], None]
+    for fields in (to_slime(sample_trajectory()), to_trl(sample_trajectory()), to_verl(sample_trajectory())):
+        assert not any(key.startswith("sampling_mask") for key in fields)  # no truncation: nothing extra
+        assert "sampling_mask_ids" not in fields.get("extra_fields", {})
+
+
+def test_verl_carries_the_routed_experts() -> None:
+    np = pytest.importorskip("numpy")
+    routed = to_verl(sample_trajectory(with_experts=True))["routed_experts"]
+    assert routed.shape == (8, 2, 1) and routed.dtype == np.dtype("<i4")
+    assert routed[:5].reshape(-1).tolist() == list(range(10))
+    assert "routed_experts" not in to_verl(sample_trajectory())

@@ -23,7 +23,7 @@ ROOT = Path(__file__).parents[2]
 CORE = {
     "errors", "_suggest", "_optional", "versions", "assets", "status", "tokenizers", "media", "conversation",
     "grammar", "tool_parsers", "render", "backend", "http", "weights", "partial", "plugins", "trajectory",
-    "records", "rollout_core", "model_setup", "rollout_settings", "turn_rewards",
+    "records", "rollout_core", "model_setup", "rollout_settings", "turn_rewards", "sampling_mask", "kept_logprobs",
 }  # fmt: skip
 FRONTS = {"strands_front", "gateway"}
 ABOVE_CORE = FRONTS | {

@@ -19,7 +19,8 @@ Modules, one job each (their public names are importable from here):
 * :mod:`~tito_core.export.branches`: a rollout's branches as training samples;
 * :mod:`~tito_core.export.slime`, :mod:`~tito_core.export.verl`, :mod:`~tito_core.export.trl`,
   :mod:`~tito_core.export.agentlightning`: one trainer's format each;
-* :mod:`~tito_core.export.media`: a sample's images and videos in the forms trainers take.
+* :mod:`~tito_core.export.media`: a sample's images and videos in the forms trainers take;
+* :mod:`~tito_core.export.kept_sets`: a sample's sampling masks (kept sets), in tito's layout.
 
 Running rollouts inside a trainer (TRL's ``rollout_func``, verl's agent loop, slime's generate hook, Agent
 Lightning's runner) is :mod:`tito_core.trainers`'; it uses these.

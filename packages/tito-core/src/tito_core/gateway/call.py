@@ -24,6 +24,7 @@ from ..render import ChatRenderer
 from .errors import GatewayError, bad_request, error_of
 
 if TYPE_CHECKING:
+    from ..rollout_core import CallResult
     from .registry import GatewayRollout
 
 __all__ = ["CallAnswer", "CallRequest", "OutputToken", "ToolCallOut", "answer_call", "count_prompt", "placed_system"]
@@ -105,7 +106,8 @@ class CallAnswer(msgspec.Struct, frozen=True, kw_only=True):
         output_ids: The output's token ids, as recorded.
         tokens: Every output token's text and logprob (the stop token included), when the caller asked.
         tito: tito's own fields: the output ids, the rollout, branch and turn, and ``matched_stop`` (the stop
-            string or token id that ended generation, when the engine says).
+            string or token id that ended generation, when the engine says); ``sampling_mask_missing`` and
+            ``routed_experts_missing`` when the record says why it lacks kept sets or routing.
     """
 
     id: str
@@ -191,11 +193,21 @@ async def answer_call(rollout: GatewayRollout, request: CallRequest, model_name:
             "branch": result.branch,
             "turn": result.turn,
             "matched_stop": matched,
+            **_flags(result),
         },
     )
     rollout.replies.remember(answer.message(), result.reply())
     rollout.tool_calls += len(calls)
     return answer
+
+
+def _flags(result: CallResult) -> dict[str, Any]:
+    """What the record says is missing from the behaviour distribution (no kept sets, no routing), when it is."""
+    flags = {
+        "sampling_mask_missing": result.sampling_mask_missing,
+        "routed_experts_missing": result.routed_experts_missing,
+    }
+    return {key: value for key, value in flags.items() if value is not None}
 
 
 async def count_prompt(rollout: GatewayRollout, request: CallRequest) -> int:

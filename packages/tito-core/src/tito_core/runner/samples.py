@@ -41,12 +41,16 @@ def _slime(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
 
 def _verl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
     final = branch.final
-    return export.to_verl(
+    fields = export.to_verl(
         branch,
         metrics=verl_metrics(record) if final else None,
         images="sha256",
         turn_rewards=record.turn_rewards if final else None,  # per-turn rewards are the final branch's calls'
     )
+    experts = fields.get("routed_experts")
+    if experts is not None:
+        fields["routed_experts"] = experts.tolist()  # a numpy array: rows are plain data
+    return fields
 
 
 def _agl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
