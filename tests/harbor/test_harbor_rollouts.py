@@ -18,8 +18,9 @@ import pytest
 from tito_core import Trajectory, rollout
 from tito_core.config import load_config
 from tito_core.errors import DatasetError
-from tito_core.harbor import harbor_spec, load_harbor_tasks, read_reward
+from tito_core.harbor import HARBOR_KEY, harbor_spec, load_harbor_tasks, read_reward
 from tito_core.runner import read_records
+from tito_core.runner.dataset import Task
 from tito_core.tokenizers import load_tokenizer
 
 from ..runner.helpers import tokenizer_dir
@@ -42,8 +43,9 @@ def _boxes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_harbor_reads_the_example_tasks_and_names_a_broken_one(tmp_path: Path) -> None:
     tasks = load_harbor_tasks(DATASET)
     assert [t.id for t in tasks] == ["fix-add", "impossible", "write-greeting"]
-    spec = harbor_spec(tasks[0])
-    assert spec is not None and spec.workdir == "/app" and spec.agent_timeout_s == 120 and spec.verifier_timeout_s == 60
+    spec = tasks[0].spec
+    assert harbor_spec(Task(id="t", prompt="p", metadata={HARBOR_KEY: spec})) == spec
+    assert spec.workdir == "/app" and spec.agent_timeout_s == 120 and spec.verifier_timeout_s == 60
     assert "`add` in `/app/calc.py`" in str(tasks[0].prompt)
     assert spec.hide == [str(path) for path in sorted(DATASET.iterdir())]  # every task folder is masked
     example = load_config(EXAMPLES / "tito.toml")  # the example's config names the dataset and the harness

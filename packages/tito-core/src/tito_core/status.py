@@ -25,6 +25,7 @@ __all__ = [
     "FinalStatus",
     "GroupFailed",
     "NoModelCall",
+    "NoVerifierReward",
     "Outcome",
     "RewardFailed",
     "RolloutTimedOut",
@@ -70,6 +71,12 @@ class RewardFailed(msgspec.Struct, frozen=True, gc=False):
     error: BaseException
 
 
+class NoVerifierReward(msgspec.Struct, frozen=True, gc=False):
+    """A Harbor task's verifier gave no reward (it never ran, timed out or wrote none), for ``reason``."""
+
+    reason: str
+
+
 class GroupFailed(msgspec.Struct, frozen=True, gc=False):
     """The group reward function (advantages) failed for the rollout's group, for ``reason``."""
 
@@ -99,6 +106,7 @@ Outcome = (
     | NoModelCall
     | RolloutTimedOut
     | RewardFailed
+    | NoVerifierReward
     | GroupFailed
     | Stopped
     | CallLimit
@@ -122,7 +130,7 @@ def status_of(outcome: Outcome) -> tuple[Status, str | None]:
     - an exception out of a call or an agent: ``truncated`` when the context window or a loop limit is reached,
       ``aborted`` when cancelled, interrupted or aborted by the engine, else ``failed``;
     - :class:`Closed`: a still-running trajectory is ``aborted``; any other keeps its status;
-    - :class:`RolloutTimedOut`: ``aborted``; :class:`RewardFailed`: ``failed``;
+    - :class:`RolloutTimedOut`: ``aborted``; :class:`RewardFailed` and :class:`NoVerifierReward`: ``failed``;
     - :class:`NoModelCall`: ``failed`` (nothing the engine produced: the rollout is no sample to learn from);
     - :class:`GroupFailed`: ``failed``; :class:`Stopped` and :class:`Discarded`: ``aborted``;
       :class:`CallLimit`: ``truncated``.
@@ -141,6 +149,8 @@ def status_of(outcome: Outcome) -> tuple[Status, str | None]:
         return "failed", "the rollout ended without any model call: it holds no output"
     if isinstance(outcome, RewardFailed):
         return "failed", f"reward function raised {type(outcome.error).__name__}: {outcome.error}"
+    if isinstance(outcome, NoVerifierReward):
+        return "failed", f"no verifier reward: {outcome.reason}"
     if isinstance(outcome, GroupFailed):
         return "failed", outcome.reason
     if isinstance(outcome, Stopped):

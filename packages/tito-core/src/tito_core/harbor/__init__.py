@@ -11,7 +11,10 @@ the ``harbor`` package's own ``Task`` (Python 3.12+); each rollout then runs the
 from __future__ import annotations
 
 from .sandbox import Sandbox, SandboxError
-from .tasks import HarborSpec, harbor_spec, load_harbor_tasks
+from .tasks import HARBOR_KEY, HarborSpec, HarborTask, harbor_spec, load_harbor_tasks
 from .verifier import Verdict, read_reward
 
-__all__ = ["HarborSpec", "Sandbox", "SandboxError", "Verdict", "harbor_spec", "load_harbor_tasks", "read_reward"]
+__all__ = [
+    "HARBOR_KEY", "HarborSpec", "HarborTask", "Sandbox", "SandboxError", "Verdict", "harbor_spec", "load_harbor_tasks",
+    "read_reward",
+]  # fmt: skip

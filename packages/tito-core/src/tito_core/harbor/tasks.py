@@ -10,18 +10,18 @@ that a task Harbor accepts is the task tito runs. What a rollout needs from it i
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from ..errors import DatasetError
-from ..runner.dataset import Task
 
-__all__ = ["HARBOR_KEY", "HarborSpec", "harbor_spec", "load_harbor_tasks"]
+__all__ = ["HARBOR_KEY", "HarborSpec", "HarborTask", "harbor_spec", "load_harbor_tasks"]
 
 HARBOR_KEY = "harbor"
-"""The key of a Harbor task's :class:`HarborSpec` in its :attr:`Task.metadata`."""
+"""The key of a Harbor task's :class:`HarborSpec` in the runner task's ``metadata``."""
 
 DEFAULT_WORKDIR = "/app"
 """The working directory when ``task.toml`` names none: the ``WORKDIR`` of Harbor's task template."""
@@ -49,15 +49,32 @@ class HarborSpec(msgspec.Struct, frozen=True, kw_only=True):
     hide: list[str] = msgspec.field(default_factory=list)
 
 
-def harbor_spec(task: Task) -> HarborSpec | None:
-    """The :class:`HarborSpec` of a task read by :func:`load_harbor_tasks` (None for any other task)."""
+class HarborTask(msgspec.Struct, frozen=True, kw_only=True):
+    """One Harbor task as read: its id, its instruction (the prompt), its :class:`HarborSpec` and its position.
+
+    The runner makes a task of its own from it, the spec in its metadata (``metadata[HARBOR_KEY]``).
+    """
+
+    id: str
+    prompt: str
+    spec: HarborSpec
+    index: int = 0
+
+
+class _WithMetadata(Protocol):
+    @property
+    def metadata(self) -> Mapping[str, Any]: ...
+
+
+def harbor_spec(task: _WithMetadata) -> HarborSpec | None:
+    """The :class:`HarborSpec` in a runner task's metadata (None for a task that is not a Harbor task)."""
     spec = task.metadata.get(HARBOR_KEY)
     if spec is None:
         return None
     return spec if isinstance(spec, HarborSpec) else msgspec.convert(spec, HarborSpec)
 
 
-def load_harbor_tasks(path: str | os.PathLike[str]) -> list[Task]:
+def load_harbor_tasks(path: str | os.PathLike[str]) -> list[HarborTask]:
     """Read one Harbor task folder, or every task folder (one holding ``task.toml``) directly under ``path``.
 
     Tasks are ordered by folder name; a task's id is its ``[task].name``, else its folder's name.
@@ -76,7 +93,7 @@ def load_harbor_tasks(path: str | os.PathLike[str]) -> list[Task]:
     if not folders:
         raise DatasetError(f"{root}: no Harbor task here (a task folder holds task.toml; a dataset, task folders)")
     hidden = [str(folder) for folder in folders]  # every task folder, not the dataset's: the config may live there
-    tasks: list[Task] = []
+    tasks: list[HarborTask] = []
     seen: dict[str, Path] = {}
     for index, folder in enumerate(folders):
         task = _task(folder, index, hide=hidden)
@@ -87,7 +104,7 @@ def load_harbor_tasks(path: str | os.PathLike[str]) -> list[Task]:
     return tasks
 
 
-def _task(folder: Path, index: int, *, hide: list[str]) -> Task:
+def _task(folder: Path, index: int, *, hide: list[str]) -> HarborTask:
     harbor_task, resolve_env_vars = _harbor()
     try:
         read: Any = harbor_task(folder)
@@ -111,7 +128,7 @@ def _task(folder: Path, index: int, *, hide: list[str]) -> Task:
         raise DatasetError(f"{folder}: not a valid Harbor task: {type(exc).__name__}: {exc}") from exc
     if not spec.workdir.startswith("/") or spec.workdir == "/":
         raise DatasetError(f"{folder}: [environment].workdir must be an absolute folder below /, not {spec.workdir!r}")
-    return Task(id=str(read.name), prompt=read.instruction, metadata={HARBOR_KEY: spec}, index=index)
+    return HarborTask(id=str(read.name), prompt=str(read.instruction), spec=spec, index=index)
 
 
 def _harbor() -> tuple[Any, Any]:

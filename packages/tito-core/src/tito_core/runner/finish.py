@@ -13,7 +13,7 @@ import msgspec
 
 from ..harbor.verifier import Verdict
 from ..records import FinalStatus, RolloutRecord, Timings, TokenCounts, rollout_record
-from ..status import RewardFailed, status_of
+from ..status import NoVerifierReward, RewardFailed, status_of
 from ..trajectory import Trajectory
 from ..turn_rewards import reward_of
 from .dataset import Task
@@ -63,7 +63,7 @@ async def rewarded_record(
     if ran.verdict is not None:  # a Harbor task: its verifier is the reward; none is never 0
         reward = ran.verdict.reward
         if reward is None and traj.status != "failed":
-            traj.amend_status("failed", f"no verifier reward: {ran.verdict.reason}")
+            traj.amend_status(*status_of(NoVerifierReward(ran.verdict.reason or "the verifier gave none")))
     elif reward_fn is not None:
         view = Sample(task, sample, ran.text, ran.messages, traj, final_status(traj), traj.status_reason)
         try:

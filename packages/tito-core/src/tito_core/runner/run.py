@@ -21,7 +21,7 @@ from typing import Any
 
 from ..config import RolloutSettings, TitoConfig, load_config, with_overrides
 from ..errors import ConfigError, DatasetError
-from ..harbor.tasks import load_harbor_tasks
+from ..harbor.tasks import HARBOR_KEY, load_harbor_tasks
 from ..records import (
     GroupAdvantages,
     Key,
@@ -227,7 +227,8 @@ def _tasks(dataset: DatasetSource | None, config: TitoConfig, base_dir: Path | N
         source = config.rollout.tasks
         if source is None or source.harbor is None:
             raise DatasetError("no dataset: give one (`--dataset`), or a Harbor dataset in `[rollout.tasks] harbor`")
-        return load_harbor_tasks((base_dir or Path.cwd()) / source.harbor)
+        harbor = load_harbor_tasks((base_dir or Path.cwd()) / source.harbor)
+        return [Task(id=t.id, prompt=t.prompt, metadata={HARBOR_KEY: t.spec}, index=t.index) for t in harbor]
     if isinstance(dataset, (str, os.PathLike)):
         return load_tasks(dataset)
     tasks = [
