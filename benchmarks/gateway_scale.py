@@ -70,7 +70,7 @@ def served(engine: str, tokenizer_dir: str, output: Path, workers: int) -> Itera
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds of these processes so far (from /proc)."""
+    """User + system CPU seconds of these processes so far (from /proc); the client's warm-up rollout included."""
     total = 0
     for pid in pids:
         with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
@@ -99,11 +99,11 @@ def scale_run(client: Worker, engine: str, tokenizer_dir: str, args: argparse.Na
             with tempfile.TemporaryDirectory(prefix="tito-scale-") as tmp:
                 output = Path(tmp) / "rollouts.jsonl"
                 with served(engine, tokenizer_dir, output, workers) as (front, pids):
-                    cpu = cpu_seconds(pids)
+                    cpu, front_cpu = cpu_seconds(pids), cpu_seconds(pids[:1])
                     command = {"op": "throughput", "workload": workload.as_dict(), "concurrency": count,
                                "rollouts": count, "url": engine, "gateway": front}  # fmt: skip
                     raw = client.call(command)
-                    cpu = cpu_seconds(pids) - cpu
+                    cpu, front_cpu = cpu_seconds(pids) - cpu, cpu_seconds(pids[:1]) - front_cpu
                 records = len(list(read_records(output)))
             if records != count + 1:  # and the client's warm-up rollout
                 raise SystemExit(f"scale {kind} {label}: {records} records for {count + 1} rollouts")
@@ -113,6 +113,7 @@ def scale_run(client: Worker, engine: str, tokenizer_dir: str, args: argparse.Na
                 "mean_ms": raw["mean_ms"],
                 "p99_ms": raw["p99_ms"],
                 "gateway_cpu_s": cpu,
+                "supervisor_cpu_s": front_cpu if workers else 0.0,
                 "records": records,
             }
     return report
@@ -120,13 +121,14 @@ def scale_run(client: Worker, engine: str, tokenizer_dir: str, args: argparse.Na
 
 def render_scale(report: dict[str, Any]) -> list[str]:
     """The table of :func:`scale_run`'s rows."""
-    lines = ["", "| shape | gateway processes | calls | turns/s | mean ms | p99 ms | gateway CPU s |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["", "| shape | gateway processes | calls | turns/s | mean ms | p99 ms | gateway CPU ms per call (of it "
+             "the supervisor's) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for kind, by in report.items():
         for label, row in by.items():
             lines.append(
                 f"| {kind} | {label} | {row['calls']} | {fmt(row['calls_per_s'], 0)} | {fmt(row['mean_ms'])} | "
-                f"{fmt(row['p99_ms'])} | {fmt(row['gateway_cpu_s'])} |"
+                f"{fmt(row['p99_ms'])} | {fmt(1e3 * row['gateway_cpu_s'] / row['calls'])} "
+                f"({fmt(1e3 * row['supervisor_cpu_s'] / row['calls'])}) |"
             )
     return lines
 

@@ -25,6 +25,7 @@ from tito_testing.gate import FileGate
 from tito_testing.tokenizers import qwen_tokenizer_dir
 
 USER = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+KEY = "tito-test-key-0123456789"
 GUARD_S = 180  # hang guards only: every wait below ends on an event
 
 
@@ -115,15 +116,23 @@ def _outputs(out: Path) -> dict[str, list[list[int]]]:
 
 
 async def test_workers_serve_rollouts_on_their_own_ports_and_drain_into_one_output(serve: Any, tmp_path: Path) -> None:
-    """Two workers: the door spreads rollouts over both ports and routes nothing else; each worker port keeps the
-    gateway's checks; SIGTERM with a call held on each worker answers both 200, each in the one merged output, where
-    every opened rollout has exactly one record with a sample number of its own."""
+    """Two workers with an api key: the door checks it, spreads rollouts over both ports and routes nothing else;
+    each worker port keeps the gateway's checks; SIGTERM with a call held on each worker answers both 200, each in
+    the one merged output, where every opened rollout has exactly one record with a sample number of its own."""
     gate = FileGate(tmp_path / "gate")
     out = tmp_path / "out.jsonl"
-    served = await serve(_config(tmp_path, gate, 40), out, 2, "--drain-s", "600")
+    served = await serve(_config(tmp_path, gate, 40), out, 2, "--drain-s", "600", "--api-key", KEY)
     async with aiohttp.ClientSession() as session:
-        opened = [(await _post(session, f"{served.base}/rollouts", {"task_id": "t"}))[1] for _ in range(6)]
+        status, body = await _post(session, f"{served.base}/rollouts", {"task_id": "t"}, "not-the-key")
+        assert status == 401 and "not-the-key" not in json.dumps(body)  # the door checks the key
+        opened = [(await _post(session, f"{served.base}/rollouts", {"task_id": "t"}, KEY))[1] for _ in range(6)]
+        assert all(KEY not in json.dumps(o) for o in opened)  # never echoed
         assert {_worker_of(o) for o in opened} == set(served.workers)  # both workers got rollouts
+        named = await _post(session, f"{served.base}/rollouts", {"task_id": "t", "id": "mine"}, KEY)
+        again = await _post(session, f"{served.base}/rollouts", {"task_id": "t", "id": "mine"}, KEY)
+        assert named[0] == 201 and again[0] == 409, again  # an id the client names goes to one worker, once
+        assert again[1]["error"]["code"] == "rollout_exists"
+        opened.append(named[1])
         status, body = await _post(session, f"{served.base}/rollouts/{opened[0]['id']}/v1/chat/completions", USER)
         assert status == 404 and "base_url" in body["error"]["message"]  # the door routes no call
         worker = _worker_of(opened[0])
@@ -138,7 +147,7 @@ async def test_workers_serve_rollouts_on_their_own_ports_and_drain_into_one_outp
         await _until_held(gate, 2)
         served.proc.send_signal(signal.SIGTERM)
         await served.stderr_line("shutting down; ")
-        status, body = await _post(session, f"{served.base}/rollouts", {})
+        status, body = await _post(session, f"{served.base}/rollouts", {}, KEY)
         assert status == 503  # the door takes no new rollout
         gate.open()
         answers = await asyncio.gather(*calls)
@@ -149,7 +158,7 @@ async def test_workers_serve_rollouts_on_their_own_ports_and_drain_into_one_outp
         assert recorded[answer["tito"]["rollout_id"]] == [answer["tito"]["output_ids"]]
     records = list(read_records(out))
     assert sorted(r.trajectory.rollout_id for r in records) == sorted(o["id"] for o in opened)
-    assert sorted(r.sample for r in records) == list(range(6))  # numbered across the workers, none twice
+    assert sorted(r.sample for r in records) == list(range(7))  # numbered across the workers, none twice
     assert not (tmp_path / "out.jsonl.journal").exists()
 
 

@@ -1,10 +1,12 @@
 """The front address of ``tito serve --workers N``: ``POST /rollouts`` only, handed to a worker.
 
-The door picks a worker (round robin over the live ones), passes the request on to that worker's ``POST /rollouts``
-(its body and credential, nothing else) and returns the worker's answer as it is: ``{id, token, base_url}``, with
-the worker's own address in ``base_url``. Every later request of the rollout goes to that worker directly: no router
-sits in the call path. The door applies the gateway's browser rules (Host, Origin, JSON only) and, with an api key,
-checks it before passing anything on; the worker checks it again. Any other route is a 404 naming ``base_url``.
+The door picks a worker (round robin over the live ones; by a hash of the id when the client names the rollout's
+``id``, so that the worker holding that id refuses a second one with a 409, as one gateway does), passes the
+request on to that worker's ``POST /rollouts`` (its body and credential, nothing else) and returns the worker's
+answer as it is: ``{id, token, base_url}``, with the worker's own address in ``base_url``. Every later request of
+the rollout goes to that worker directly: no router sits in the call path. The door applies the gateway's browser
+rules (Host, Origin, JSON only) and, with an api key, checks it before passing anything on; the worker checks it
+again. Any other route is a 404 naming ``base_url``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ __all__ = ["Doorway", "door_app"]
 MAX_OPEN_BODY = 1 << 20
 """The largest ``POST /rollouts`` body the door takes (a task id, metadata)."""
 _ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder()
 
 
 class Doorway(Protocol):
@@ -32,8 +35,8 @@ class Doorway(Protocol):
     access: Access
     closing: bool
 
-    def worker_urls(self) -> list[str]:
-        """The base URLs of the live workers, in the order to try them."""
+    def worker_urls(self, rollout_id: str | None = None) -> list[str]:
+        """The base URLs of the live workers, in the order to try them (a given rollout id: always the same)."""
 
     def session(self) -> aiohttp.ClientSession:
         """The client session the door talks to the workers with."""
@@ -84,12 +87,13 @@ async def _open(request: web.Request) -> web.StreamResponse:
         bearer = token.strip() if scheme.lower() == "bearer" else ""
         pool.access.authorize_opening(bearer or key)
     body = await request.read()
+    wanted = _wanted_id(body)
     headers = {"Content-Type": "application/json"}
     if credential is not None:
         headers["Authorization"] = credential
     if key is not None:
         headers["x-api-key"] = key
-    for url in pool.worker_urls():
+    for url in pool.worker_urls(wanted):
         try:
             async with pool.session().post(f"{url}/rollouts", data=body, headers=headers) as answer:
                 data = await answer.read()
@@ -100,6 +104,16 @@ async def _open(request: web.Request) -> web.StreamResponse:
             message = f"the worker went away while opening the rollout ({type(exc).__name__}): open another"
             raise GatewayError(502, message, code="worker_lost") from None
     raise GatewayError(503, "no gateway worker is serving", code="no_worker")
+
+
+def _wanted_id(body: bytes) -> str | None:
+    """The rollout id the client asked for, if any: one id goes to one worker, which refuses it twice (409)."""
+    try:
+        data = _DECODER.decode(body) if body else None
+    except (msgspec.DecodeError, RecursionError):
+        return None  # the worker answers the 400
+    wanted = data.get("id") if isinstance(data, dict) else None
+    return wanted if isinstance(wanted, str) else None
 
 
 def door_app(pool: Doorway) -> web.Application:

@@ -34,6 +34,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import zlib
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -212,8 +213,12 @@ class WorkerPool:
                 self.journals.rmdir()  # empty once every journal was read
 
     # ---------------------------------------------------------------------------------------- the door's
-    def worker_urls(self) -> list[str]:
-        """The live workers' base URLs, starting with the next in turn (round robin)."""
+    def worker_urls(self, rollout_id: str | None = None) -> list[str]:
+        """The live workers' base URLs, starting with the next in turn (round robin) or the id's (a hash of it)."""
+        if rollout_id is not None:
+            start = zlib.crc32(rollout_id.encode()) % len(self.workers)  # over all: stable while workers are lost
+            ordered = self.workers[start:] + self.workers[:start]
+            return [w.base_url for w in ordered if w.ready.is_set() and not w.gone.is_set()]
         live = [w.base_url for w in self.workers if w.ready.is_set() and not w.gone.is_set()]
         if not live:
             return []
