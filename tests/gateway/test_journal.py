@@ -63,3 +63,39 @@ async def test_the_journal_gives_the_record_of_what_was_answered_once(qwen3_toke
         answer["tito"]["output_ids"]
     ]
     assert lost_records(path, {("a", record.sample)}, "again") == []  # written already: not twice
+
+
+async def test_the_journal_is_compacted_to_the_open_rollouts_last_states(qwen3_tokenizer: Any, tmp_path: Path) -> None:
+    """A journal past its size keeps only each open rollout's open line and last call: a worker serving for days
+    does not fill the disk, and the record that comes back still holds every answered output."""
+    path = tmp_path / "journal.jsonl"
+    replies = [f"answer {i}" for i in range(8)]
+    gateway = Gateway(config(), tokenizer=qwen3_tokenizer, backend=GrammarBackend(qwen3_tokenizer, replies))
+    await gateway.start()
+    try:
+        gateway.journal = Journal(path, rotate_bytes=1)  # compacted at every line
+        done, kept = gateway.open(task_id="done"), gateway.open(task_id="kept")
+        for _ in range(3):
+            status, _ = await _chat(done.base_url, done.token)
+            assert status == 200
+        await gateway.finish(done.id)  # no output: the test's writer journals nothing; end it by hand
+        gateway.journal.ended(done.id)
+        body: Any = USER
+        outputs = []
+        for _ in range(3):
+            status, answer = await _chat(kept.base_url, kept.token, body)
+            assert status == 200
+            outputs.append(answer["tito"]["output_ids"])
+            reply = answer["choices"][0]["message"]
+            body = {"model": "m", "messages": [*body["messages"], reply, {"role": "user", "content": "more"}]}
+        assert len(path.read_bytes().splitlines()) < 9  # 9 lines appended: compacted on the way
+        gateway.journal.compact()
+        gateway.journal.close()
+    finally:
+        await gateway.close()
+    lines = path.read_bytes().splitlines()
+    assert len(lines) == 2 and b'"done"' not in b"".join(lines)  # kept's open line and its last call
+    (record,) = lost_records(path, set(), "gateway worker lost: test")
+    traj = record.trajectory
+    assert record.task_id == "kept"
+    assert [traj.token_ids[s.start : s.end] for s in traj.segments if s.kind == "output"] == outputs

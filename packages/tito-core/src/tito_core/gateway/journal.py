@@ -11,7 +11,8 @@ One JSON line per event, each written with one ``write`` call on a file opened `
 
 A ``write`` that returned is in the kernel: it outlives the process (``kill -9``, the OOM killer), not a power
 cut (``fsync=True`` syncs each line, at the cost of a disk flush per call). A line torn by a kill mid-``write``
-was never acknowledged to anyone (its answer had not gone out) and is skipped.
+was never acknowledged to anyone (its answer had not gone out) and is skipped. The file is compacted as it grows
+(:class:`Journal`): it holds the open rollouts' last states, not the worker's history.
 
 :func:`lost_records` is the supervisor's side: the record of every rollout the journal opened and did not end,
 with its last answered trajectory, its open branches ``failed`` with the reason given ("gateway worker lost").
@@ -69,39 +70,82 @@ _DECODER = msgspec.json.Decoder(Entry)
 
 
 class Journal:
-    """The journal file of one worker, appended to (made if missing).
+    """The journal file of one worker, appended to (made if missing), compacted as it grows.
+
+    Once the file passes ``rotate_bytes`` (and twice its size after the last compaction), it is rewritten with only
+    what an open rollout needs (its ``open`` line and its last ``call`` line, copied byte for byte) under a temporary
+    name, then renamed over the old one: a kill leaves either file whole, and the journal stays as large as the
+    open rollouts' last states, however long the worker serves.
 
     Args:
         path: The file.
         fsync: Sync each line to the disk before returning (survives a power cut too; one disk flush per call).
+        rotate_bytes: The size past which the file is compacted.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = False, rotate_bytes: int = 64 << 20) -> None:
         self.path = Path(path)
         self.fsync = fsync
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.rotate_bytes = rotate_bytes
+        self._fd: int | None = self._open()
+        self._size = os.fstat(self._fd).st_size
+        self._compacted = 0  # the size right after the last compaction
+        self._kept: dict[str, list[tuple[int, int]]] = {}  # open rollout -> (offset, length) of its open, last call
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
 
     def opened(self, rollout: GatewayRollout, server: str) -> None:
         """Journal a rollout just opened (before its id and token are answered)."""
         meta = rollout.metadata
-        self._append(Opened(rollout.id, rollout.task_id, rollout.sample, rollout.group, rollout.started, server, meta))
+        entry = Opened(rollout.id, rollout.task_id, rollout.sample, rollout.group, rollout.started, server, meta)
+        self._kept[rollout.id] = [self._append(entry)]
 
     def answered(self, rollout: GatewayRollout) -> None:
         """Journal a call just recorded on ``rollout`` (before its answer is sent)."""
-        self._append(Answered(rollout.id, rollout.tool_calls, rollout.core.trajectory.to_record()))
+        span = self._append(Answered(rollout.id, rollout.tool_calls, rollout.core.trajectory.to_record()))
+        kept = self._kept.get(rollout.id)
+        if kept is not None:
+            kept[1:] = [span]
 
     def ended(self, rollout_id: str) -> None:
         """Journal that the rollout's record is written."""
         self._append(Ended(rollout_id))
+        self._kept.pop(rollout_id, None)
 
-    def _append(self, entry: Entry) -> None:
+    def _append(self, entry: Entry) -> tuple[int, int]:
         if self._fd is None:
             raise OSError(f"the journal {self.path} is closed")
-        line = memoryview(_ENCODER.encode(entry) + b"\n")
+        if self._size >= max(self.rotate_bytes, 2 * self._compacted):
+            self.compact()
+        data = _ENCODER.encode(entry) + b"\n"
+        span = (self._size, len(data))
+        line = memoryview(data)
         while line:
             line = line[os.write(self._fd, line) :]
+        self._size += len(data)
         if self.fsync:
             os.fsync(self._fd)
+        return span
+
+    def compact(self) -> None:
+        """Rewrite the file with the open rollouts' lines only (a temporary file, renamed over the old one)."""
+        old = self._fd
+        if old is None:
+            raise OSError(f"the journal {self.path} is closed")
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        with temporary.open("wb") as new:
+            for spans in self._kept.values():
+                for index, (offset, length) in enumerate(spans):
+                    spans[index] = (new.tell(), length)
+                    new.write(os.pread(old, length, offset))
+            new.flush()
+            if self.fsync:
+                os.fsync(new.fileno())
+        os.replace(temporary, self.path)
+        self._fd = self._open()
+        os.close(old)
+        self._size = self._compacted = os.fstat(self._fd).st_size
 
     def close(self) -> None:
         """Close the file (it stays on disk: the supervisor reads it, then deletes it)."""

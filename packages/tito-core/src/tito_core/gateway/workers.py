@@ -308,6 +308,7 @@ class WorkerPool:
                 return written
             written += 1
         journal.unlink()
+        journal.with_name(journal.name + ".tmp").unlink(missing_ok=True)  # a compaction cut short by the kill
         return written
 
     def _recover_left_journals(self) -> None:
