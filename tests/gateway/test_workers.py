@@ -252,3 +252,19 @@ async def test_journals_of_a_killed_supervisor_are_written_by_the_next(serve: An
         assert records[o["id"]].status == "failed"
         assert (records[o["id"]].status_reason or "").startswith("gateway worker lost")
         assert recorded[o["id"]] == [answer["tito"]["output_ids"]]
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [(["--ray", "auto"], "--ray runs the gateway's workers on Ray"), (["--workers", "0"], "--workers must be 1")],
+)
+def test_bad_worker_flags_are_an_error_before_any_work(tmp_path: Path, flags: list[str], said: str) -> None:
+    import subprocess
+
+    tok = json.dumps(str(qwen_tokenizer_dir("qwen3")))
+    cfg = tmp_path / "tito.toml"
+    cfg.write_text(f'backend = "scripted"\ntokenizer = {tok}\n[backend_options]\ntokenizer = {tok}\n')
+    code = "import sys; from tito_core.cli import main; sys.exit(main())"
+    args = [sys.executable, "-c", code, "serve", "--config", str(cfg), "--port", "0", *flags]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)  # a hang guard only
+    assert done.returncode == 2 and done.stderr.startswith(f"tito serve: error: {said}"), done.stderr

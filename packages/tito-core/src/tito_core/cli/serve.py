@@ -50,6 +50,12 @@ def add_serve_command(commands: Any) -> None:
         help="run N gateway processes behind the address (POST /rollouts answers with a worker's base_url), one "
         "merged output written by a supervisor, a write-ahead journal per worker (docs/scaling.md)",
     )
+    serve.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the --workers as Ray actors on this Ray cluster ('auto': the one this machine runs; needs "
+        'pip install "tito-core[ray]"; docs/scaling.md)',
+    )
     serve.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle rollout ends")
     serve.add_argument(
         "--drain-s",
@@ -71,6 +77,8 @@ def run_serve(args: argparse.Namespace) -> int:
     api_key = api_key_from(args.api_key, args.api_key_file)  # a bad key is an error before any work
     if args.workers is not None and args.workers < 1:
         raise ConfigError(f"--workers must be 1 or more, got {args.workers}")
+    if args.ray is not None and args.workers is None:
+        raise ConfigError("--ray runs the gateway's workers on Ray: give how many with --workers N")
 
     async def prepared_then_served() -> int:
         # as `tito rollout` does: the config's `rollout.prepare` hook (which may build the model and set
@@ -85,9 +93,9 @@ def run_serve(args: argparse.Namespace) -> int:
             "allow_origins": args.allow_origin,
         }
         if args.workers is not None:
-            from ..gateway.workers import serve_workers
+            from ..gateway.scale_out import serve_workers
 
-            return await serve_workers(config, args.workers, host=args.host, port=args.port, **options)
+            return await serve_workers(config, args.workers, host=args.host, port=args.port, ray=args.ray, **options)
         return await serve(config, host=args.host, port=args.port, **options)
 
     # Ctrl-C before the gateway serves (a prepare hook building a model) reaches main; it handles SIGINT after

@@ -11,6 +11,7 @@ once). The worker ends by itself when the supervisor's end of the pipe closes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -24,7 +25,7 @@ from .channel import Channel, Ready, RemoteOutput
 from .journal import Journal
 from .service import Gateway
 
-__all__ = ["WorkerSettings", "worker_main"]
+__all__ = ["Stopper", "WorkerSettings", "serve_worker", "worker_main"]
 
 logger = logging.getLogger("tito")
 
@@ -48,10 +49,31 @@ def worker_main(conn: Connection, config: TitoConfig, settings: WorkerSettings) 
     """The worker process's entry point: serve until SIGTERM or the supervisor's end, then drain and return."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="tito worker: %(message)s")
-    asyncio.run(_serve(Channel(conn), config, settings))
+
+    async def main() -> None:
+        stopper = Stopper()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopper.stop)
+        await serve_worker(Channel(conn), config, settings, stopper)
+
+    asyncio.run(main())
 
 
-async def _serve(channel: Channel, config: TitoConfig, settings: WorkerSettings) -> None:
+class Stopper:
+    """How a worker is told to stop: once to drain, twice to stop waiting for its calls."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.gateway: Gateway | None = None
+
+    def stop(self) -> None:
+        """Stop taking work and drain; a second time, cancel the calls still running."""
+        if self.event.is_set() and self.gateway is not None:
+            self.gateway.stop_draining()
+        self.event.set()
+
+
+async def serve_worker(channel: Channel, config: TitoConfig, settings: WorkerSettings, stopper: Stopper) -> None:
+    """Serve one worker's gateway until ``stopper`` stops it or the supervisor's end of ``channel`` closes."""
     gateway = Gateway(
         config,
         api_key=settings.api_key,
@@ -59,29 +81,26 @@ async def _serve(channel: Channel, config: TitoConfig, settings: WorkerSettings)
         allow_hosts=settings.allow_hosts,
         allow_origins=settings.allow_origins,
     )
+    stopper.gateway = gateway
     if settings.viewer_key:
         gateway.access.viewer_key = settings.viewer_key
     journal = Journal(Path(settings.journal), fsync=settings.journal_fsync) if settings.journal else None
     gateway.journal = journal
     gateway.writer = RemoteOutput(channel, journal) if journal is not None else gateway.writer
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    def on_term() -> None:
-        if stop.is_set():
-            gateway.stop_draining()
-        stop.set()
-
-    def on_supervisor_gone() -> None:  # the pipe is idle between requests: readable now means closed
+    def on_supervisor_gone() -> None:  # the connection is idle between requests: readable now means closed
         loop.remove_reader(channel.conn.fileno())
         gateway.stop_draining()
-        stop.set()
+        stopper.event.set()
 
-    loop.add_signal_handler(signal.SIGTERM, on_term)
     try:
         base = await gateway.start(settings.host, 0)
         channel.request(Ready(base, os.getpid()))
         loop.add_reader(channel.conn.fileno(), on_supervisor_gone)
-        await stop.wait()
+        os.set_blocking(channel.conn.fileno(), True)  # uvloop (a Ray actor's loop) made it non-blocking: requests wait
+        await stopper.event.wait()
     finally:
+        with contextlib.suppress(OSError, ValueError):
+            loop.remove_reader(channel.conn.fileno())
         await gateway.close(drain_s=settings.drain_s)

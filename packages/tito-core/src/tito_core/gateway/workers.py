@@ -33,7 +33,6 @@ import logging
 import multiprocessing
 import os
 import signal
-import sys
 import zlib
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
@@ -53,7 +52,7 @@ from .door import door_app
 from .journal import lost_records
 from .worker import WorkerSettings, worker_main
 
-__all__ = ["LostWorker", "WorkerPool", "serve_workers"]
+__all__ = ["LOST", "LostWorker", "WorkerHandle", "WorkerPool"]
 
 logger = logging.getLogger("tito")
 LOST = "gateway worker lost"
@@ -69,16 +68,18 @@ class LostWorker(msgspec.Struct, frozen=True):
     recovered: int
 
 
-class _Worker:
-    """One worker process and the supervisor's end of its pipe."""
+class WorkerHandle:
+    """One worker (a process, or a Ray actor) and the supervisor's end of its connection."""
 
-    def __init__(self, index: int, process: Any, conn: Connection, journal: Path | None) -> None:
+    def __init__(self, index: int, conn: Connection, journal: Path | None, pid: int = 0, handle: Any = None) -> None:
         self.index = index
-        self.process = process
         self.conn = conn
         self.journal = journal
+        self.handle = handle  # the process, or the Ray actor
         self.base_url = ""
-        self.pid = process.pid or 0
+        self.pid = pid
+        self.exitcode: int | None = None
+        self.ending = False
         self.ready = asyncio.Event()
         self.gone = asyncio.Event()
 
@@ -124,7 +125,7 @@ class WorkerPool:
             allow_origins=tuple(allow_origins),
             journal_fsync=journal_fsync,
         )
-        self.workers: list[_Worker] = []
+        self.workers: list[WorkerHandle] = []
         self.lost: list[LostWorker] = []
         self.lost_changed = asyncio.Event()  # set whenever a worker is lost (tests and operators wait on it)
         self.closing = False
@@ -152,13 +153,12 @@ class WorkerPool:
         if self.output is not None:
             self._writer = open_writer(self.output)
             self._recover_left_journals()
-        spawn = multiprocessing.get_context("spawn")
         for index in range(self.count):
-            self.workers.append(self._spawn(spawn, index))
+            self.workers.append(await self._launch(index))
         for worker in self.workers:
             await _first(worker.ready.wait(), worker.gone.wait())
             if not worker.ready.is_set():
-                code = worker.process.exitcode
+                code = worker.exitcode
                 raise ConfigError(f"gateway worker {worker.index} ended before serving (exit status {code})")
         self._session = aiohttp.ClientSession()
         runner = web.AppRunner(door_app(self), access_log=None, handle_signals=False, shutdown_timeout=1.0)
@@ -171,29 +171,42 @@ class WorkerPool:
         self.access.bind(host, shown, int(bound[1]))
         return self.base_url
 
-    def _spawn(self, spawn: Any, index: int) -> _Worker:
-        journal = None
-        if self.journals is not None:
-            self.journals.mkdir(mode=0o700, exist_ok=True)
-            journal = self.journals / f"worker-{index}.jsonl"
+    def journal_for(self, index: int) -> Path | None:
+        """Worker ``index``'s journal file (its folder made, only its owner can read it); None without an output."""
+        if self.journals is None:
+            return None
+        self.journals.mkdir(mode=0o700, exist_ok=True)
+        return self.journals / f"worker-{index}.jsonl"
+
+    async def _launch(self, index: int) -> WorkerHandle:
+        """Start worker ``index`` as a process (``spawn``), with a pipe; its end is watched (:meth:`_on_exit`)."""
+        spawn = multiprocessing.get_context("spawn")
+        journal = self.journal_for(index)
         mine, theirs = spawn.Pipe()
         settings = msgspec.structs.replace(self.settings, journal=str(journal) if journal else None)
         process = spawn.Process(target=worker_main, args=(theirs, self.config, settings), name=f"tito-gateway-{index}")
         process.start()
         theirs.close()
-        worker = _Worker(index, process, mine, journal)
-        loop = asyncio.get_running_loop()
-        loop.add_reader(mine.fileno(), self._on_requests, worker)
-        loop.add_reader(process.sentinel, self._on_exit, worker)
+        worker = self.watch(WorkerHandle(index, mine, journal, process.pid or 0, process))
+        asyncio.get_running_loop().add_reader(process.sentinel, self._on_exit, worker)
         return worker
 
+    def watch(self, worker: WorkerHandle) -> WorkerHandle:
+        """Answer ``worker``'s requests as they come."""
+        asyncio.get_running_loop().add_reader(worker.conn.fileno(), self._on_requests, worker)
+        return worker
+
+    def stop_worker(self, worker: WorkerHandle) -> None:
+        """Ask a worker to drain (a second time: to stop waiting for its calls): SIGTERM."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.pid, signal.SIGTERM)
+
     def signal_workers(self) -> None:
-        """Stop taking rollouts and send every live worker SIGTERM (again: they stop waiting for their calls)."""
+        """Stop taking rollouts and ask every live worker to drain (again: they stop waiting for their calls)."""
         self.closing = True
         for worker in self.workers:
             if not worker.gone.is_set():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker.pid, signal.SIGTERM)
+                self.stop_worker(worker)
 
     async def close(self) -> None:
         """Drain every worker (SIGTERM), write what their journals hold, close the door and the output."""
@@ -232,18 +245,19 @@ class WorkerPool:
         return self._session
 
     # ----------------------------------------------------------------------------------------- the pipes
-    def _on_requests(self, worker: _Worker) -> None:
+    def _on_requests(self, worker: WorkerHandle) -> None:
         while worker.conn.poll():
             try:
                 data = worker.conn.recv_bytes()
             except (EOFError, OSError):
                 asyncio.get_running_loop().remove_reader(worker.conn.fileno())
+                self.connection_closed(worker)
                 return
             reply = self._answer(worker, data)
             with contextlib.suppress(OSError):
                 worker.conn.send_bytes(encode(reply))
 
-    def _answer(self, worker: _Worker, data: bytes) -> Reply:
+    def _answer(self, worker: WorkerHandle, data: bytes) -> Reply:
         try:
             request = decode_request(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -275,17 +289,27 @@ class WorkerPool:
         return sample
 
     # ---------------------------------------------------------------------------------------- lost workers
-    def _on_exit(self, worker: _Worker) -> None:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(worker.process.sentinel)
-        self._on_requests(worker)  # what it sent before it ended is handled first: recovery skips those keys
-        loop.remove_reader(worker.conn.fileno())
-        worker.conn.close()
-        worker.process.join()
-        code = worker.process.exitcode
+    def connection_closed(self, worker: WorkerHandle) -> None:
+        """The worker's end of the connection closed (a process's end is its sentinel: :meth:`_on_exit`)."""
+
+    def _on_exit(self, worker: WorkerHandle) -> None:
+        asyncio.get_running_loop().remove_reader(worker.handle.sentinel)
+        worker.handle.join()
+        code = worker.exitcode = worker.handle.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
+        self.ended(worker, how)
+
+    def ended(self, worker: WorkerHandle, how: str) -> None:
+        """``worker`` is gone (``how``): answer what it sent last, then write its journal's rollouts."""
+        if worker.ending:
+            return
+        worker.ending = True
+        self._on_requests(worker)  # what it sent before it ended is handled first: recovery skips those keys
+        asyncio.get_running_loop().remove_reader(worker.conn.fileno())
+        worker.conn.close()
+        code = worker.exitcode
         recovered = self._recover(worker.journal, f"{LOST}: worker {worker.index} (pid {worker.pid}) {how}")
-        if recovered or not (self.closing and code == 0):
+        if recovered or not (self.closing and code in (0, None)):
             logger.error("gateway worker %d (pid %d) %s; %d rollouts written as failed from its journal",
                          worker.index, worker.pid, how, recovered)  # fmt: skip
             self.lost.append(LostWorker(worker.index, worker.pid, code, recovered))
@@ -329,45 +353,3 @@ async def _first(*waits: Any) -> None:
     finally:
         for task in tasks:
             task.cancel()
-
-
-async def serve_workers(config: TitoConfig, workers: int, *, host: str = "127.0.0.1", port: int = 8100,
-                        **options: Any) -> int:  # fmt: skip
-    """``tito serve --workers N``: serve until SIGINT / SIGTERM, drain every worker, return the exit status (0).
-
-    ``options`` are :class:`WorkerPool`'s (``output``, ``api_key``, ``idle_timeout``, ``drain_s``, ...).
-    """
-    pool = WorkerPool(config, workers, **options)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        if stop.is_set():
-            pool.signal_workers()  # a second signal: the workers stop waiting for their calls
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    try:
-        try:
-            base = await pool.start(host, port)
-        except BaseException:
-            await pool.close()
-            raise
-        print(f"tito serve: serving on {base}", flush=True)
-        for worker in pool.workers:
-            print(f"tito serve: worker {worker.index} on {worker.base_url} (pid {worker.pid})", flush=True)
-        key = "<the api key>" if pool.access.api_key else pool.access.viewer_key
-        print(f"tito serve: each worker's viewer at <its address>/ui/#key={key}", flush=True)
-        await stop.wait()
-        drain = pool.settings.drain_s
-        said = (f"tito serve: shutting down; {len(pool.workers)} workers drain their calls (up to {drain:g} s; a "
-                "second Ctrl-C: stop waiting), then open rollouts are written as aborted")  # fmt: skip
-        print(said, file=sys.stderr, flush=True)
-        pool.signal_workers()
-        await pool.close()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(sig)
-    return 0
