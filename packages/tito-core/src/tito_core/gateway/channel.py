@@ -5,7 +5,7 @@ The supervisor is the output's one writer (it holds the output's lock); a worker
 reply before answering its client: a ``finish`` is answered only once its record is written. The pipe is inherited
 from the supervisor (no address a neighbour could reach).
 
-:class:`RemoteOutput` is the worker's :class:`~tito_core.gateway.output.GatewayOutput` over the pipe; a record the
+:class:`RemoteOutput` is the worker's ``GatewayOutput`` (``tito_core.gateway.output``) over the pipe; a record the
 supervisor could not take is kept and sent again, as a local output keeps one it could not write.
 """
 

@@ -1,4 +1,8 @@
-"""``tito serve --workers N [--ray ADDRESS]``: the worker pool served until a signal (the pool: :mod:`.workers`)."""
+"""``tito serve --workers N [--ray ADDRESS]``: a worker pool served until a signal.
+
+The pool is :class:`~tito_core.gateway.workers.WorkerPool` (processes) or
+:class:`~tito_core.gateway.ray_workers.RayWorkerPool` (Ray actors).
+"""
 
 from __future__ import annotations
 

@@ -91,8 +91,11 @@ class WorkerPool:
         config: The model configuration, given to every worker (it is pickled: its ``rollout.prepare`` ran).
         workers: How many worker processes (1 or more).
         output: The rollout file the supervisor writes (JSONL or ``.parquet``); None records nothing.
-        api_key, idle_timeout, allow_hosts, allow_origins: As :class:`~tito_core.gateway.Gateway` takes them, for
-            every worker and the door.
+        api_key: The key that opens rollouts and reaches every one (as :class:`~tito_core.gateway.Gateway` takes
+            it), on the door and every worker.
+        idle_timeout: Seconds without a call after which a worker ends a rollout.
+        allow_hosts: More ``Host`` values to serve, on the door and every worker.
+        allow_origins: Browser origins allowed to call, on the door and every worker.
         drain_s: At shutdown, the seconds each worker's calls in flight get to finish.
         journal_fsync: Sync each journal line to the disk (a power cut loses no answered call either).
     """
