@@ -611,7 +611,9 @@ def bench_smoke(session: nox.Session) -> None:
     # the gateway: latency, calls/s and the fault run (20 rollouts at 30 % faults, checked) at tiny sizes
     session.run("python", "benchmarks/gateway.py", "--no-peer", "--sizes", "300", "--repeats", "1", "--concurrency",
                 "2", "--concurrency-sizes", "300", "--throughput-repeats", "1", "--min-rollouts", "2",
-                "--fault-rollouts", "20", "--fault-rate", "0.3", "--fault-size", "300", "--calls", "2")  # fmt: skip
+                "--fault-rollouts", "20", "--fault-rate", "0.3", "--fault-size", "300", "--calls", "2",
+                "--scale-workers", "2", "--scale-sessions", "2", "--scale-turns", "3",
+                "--scale-rollouts", "4")  # fmt: skip
     session.install("-e", f"{CORE}[vision]")  # Pillow, for images.py (~10 s: an agent with pictures vs without)
     session.run("python", "benchmarks/images.py", "--calls", "3", "--repeats", "1", "--size", "112", "--no-profile")
 
@@ -660,7 +662,7 @@ def bench(session: nox.Session) -> None:
     real = "--real" if os.environ.get("TITO_BENCH_REAL", "1") != "0" else "--no-real"
     session.run("python", "benchmarks/long_agent.py", *peer_args, real)
     # the gateway (tito serve) against TitoModel direct and strands-sglang; 1,000 rollouts at 10 % engine faults
-    session.run("python", "benchmarks/gateway.py", *peer_args)
+    session.run("python", "benchmarks/gateway.py", *peer_args, "--scale-workers", "1,2")  # + Miles #1660's shape
     session.run("python", "benchmarks/rollouts.py")  # the rollout runner at 64 and 512 concurrent rollouts
     session.run("python", "benchmarks/weight_update.py")  # pause -> relabel -> resume with 256 rollouts in flight
     session.install("-e", f"{CORE}[vision]")

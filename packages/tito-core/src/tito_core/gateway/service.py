@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -35,6 +35,7 @@ from .call import answer_call, count_prompt
 from .errors import GatewayError
 from .fronts import Context, Front, Route, load_fronts
 from .images import ImageReader
+from .journal import Journal
 from .output import GatewayOutput
 from .registry import GatewayRollout, Registry
 
@@ -112,6 +113,7 @@ class Gateway:
         self._hurry = asyncio.Event()
         self.access = Access(api_key, allow_hosts, allow_origins)
         self.fronts: Sequence[Front] = tuple(load_fronts(fronts))
+        self.journal: Journal | None = None  # a worker's write-ahead journal (gateway/workers.py)
 
     # ------------------------------------------------------------------------------------------- lifecycle
     async def prepare(self) -> None:
@@ -224,6 +226,8 @@ class Gateway:
         self.access.add(rid, rollout.token)
         core.trajectory.metadata.update({**rollout.metadata, "task_id": task})
         rollout.sample = self.writer.next_sample(task)
+        if self.journal is not None:
+            _journaled(self.journal.opened, rollout, self.base_url)
         return rollout
 
     def authorize(self, rollout_id: str, credential: str | None) -> None:
@@ -329,6 +333,8 @@ class Gateway:
                 rollout.core.fail(exc)
                 raise
             answer = await answer_call(rollout, decoded.request, self.model_name)
+            if self.journal is not None:  # on disk before the answer goes out
+                _journaled(self.journal.answered, rollout)
         stream = route.stream if route.stream is not None else decoded.request.stream
         if stream:
             return front.events(answer, decoded, context), True
@@ -346,6 +352,15 @@ class Gateway:
         route = route or next(r for r in front.routes if r.kind == "count")
         context = _context(rollout, front, route, path, ImageReader(_NO_IMAGES_WHEN_COUNTING))
         return front.count(await count_prompt(rollout, front.decode(body, context).request))
+
+
+def _journaled(append: Callable[..., None], *args: Any) -> None:
+    """Append to the journal; an answer it cannot hold is not sent (507)."""
+    try:
+        append(*args)
+    except OSError as exc:
+        message = f"the call was recorded, but the gateway's journal could not be written ({exc}): not answered"
+        raise GatewayError(507, message, code="journal_not_written") from exc
 
 
 def _check_settings(api_key: str | None, idle_timeout: float, max_body_bytes: int) -> None:
