@@ -30,6 +30,7 @@ from typing import Any
 import msgspec
 
 from ..records import Key, RolloutRecord, rollout_record
+from ..status import WorkerLost, status_of
 from ..trajectory import Trajectory, TrajectoryRecord
 from .registry import GatewayRollout
 
@@ -190,9 +191,7 @@ def lost_records(path: Path, written: Iterable[Key], reason: str) -> list[Rollou
         if rid in ended or (entry.task_id, entry.sample) in done:
             continue
         answered = last.get(rid)
-        snapshot = answered.trajectory if answered is not None else TrajectoryRecord(
-            rollout_id=rid, branch=0, token_ids=[], logprobs=[], segments=[], turns=[], status="running"
-        )  # fmt: skip
+        snapshot = answered.trajectory if answered is not None else Trajectory(rid).to_record()
         traj = Trajectory.from_record(_failed(snapshot, reason, last=True))
         traj.metadata.update({**entry.metadata, "task_id": entry.task_id, "gateway_end": "worker_lost"})
         now = time.time()
@@ -219,7 +218,6 @@ def _failed(record: TrajectoryRecord, reason: str, *, last: bool) -> TrajectoryR
     The current branch (``last``) is open unless a call set a final status (``truncated``, ``failed``, an abort),
     which stands; an earlier branch is open only while ``running``.
     """
-    lost = record.status == "running" or (last and record.status == "completed")
     branches = [_failed(b, reason, last=False) for b in record.branches]
-    status, why = ("failed", reason) if lost else (record.status, record.status_reason)
+    status, why = status_of(WorkerLost(reason, record.status, record.status_reason, current=last))
     return msgspec.structs.replace(record, status=status, status_reason=why, branches=branches)
