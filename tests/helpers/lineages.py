@@ -8,7 +8,17 @@ from typing import Any
 
 from tito_core import Trajectory
 
-__all__ = ["NEW_LINEAGE", "PARENT", "REPLIES", "SUB", "assert_two_lineages", "by_number", "interleave"]
+__all__ = [
+    "NEW_LINEAGE",
+    "PARENT",
+    "REPLIES",
+    "SUB",
+    "TREE_REPLIES",
+    "assert_two_lineages",
+    "by_number",
+    "interleave",
+    "record_tree",
+]
 
 PARENT, SUB = "You are the parent agent.", "You are a sub-agent."
 NEW_LINEAGE = "a new lineage (the system prompt changed)"
@@ -47,3 +57,42 @@ def assert_two_lineages(traj: Trajectory, reason: str = NEW_LINEAGE) -> None:
     assert (parent.parent_branch, parent.fork_at, parent.fork_reason) == (None, 0, None)
     assert (sub.parent_branch, sub.fork_at, sub.fork_reason) == (None, 0, reason)
     assert traj is parent and traj.branches == [sub]
+
+
+TREE_REPLIES = ["p1", "s1", "s1 again", "p2", "p2 after the edit", "s2"]
+
+
+def record_tree(tokenizer: Any) -> Trajectory:
+    """A closed rollout of four leaves from six calls, recorded by the rollout core on the scripted backend: the
+    parent (branch 0: p1, p2), the sub-agent's first attempt (branch 1, superseded by a retry of the same call), the
+    retry (branch 2: "s1 again", s2) and the parent's history edited after p1 (branch 3, forked off branch 0)."""
+    import asyncio
+
+    from tito_core.conversation import Conversation
+    from tito_core.plugins import get_tool_parser
+    from tito_core.render.renderer import ChatRenderer
+    from tito_core.rollout_core import CallOptions, Rollout
+    from tito_testing.scripted import ScriptedBackend
+
+    rollout = Rollout(ScriptedBackend(tokenizer, TREE_REPLIES), ChatRenderer(tokenizer), get_tool_parser("hermes"))
+
+    def user(text: str) -> dict[str, Any]:
+        return {"role": "user", "content": text}
+
+    async def ask(system: str, history: list[Any], *, keep: bool = True) -> None:
+        result = await rollout.call(Conversation(messages=list(history), system=system), CallOptions())
+        if keep:
+            history.append(result.reply())
+
+    async def run() -> None:
+        parent, sub = [user("plan the work")], [user("do part one")]
+        await ask(PARENT, parent)
+        await ask(SUB, sub, keep=False)  # its reply is dropped: the client retries the call
+        await ask(SUB, sub)
+        await ask(PARENT, [*parent, user("part one is done")])
+        await ask(PARENT, [*parent, user("part one went wrong")])  # the history after p1, edited
+        sub.append(user("now part two"))
+        await ask(SUB, sub)
+
+    asyncio.run(run())
+    return rollout.reset()
