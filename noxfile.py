@@ -35,6 +35,7 @@ nox.options.sessions = [
     "tests_transformers",
     "train_demo",  # ~3 minutes: SmolLM2 + LoRA, one REINFORCE round on tito rollouts, CPU
     "trainers",
+    "areal",  # ~1 minute: tito's prefix-tree export against AReaL's own tree builder
     "strands_env",
     "ray",
     "packaging",
@@ -355,6 +356,18 @@ def trainers(session: nox.Session) -> None:
     session.run(
         "pytest", "tests/trainers", *session.posargs, env={"HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
     )
+    release_env(session)
+
+
+@nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
+def areal(session: nox.Session) -> None:
+    """The prefix-tree export against AReaL's own tree training (tests/areal): its builder packs the same rows into
+    the same trees, and its TrieNode built from the export gives its mask and each row's logprobs."""
+    session.install(TORCH)  # pip, not uv: the local CPU wheel (see tests_transformers)
+    install_core(session)
+    session.install("-r", "tests/areal/requirements.txt")
+    session.install("--no-deps", "areal==1.0.4")
+    session.run("pytest", "tests/areal", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
     release_env(session)
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "assert_two_lineages",
     "by_number",
     "interleave",
+    "record_group",
     "record_tree",
 ]
 
@@ -96,3 +97,23 @@ def record_tree(tokenizer: Any) -> Trajectory:
 
     asyncio.run(run())
     return rollout.reset()
+
+
+def record_group(tokenizer: Any, size: int, *, prompt: str = "solve the task") -> list[Trajectory]:
+    """A GRPO group: ``size`` closed one-call rollouts of one prompt, each with its own reply."""
+    import asyncio
+
+    from tito_core.conversation import Conversation
+    from tito_core.plugins import get_tool_parser
+    from tito_core.render.renderer import ChatRenderer
+    from tito_core.rollout_core import CallOptions, Rollout
+    from tito_testing.scripted import ScriptedBackend
+
+    rollouts = []
+    for k in range(size):
+        backend = ScriptedBackend(tokenizer, [f"answer {k}: " + "step " * k])
+        rollout = Rollout(backend, ChatRenderer(tokenizer), get_tool_parser("hermes"), rollout_id=f"group-{k}")
+        conversation = Conversation(messages=[{"role": "user", "content": prompt}], system=PARENT)
+        asyncio.run(rollout.call(conversation, CallOptions()))
+        rollouts.append(rollout.reset())
+    return rollouts

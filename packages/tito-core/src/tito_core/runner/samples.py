@@ -22,11 +22,12 @@ from ..records import RolloutRecord
 from ..trajectory import Trajectory
 from .staleness import is_stale
 
-__all__ = ["ExportFormat", "GeneratedTokens", "generated_tokens", "training_rows", "verl_metrics"]
+__all__ = ["ExportFormat", "GeneratedTokens", "generated_tokens", "packed_trees", "training_rows", "verl_metrics"]
 
-ExportFormat = Literal["slime", "verl", "trl", "agl"]
+ExportFormat = Literal["slime", "verl", "trl", "agl", "areal"]
 """``slime`` (``Sample`` fields), ``verl`` (``AgentLoopOutput``), ``trl`` (``rollout_func`` columns), ``agl``
-(Agent Lightning v1 ``model_request`` events)."""
+(Agent Lightning v1 ``model_request`` events), ``areal`` (a row of AReaL's batch dict; :func:`packed_trees` packs
+such rows into prefix trees)."""
 
 Converter = Callable[[TrainingBranch, RolloutRecord], dict[str, Any]]
 
@@ -58,6 +59,7 @@ _CONVERTERS: dict[str, Converter] = {
     "verl": _verl,
     "trl": lambda branch, _: export.to_trl(branch, images="sha256"),
     "agl": _agl,
+    "areal": lambda branch, _: export.to_areal(branch),
 }
 
 
@@ -97,6 +99,22 @@ def training_rows(
             if record.turn_rewards is not None and branch.final:
                 fields["turn_rewards"] = record.turn_rewards
             yield fields
+
+
+def packed_trees(records: Iterable[RolloutRecord], *, max_tokens: int, **options: Any) -> list[export.PackedTree]:
+    """The ``areal`` training rows of ``records`` packed into prefix trees of at most ``max_tokens`` tokens.
+
+    As AReaL's tree training packs one batch (:func:`~tito_core.export.pack_trees`); ``options`` as
+    :func:`training_rows` takes them.
+
+    Raises:
+        ConfigError: What :func:`training_rows` raises for; ``max_tokens`` not a positive multiple of 128; a row
+            longer than ``max_tokens``.
+    """
+    try:
+        return export.pack_trees(training_rows(records, "areal", **options), max_tokens=max_tokens)
+    except ValueError as exc:
+        raise ConfigError(f"cannot pack the rows into trees: {exc}") from exc
 
 
 def verl_metrics(record: RolloutRecord) -> dict[str, float]:
