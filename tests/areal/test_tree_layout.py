@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.lineages import record_group, record_tree
 from tito_core.export import PackedTree, pack_trees, to_areal, training_branches
+from tito_testing.rollout_trees import record_group, record_tree
 
 torch = pytest.importorskip("torch")
 

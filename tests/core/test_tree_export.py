@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.lineages import record_group, record_tree
 from tito_core.export import pack_trees, to_areal, training_branches
+from tito_testing.rollout_trees import record_group, record_tree
 
 
 def test_rows_sharing_prefixes_store_them_once_in_first_appearance_order() -> None:

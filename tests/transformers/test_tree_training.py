@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.lineages import record_group, record_tree
 from tito_core import Trajectory
 from tito_core.export import pack_trees, to_areal, training_branches
+from tito_testing.rollout_trees import record_group, record_sub_agent, record_tree
 from tito_testing.tree_training import flat_logprobs, policy_loss, tree_logprobs
 
 pytest.importorskip("gguf")
@@ -37,30 +37,9 @@ def smollm2() -> Iterator[tuple[Any, Any]]:
     yield AutoTokenizer.from_pretrained(str(model_dir)), model
 
 
-def _sub_agent(tok: Any) -> list[Trajectory]:
-    """The five-call example: a parent and a sub-agent taking turns, two lineages in one rollout."""
-    import asyncio
-
-    from tests.helpers.lineages import REPLIES, interleave
-    from tito_core.conversation import Conversation
-    from tito_core.plugins import get_tool_parser
-    from tito_core.render.renderer import ChatRenderer
-    from tito_core.rollout_core import CallOptions, Rollout
-    from tito_testing.scripted import ScriptedBackend
-
-    rollout = Rollout(ScriptedBackend(tok, REPLIES), ChatRenderer(tok), get_tool_parser("hermes"))
-
-    async def ask(system: str, history: list[Any]) -> None:
-        result = await rollout.call(Conversation(messages=list(history), system=system), CallOptions())
-        history.append(result.reply())
-
-    asyncio.run(interleave(lambda text: {"role": "user", "content": text}, ask))
-    return [rollout.reset()]
-
-
 CASES: dict[str, Callable[[Any], list[Trajectory]]] = {
     "grpo-group-of-8": lambda tok: record_group(tok, 8),
-    "sub-agent": _sub_agent,
+    "sub-agent": lambda tok: [record_sub_agent(tok)],
     "retry-and-fork": lambda tok: [record_tree(tok)],
 }
 
