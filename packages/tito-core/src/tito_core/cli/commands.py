@@ -163,6 +163,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("--current-version", help="the trainer's current weight version, for --max-staleness")
     export.add_argument(
+        "--reward-superseded",
+        action="store_true",
+        help="give a retried call's superseded attempt the rollout's reward too (default: none unless rewarded)",
+    )
+    export.add_argument(
+        "--baseline",
+        choices=["rollouts", "branches"],
+        help="recompute each row's advantage, GRPO's (reward - mean) / std, the baseline over the group's rollouts or "
+        "over all its rows (default: the record's advantage)",
+    )
+    export.add_argument(
         "--max-tokens",
         type=int,
         default=32768,
@@ -308,6 +319,8 @@ def _export(args: argparse.Namespace) -> int:
         branch_reward=args.branch_reward,
         current_version=args.current_version,
         max_staleness=args.max_staleness,
+        reward_superseded=args.reward_superseded,
+        baseline=args.baseline,
     )
     with open(target, "w", encoding="utf-8") as out:
         for row in rows:
@@ -336,6 +349,8 @@ def _export_trees(args: argparse.Namespace, target: str) -> int:
         branch_reward=args.branch_reward,
         current_version=args.current_version,
         max_staleness=args.max_staleness,
+        reward_superseded=args.reward_superseded,
+        baseline=args.baseline,
     )
     with open(target, "wb") as out:
         for tree in trees:

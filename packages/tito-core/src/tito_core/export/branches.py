@@ -13,6 +13,7 @@ what the parent generated is trained in the parent's sample, and every generated
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -38,6 +39,7 @@ class TrainingBranch(msgspec.Struct, frozen=True, kw_only=True):
             (the parent trains the rest), 0 for the only sample under ``"last"``.
         final: Whether this is the rollout's last branch (the one the agent finished on), or continues it.
         superseded: Whether the branch is a retried call's abandoned attempt (:func:`superseded_branches`).
+        covers: The branches this one continues whole (not leaves: their tokens are this sample's), nearest first.
     """
 
     trajectory: Trajectory
@@ -45,11 +47,25 @@ class TrainingBranch(msgspec.Struct, frozen=True, kw_only=True):
     trained_from: int
     final: bool
     superseded: bool = False
+    covers: tuple[int, ...] = ()
 
     @property
     def prompt_length(self) -> int:
         """The sample's prompt: every token before the first one this branch generated (from ``trained_from``)."""
         return self.trajectory.first_output_from(self.trained_from)
+
+    def reward(
+        self, rollout: float | None, given: Sequence[float | None] | None, *, superseded: bool = False
+    ) -> float | None:
+        """The sample's reward (docs/rollouts.md, "Rewards per lineage").
+
+        The one ``given`` (a record's ``branch_rewards``) for its branch or a branch it continues whole, else the
+        rollout's, except for a superseded attempt: None, unless ``superseded``.
+        """
+        for number in (self.trajectory.branch, *self.covers):
+            if given is not None and number < len(given) and given[number] is not None:
+                return given[number]
+        return None if self.superseded and not superseded else rollout
 
     def lineage(self) -> dict[str, Any]:
         """The sample's lineage as export columns (``rollout_id``, ``branch``, ``parent_branch`` ... ``superseded``)."""
@@ -89,11 +105,13 @@ def training_branches(traj: Trajectory, *, branch_reward: BranchReward = "shared
             continued_by[parent] = branch
     trained_from = {b.branch: b.fork_at for b in branches}  # where each branch's chain starts generating
     holds_final = {b.branch: b is traj for b in branches}
+    covers: dict[int, tuple[int, ...]] = {b.branch: () for b in branches}
     for branch in branches:  # parents before children: a child takes over what its covered parent trains
         child = continued_by.get(branch.branch)
         if child is not None:
             trained_from[child.branch] = trained_from[branch.branch]
             holds_final[child.branch] = holds_final[child.branch] or holds_final[branch.branch]
+            covers[child.branch] = (branch.branch, *covers[branch.branch])
     samples = []
     for branch in branches:
         if branch.branch in continued_by:
@@ -107,6 +125,7 @@ def training_branches(traj: Trajectory, *, branch_reward: BranchReward = "shared
                     trained_from=start,
                     final=final,
                     superseded=branch.branch in superseded,
+                    covers=covers[branch.branch],
                 )
             )
     return samples
