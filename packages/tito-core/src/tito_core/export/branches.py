@@ -23,8 +23,9 @@ from ..trajectory import Trajectory
 __all__ = ["BranchReward", "TrainingBranch", "response", "superseded_branches", "training_branches"]
 
 BranchReward = Literal["shared", "last"]
-"""How a rollout with several branches becomes training samples: ``shared`` (every branch that generated tokens
-is a sample, each given the episode's reward and advantage) or ``last`` (only the final branch, trained whole)."""
+"""How a rollout with several branches becomes training samples: ``shared`` (every lineage leaf whose branches
+generated tokens is a sample, each given the episode's reward unless rewarded on its own) or ``last`` (only the
+final branch, trained whole)."""
 
 BRANCH_REWARDS: tuple[BranchReward, ...] = ("shared", "last")
 
