@@ -36,6 +36,7 @@ nox.options.sessions = [
     "tests_transformers",
     "train_demo",  # ~3 minutes: SmolLM2 + LoRA, one REINFORCE round on tito rollouts, CPU
     "trainers",
+    "areal",  # ~1 minute: tito's prefix-tree export against AReaL's own tree builder
     "strands_env",
     "ray",
     "packaging",
@@ -333,7 +334,7 @@ def tests_transformers(session: nox.Session) -> None:
     if missing:
         session.warn(f"{missing}: tests/transformers/test_harbor_smollm2.py is skipped")
     session.run("pytest", "tests/transformers", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
-    _bench_smoke_embedded(session)  # here, not in bench_smoke: these two benchmarks need torch
+    _bench_smoke_embedded(session)  # here, not in bench_smoke: these benchmarks need torch
     release_env(session)
 
 
@@ -410,6 +411,18 @@ def trainers(session: nox.Session) -> None:
     session.run(
         "pytest", "tests/trainers", *session.posargs, env={"HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
     )
+    release_env(session)
+
+
+@nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
+def areal(session: nox.Session) -> None:
+    """The prefix-tree export against AReaL's own tree training (tests/areal): its builder packs the same rows into
+    the same trees, and its TrieNode built from the export gives its mask and each row's logprobs."""
+    session.install(TORCH)  # pip, not uv: the local CPU wheel (see tests_transformers)
+    install_core(session)
+    session.install("-r", "tests/areal/requirements.txt")
+    session.install("--no-deps", "areal==1.0.4")
+    session.run("pytest", "tests/areal", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
     release_env(session)
 
 
@@ -628,6 +641,7 @@ def _bench_smoke_embedded(session: nox.Session) -> None:
                 "--grammar", env=env)  # fmt: skip
     session.run("python", "benchmarks/grammar_libraries.py", env=env)
     session.run("python", "benchmarks/reasoning_drift.py", "--conversations", "1", "--questions", "2", env=env)
+    session.run("python", "benchmarks/tree.py", "--prompt-tokens", "256", "--group", "2", "--repeats", "1", env=env)
 
 
 @nox.session(python=_python312())
@@ -669,6 +683,10 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/images.py")  # an 8-call agent with a 448x448 picture per tool result vs without
     # a 64-call computer-use agent, one screenshot per call, SGLang sessions: call 64 within 2x call 2
     session.run("python", "benchmarks/images.py", "--calls", "64", "--repeats", "3", "--session", "on", "--no-profile")
+    # prefix trees against flat rows (docs/exports.md): a tiny random Qwen3 on CPU torch, prompts of 2k and 16k tokens
+    session.install(TORCH)  # pip, not uv: the local CPU wheel (see tests_transformers)
+    session.install("-e", EMBEDDED)
+    session.run("python", "benchmarks/tree.py", env={"HF_HUB_OFFLINE": "1"})
     session.install("-e", f"{CORE}[ray]")
     session.run("python", "benchmarks/ray_rollouts.py")  # local vs Ray with 1 and 2 workers (docs/scaling.md)
     if os.environ.get("TITO_BENCH_REAL", "1") != "0":

@@ -191,6 +191,7 @@ def test_every_branch_is_a_sample_and_each_generated_token_is_trained_once():
         "parent_branch": 0,
         "shared_prefix": 4,
         "final": False,
+        "superseded": False,
     }
     assert to_trl(samples[2])["prompt_ids"] == [1, 2, 6] and to_trl(samples[2])["env_mask"] == [1, 1]
 
@@ -204,17 +205,19 @@ def test_last_keeps_only_the_final_branch_trained_whole():
         training_branches(final, branch_reward="first")  # type: ignore[arg-type]
 
 
-def test_a_branch_that_generated_nothing_gives_no_sample_unless_it_is_the_last():
+def test_a_branch_continued_whole_by_another_is_no_leaf_and_its_tokens_train_in_the_leaf():
     b0 = Trajectory("r")
     b0.append("prompt", [1, 2], turn=0)
-    b0.set_status("failed", "the engine went away")  # no output at all
+    b0.set_status("failed", "the engine went away")  # no output at all, and not final: no sample
     b1 = b0.fork(0, "retried")
     b1.append("prompt", [1, 2], turn=0)
     b1.append("output", [9], [-0.5], turn=0)
-    b2 = b1.fork(3, "the next call failed")  # keeps everything: generated nothing of its own
+    b2 = b1.fork(3, "the next call failed")  # keeps all of branch 1: branch 1 is no leaf
     b2.set_status("failed", "the engine went away")
-    assert [s.trajectory.branch for s in training_branches(b2)] == [1, 2]
-    assert to_verl(training_branches(b2)[-1])["response_ids"] == []
+    (only,) = training_branches(b2)
+    assert (only.trajectory.branch, only.trained_from, only.final) == (2, 0, True)
+    fields = to_verl(only)
+    assert fields["prompt_ids"] == [1, 2] and fields["response_ids"] == [9] and fields["response_mask"] == [1]
 
 
 def test_agent_lightning_events_of_a_branch_are_its_own_calls():
@@ -224,12 +227,15 @@ def test_agent_lightning_events_of_a_branch_are_its_own_calls():
     b0.append("prompt", [1, 2], turn=0)
     b0.append("output", [10, 11], [-0.1, -0.2], turn=0)
     b0.add_turn(_turn(0, 0, 2, 2))
+    b0.append("prompt", [5], turn=1)
+    b0.append("output", [13], [-0.4], turn=1)
+    b0.add_turn(msgspec.structs.replace(_turn(1, 4, 1, 1), rid="call-1-old"))
     b1 = b0.fork(4, "rewritten")
     b1.append("prompt", [3], turn=1)
     b1.append("output", [12], [-0.3], turn=1)
     b1.add_turn(_turn(1, 4, 1, 1))
     first, second = training_branches(b1)
-    assert [e["request"]["rid"] for e in model_request_events(first)] == ["call-0"]
+    assert [e["request"]["rid"] for e in model_request_events(first)] == ["call-0", "call-1-old"]
     assert [e["request"]["rid"] for e in model_request_events(second)] == ["call-1"]  # call 0 is branch 0's
     assert [e["request"]["rid"] for e in model_request_events(b1)] == ["call-0", "call-1"]
 

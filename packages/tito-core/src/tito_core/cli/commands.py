@@ -3,7 +3,7 @@
     tito rollout --config tito.toml --dataset tasks.jsonl --output rollouts.jsonl [--group-size 4 ...]
     tito rollout ... --executor ray [--address auto] --workers 8
     tito rollout ... --retry-failed --set sampling.temperature=0.5
-    tito export --to slime|verl|trl|agl rollouts.jsonl -o out.jsonl [--branch-reward shared|last]
+    tito export --to slime|verl|trl|agl|areal|tree rollouts.jsonl -o out.jsonl [--branch-reward shared|last]
         [--max-staleness N --current-version V]
     tito inspect rollouts.jsonl [--id TASK_ID [--tokenizer DIR | --config tito.toml]]
     tito audit rollouts.jsonl --model DIR | --config tito.toml [--json OUT] [--plot OUT.png] [--max-kl X]
@@ -142,9 +142,10 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--to",
         required=True,
-        choices=["slime", "verl", "trl", "agl", "atif"],
-        help="the trainer format (agl: Agent Lightning v1 model_request events; atif: one ATIF trajectory per "
-        "rollout, for Harbor's tools)",
+        choices=["slime", "verl", "trl", "agl", "areal", "tree", "atif"],
+        help="the trainer format (agl: Agent Lightning v1 model_request events; areal: rows of AReaL's batch dict; "
+        "tree: those rows packed into prefix trees, each shared prefix once, in AReaL's tree-training layout; "
+        "atif: one ATIF trajectory per rollout, for Harbor's tools)",
     )
     export.add_argument("--tokenizer", help="with --to atif: the tokenizer that decodes the messages' text")
     export.add_argument("rollouts", help="the rollout file")
@@ -165,6 +166,23 @@ def _parser() -> argparse.ArgumentParser:
         "(docs/async.md)",
     )
     export.add_argument("--current-version", help="the trainer's current weight version, for --max-staleness")
+    export.add_argument(
+        "--reward-superseded",
+        action="store_true",
+        help="give a retried call's superseded attempt the rollout's reward too (default: none unless rewarded)",
+    )
+    export.add_argument(
+        "--baseline",
+        choices=["rollouts", "branches"],
+        help="recompute each row's advantage, GRPO's (reward - mean) / std, the baseline over the group's rollouts or "
+        "over all its rows (default: the record's advantage)",
+    )
+    export.add_argument(
+        "--max-tokens",
+        type=int,
+        default=32768,
+        help="with --to tree: the most tokens in one tree (AReaL's max_tokens_per_mb, a multiple of 128)",
+    )
 
     inspect = commands.add_parser("inspect", help="show a rollout file's records")
     inspect.add_argument("rollouts", help="the rollout file")
@@ -297,6 +315,8 @@ def _export(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-staleness must be >= 0, got {args.max_staleness}")
     if args.to == "atif":
         return _export_atif(args, target)
+    if args.to == "tree":
+        return _export_trees(args, target)
     rollouts = branches = 0
     last = None
     rows = training_rows(
@@ -305,6 +325,8 @@ def _export(args: argparse.Namespace) -> int:
         branch_reward=args.branch_reward,
         current_version=args.current_version,
         max_staleness=args.max_staleness,
+        reward_superseded=args.reward_superseded,
+        baseline=args.baseline,
     )
     with open(target, "w", encoding="utf-8") as out:
         for row in rows:
@@ -333,6 +355,35 @@ def _export_atif(args: argparse.Namespace, target: str) -> int:
             out.write(json.dumps(to_atif(record, tokenizer)) + "\n")
             count += 1
     print(f"tito export: {count} rollouts as ATIF trajectories -> {target}", file=sys.stderr)
+    return 0
+
+
+def _export_trees(args: argparse.Namespace, target: str) -> int:
+    import msgspec
+
+    from ..runner import read_records
+    from ..runner.samples import packed_trees
+
+    trees = packed_trees(
+        read_records(args.rollouts),
+        max_tokens=args.max_tokens,
+        branch_reward=args.branch_reward,
+        current_version=args.current_version,
+        max_staleness=args.max_staleness,
+        reward_superseded=args.reward_superseded,
+        baseline=args.baseline,
+    )
+    with open(target, "wb") as out:
+        for tree in trees:
+            out.write(msgspec.json.encode(tree) + b"\n")
+    rows = sum(len(t.sequence_ids) for t in trees)
+    flat = sum(len(t.packed["loss_mask"]) for t in trees)
+    stored = sum(t.num_tokens for t in trees)
+    print(
+        f"tito export: {rows} training rows in {len(trees)} trees ({args.branch_reward} branch reward), "
+        f"{stored} tokens for {flat} in the rows -> {target}",
+        file=sys.stderr,
+    )
     return 0
 
 

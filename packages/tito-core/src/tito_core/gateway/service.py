@@ -266,9 +266,14 @@ class Gateway:
         rollout = self.registry.remove(rollout_id)
         return self._end(rollout, "finish", ended)
 
-    def reward(self, rollout_id: str, value: Any, turn: Any = None) -> int:
-        """Reward model call ``turn`` (None: the last so far) of an open rollout (see ``gateway/rewards.py``)."""
+    def reward(self, rollout_id: str, value: Any, turn: Any = None, branch: Any = None) -> int:
+        """Reward model call ``turn`` (None: the last so far) of an open rollout, or its branch ``branch``.
+
+        Returns the turn or branch rewarded (see ``gateway/rewards.py``).
+        """
         rollout = self.get(rollout_id)
+        if branch is not None:
+            return rollout.rewards.give_branch(value, branch, len(rollout.core.trajectory.all_branches))
         return rollout.rewards.give(value, turn, len(rollout.core.trajectory.turns))
 
     async def finish(
@@ -288,7 +293,9 @@ class Gateway:
         total, per_turn = rollout.rewards.final(reward, turn_rewards, len(rollout.core.trajectory.turns))
         self.registry.remove(rollout_id)
         rollout.metadata.update(metadata or {})
-        return self.writer.write(rollout, self._end(rollout, "finish", None), total, self.base_url, per_turn)
+        traj = self._end(rollout, "finish", None)
+        per_branch = rollout.rewards.branches(traj.all_branches)
+        return self.writer.write(rollout, traj, total, self.base_url, per_turn, per_branch)
 
     def _end(self, rollout: GatewayRollout, why: str, ended: Outcome | None) -> Trajectory:
         """Close the rollout's trajectory (:func:`close_ended`) and keep its JSON for ``GET /rollouts/<id>``."""
