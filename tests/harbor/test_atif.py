@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,19 @@ def test_the_atif_export_validates_with_harbors_models_and_keeps_the_tokens(tmp_
         assert step.metrics.logprobs == traj.logprobs[out_at : out_at + turn.output_len]
     assert "sed -i" in str(agent_steps[0].message) and "fix it" in str(parsed.steps[0].message).lower()
     assert parsed.extra is not None and parsed.extra["tito"]["reward"] == 1.0
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed: `nox -s harbor`")
+def test_a_rollout_without_a_model_call_is_one_system_step_saying_why(tmp_path: Path) -> None:
+    """ATIF needs at least one step: a harness that dies before calling the model is still exported (nothing is
+    left out silently), as a system step with its status and reason."""
+    from harbor.models.trajectories import Trajectory as AtifTrajectory
+
+    out, atif = tmp_path / "out.jsonl", tmp_path / "atif.jsonl"
+    crash = [sys.executable, "-c", "import sys; sys.exit('the harness crashed')"]
+    rollout(harbor_config(crash, dataset=DATASET / "fix-add"), None, out)
+    assert main(["export", "--to", "atif", str(out), "-o", str(atif)]) == 0
+    (line,) = atif.read_text().splitlines()
+    (step,) = AtifTrajectory.model_validate(json.loads(line)).steps
+    assert step.source == "system" and "(failed) made no model call" in str(step.message)
+    assert "the harness crashed" in str(step.message)

@@ -34,6 +34,10 @@ async def test_codex_exec_records_its_tool_loop_on_one_branch(qwen3_tokenizer: A
             "-c", f"model_providers.tito={provider}",
             # Codex's hosted web search and its sub-agent and goal tools are not function tools: off
             "--disable", "multi_agent", "--disable", "goals", "-c", 'web_search="disabled"',
+            # Codex's own sandbox runs commands through bubblewrap once `bwrap` is installed (the harbor session
+            # installs it) and then needs its codex-linux-sandbox helper, which the npm package does not put on
+            # PATH: "bwrap: execvp codex-linux-sandbox". This test is about the gateway, not Codex's sandbox.
+            "--dangerously-bypass-approvals-and-sandbox",
             "What is 20 + 22? Use the shell.",
         ]  # fmt: skip
         return command, {**os.environ, "CODEX_HOME": str(home), "TITO_TOKEN": rollout.token}

@@ -59,6 +59,9 @@ def to_atif(record: RolloutRecord, tokenizer: Any = None, *, agent: str = "tito"
                 "metrics": metrics,
             }
         )
+    if not steps:  # no model call (an agent that failed first): ATIF needs a step, and the record must not vanish
+        ended, reason = f"the rollout ({record.status}) made no model call", record.status_reason
+        steps.append({"step_id": 1, "source": "system", "message": f"{ended}: {reason}" if reason else ended})
     return {
         "schema_version": ATIF_VERSION,
         "session_id": traj.rollout_id,

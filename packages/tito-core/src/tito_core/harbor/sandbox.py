@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -134,6 +135,10 @@ class Sandbox:
             if hidden.is_dir() and hidden.parts[1] not in _NOT_BOUND and hidden.parts[1] != top:
                 args += ["--tmpfs", str(hidden)]
         args += ["--proc", "/proc", "--dev", "/dev", "--bind", str(self.tmp), "/tmp"]
+        for needed in needed_host_folders(command):  # a project or environment under the host's /tmp, read-only
+            args += ["--ro-bind", str(needed), str(needed)]
+            masked = [h for h in self.hide if h.resolve().is_relative_to(needed)]  # every task folder stays masked
+            args += [arg for h in masked for arg in ("--tmpfs", str(h.resolve()))]
         args += ["--bind", str(self.logs), "/logs", "--bind", str(self.work), workdir]
         if verifier:
             args += ["--bind", str(self.tests), "/tests"]
@@ -179,3 +184,19 @@ def base_env() -> dict[str, str]:
     """The host variables a sandboxed command keeps: ``PATH`` and the locale."""
     keep = ("PATH", "LANG", "LC_ALL", "TERM")
     return {key: os.environ[key] for key in keep if key in os.environ} | {"LANG": os.environ.get("LANG", "C.UTF-8")}
+
+
+def needed_host_folders(command: Sequence[str]) -> list[Path]:
+    """Host folders under ``/tmp`` or ``/run`` (which the sandbox does not see) that ``command`` needs.
+
+    They are bound read-only: the runner's Python environment and import paths (an editable install's sources)
+    and the folder of each absolute path on the command line, so a project checked out under ``/tmp`` runs as
+    anywhere else (the dataset's task folders in them stay masked).
+    """
+    wanted = {Path(sys.prefix), *(Path(entry) for entry in sys.path if entry)}
+    for arg in command:
+        path = Path(arg)
+        if path.is_absolute() and path.exists():
+            wanted.add(path if path.is_dir() else path.parent)
+    hidden = [p.resolve() for p in wanted if len(p.parts) > 2 and p.parts[1] in {"tmp", "run"} and p.is_dir()]
+    return sorted({p for p in hidden if not any(p != q and p.is_relative_to(q) for q in hidden)})
