@@ -21,6 +21,7 @@ from ..backend import SamplingParams
 from ..conversation import ChatMessage, Conversation, tool_specs_to_chat
 from ..errors import BackendConnectionError, ConfigError
 from ..render import ChatRenderer
+from ..rollout_core.labels import Label
 from .errors import GatewayError, bad_request, error_of
 
 if TYPE_CHECKING:
@@ -104,8 +105,9 @@ class CallAnswer(msgspec.Struct, frozen=True, kw_only=True):
         completion_tokens: The output's length in tokens.
         output_ids: The output's token ids, as recorded.
         tokens: Every output token's text and logprob (the stop token included), when the caller asked.
-        tito: tito's own fields: the output ids, the rollout, branch and turn, and ``matched_stop`` (the stop
-            string or token id that ended generation, when the engine says).
+        tito: tito's own fields: the output ids, the rollout, branch and turn, ``matched_stop`` (the stop
+            string or token id that ended generation, when the engine says), and ``lineage`` (the call's label) when
+            it had one.
     """
 
     id: str
@@ -135,8 +137,10 @@ class CallAnswer(msgspec.Struct, frozen=True, kw_only=True):
         return message
 
 
-async def answer_call(rollout: GatewayRollout, request: CallRequest, model_name: str) -> CallAnswer:
-    """Run ``request`` on ``rollout`` (claimed by the caller) and answer it.
+async def answer_call(
+    rollout: GatewayRollout, request: CallRequest, model_name: str, label: Label | None = None
+) -> CallAnswer:
+    """Run ``request`` on ``rollout`` (claimed by the caller) and answer it; ``label`` names the call's lineage.
 
     Raises:
         GatewayError: 400 (a sampling field tito cannot honour, named), or the error a failed model call maps to
@@ -151,7 +155,13 @@ async def answer_call(rollout: GatewayRollout, request: CallRequest, model_name:
     conversation = placed_system(request.conversation, core.renderer, rollout.id)
     try:
         result = await rollout.run_call(
-            core.call(conversation, options, tool_choice=request.tool_choice, answer_schema=request.answer_schema)
+            core.call(
+                conversation,
+                options,
+                tool_choice=request.tool_choice,
+                answer_schema=request.answer_schema,
+                label=label,
+            )
         )
     except Exception as exc:  # the rollout has its status; the client gets its front's error
         rollout.lost_engine |= isinstance(exc, BackendConnectionError)
@@ -193,6 +203,8 @@ async def answer_call(rollout: GatewayRollout, request: CallRequest, model_name:
             "matched_stop": matched,
         },
     )
+    if label is not None:
+        answer.tito["lineage"] = label.name
     rollout.replies.remember(answer.message(), result.reply())
     rollout.tool_calls += len(calls)
     return answer

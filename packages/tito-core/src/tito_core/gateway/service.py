@@ -27,6 +27,8 @@ from ..errors import ConfigError
 from ..media.processor import ProcessorSpec, VisionProcessor, refusal
 from ..model_setup import ModelSetup
 from ..records import RolloutRecord
+from ..rollout_core.labels import Label
+from ..rollout_core.tree import close_reason
 from ..status import Closed, NoModelCall, Outcome, Stopped, replaces, status_of
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory
@@ -305,18 +307,23 @@ class Gateway:
 
     # ---------------------------------------------------------------------------------------------- calls
     async def call(
-        self, rollout_id: str, front: Front, body: Any, route: Route | None = None, path: dict[str, str] | None = None
+        self,
+        rollout_id: str,
+        front: Front,
+        body: Any,
+        route: Route | None = None,
+        path: dict[str, str] | None = None,
+        label: Label | None = None,
     ) -> tuple[Any, bool]:
-        """Answer one request of ``front`` on rollout ``rollout_id``; returns the answer and whether it streams.
+        """Answer one request of ``front`` on rollout ``rollout_id`` (calls on one rollout may run concurrently).
 
-        The answer is the front's JSON data, or its list of :class:`~tito_core.gateway.sse.Event` s when it streams.
-
-        ``route`` is the front's route it came in on (its first by default), ``path`` the route's path parameters.
+        Returns the front's JSON data, or its list of :class:`~tito_core.gateway.sse.Event` s, and whether it streams.
+        ``route`` is the front's route it came in on (its first by default), ``path`` the route's path parameters,
+        ``label`` the call's lineage label (``X-Tito-Lineage``).
 
         Raises:
-            GatewayError: 400 (a field tito cannot honour, named as the caller wrote it), 404, 409 (busy, finished),
-                503 (shutting down), or the error a failed model call maps to
-                (:func:`~tito_core.gateway.errors.error_of`); the rollout has its status.
+            GatewayError: 400 (a field tito cannot honour, named as the caller wrote it), 404, 409 (finished), 503
+                (shutting down), or a failed call's error (:func:`~.errors.error_of`); the rollout has its status.
         """
         rollout = self.get(rollout_id)
         self._refuse_if_closing()
@@ -328,7 +335,7 @@ class Gateway:
             except GatewayError as exc:
                 rollout.core.fail(exc)
                 raise
-            answer = await answer_call(rollout, decoded.request, self.model_name)
+            answer = await answer_call(rollout, decoded.request, self.model_name, label)
         stream = route.stream if route.stream is not None else decoded.request.stream
         if stream:
             return front.events(answer, decoded, context), True
@@ -388,11 +395,13 @@ def close_ended(traj: Trajectory, ended: Outcome | None) -> None:
 
     ``ended`` (the gateway stopped it: shutdown, idle timeout; or how its agent ended) decides a branch's status
     where :func:`~tito_core.status.replaces` says so; otherwise a rollout the client finished is ``failed`` without
-    any model call, a branch whose last output's tool calls went unanswered is ``aborted``, and every other branch
-    keeps the status of its last call.
+    any model call, a branch still ``running`` (its last output called tools) is ``aborted`` with the true reason
+    (:func:`~tito_core.rollout_core.tree.close_reason`: left behind, or its tool calls unanswered), and every
+    other branch keeps the status of its last call.
     """
-    called = any(branch.turns for branch in traj.all_branches) or bool(traj.branches)
-    for branch in traj.all_branches:
+    branches = traj.all_branches
+    called = any(branch.turns for branch in branches) or bool(traj.branches)
+    for branch in branches:
         if branch.closed:
             continue
         if ended is not None and replaces(ended, branch.status):
@@ -400,8 +409,7 @@ def close_ended(traj: Trajectory, ended: Outcome | None) -> None:
         elif branch.status == "running" and not called:
             branch.close(*status_of(NoModelCall()))
         elif branch.status == "running":
-            reason = "the client finished the rollout with the last output's tool calls unanswered"
-            branch.close(*status_of(Closed("running", reason)))
+            branch.close(*status_of(Closed("running", close_reason(branch, branches))))
         else:
             branch.close()
 

@@ -121,8 +121,12 @@ def record_call(
     backend: str,
     continued: Sequence[str] = (),
     media: Sequence[PromptMedia] = (),
+    label: str | None = None,
 ) -> CallResult:
-    """Append the call's boundary, prompt and output segments, its new media and its turn record, atomically."""
+    """Append the call's boundary, prompt and output segments, its new media and its turn record, atomically.
+
+    ``label`` is the call's lineage label, kept in its turn.
+    """
     prefix_len = len(traj)
     turn_index = len(traj.turns)
     stop = stop_reason(result, parsed)
@@ -149,6 +153,7 @@ def record_call(
         routed_experts_shape=result.routed_experts_shape,
         constrained=request.grammar is not None,
         continued_rids=tuple(continued),
+        label=label,
         weight_versions=(
             None
             if result.weight_versions is None

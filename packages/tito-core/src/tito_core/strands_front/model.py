@@ -31,6 +31,7 @@ from ..errors import ConfigError, ContextLengthError, ContextWindowFullError, Ti
 from ..grammar import GrammarToolParser
 from ..model_setup import ModelSettings, ModelSetup, call_options
 from ..rollout_core import CallOptions, CallResult
+from ..rollout_core.labels import parse_label
 from ..status import end_with
 from ..tokenizers import aload_tokenizer, is_tokenizer_cached
 from ..tool_parsers.base import ToolParser
@@ -193,8 +194,11 @@ class TitoModel(Model):
 
         A ``tool_choice`` that forces a call (``{"any": {}}``, ``{"tool": {"name": ...}}``; the model's
         ``tool_choice`` option when Strands passes none) constrains decoding to one call in the tool
-        parser's syntax, on backends that support grammars.
+        parser's syntax, on backends that support grammars. ``invocation_state["tito_lineage"]`` (an agent's
+        ``invoke_async(prompt, tito_lineage="sub-agent")``) labels the call's lineage
+        (:mod:`~tito_core.rollout_core.labels`; a :class:`~tito_core.errors.LineageLabelError` when it is none).
         """
+        label = parse_label((invocation_state or {}).get("tito_lineage"), "invocation_state['tito_lineage']")
         if self._busy:
             raise TitoError("this TitoModel is already generating: use one TitoModel per agent / rollout")
         self._busy = True
@@ -206,7 +210,7 @@ class TitoModel(Model):
                 self._rollout.fail(exc)
                 raise
             try:
-                result = await self._rollout.call(conversation, self._options, tool_choice=tool_choice)
+                result = await self._rollout.call(conversation, self._options, tool_choice=tool_choice, label=label)
             except (ContextLengthError, ContextWindowFullError) as exc:  # the rollout has its status already
                 raise for_strands(exc) from exc
         finally:
