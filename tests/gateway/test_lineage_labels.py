@@ -15,6 +15,7 @@ from openai import AsyncOpenAI
 
 from tests.helpers.lineages import PARENT, SUB, by_number
 from tito_core import Trajectory
+from tito_core.cli import main
 from tito_core.gateway import Gateway
 
 Ask = Callable[[str, str, str], Awaitable[str]]  # (label, system prompt, user text) -> the reply
@@ -140,3 +141,24 @@ async def test_the_answer_names_the_label_and_a_compaction_label_links_the_summa
     assert (going_on.fork_kind, going_on.label) == ("compaction", "main")
     assert going_on.compacted_from is not None
     assert (going_on.compacted_from.branch, going_on.compacted_from.turn) == (summary.branch, 0)
+
+
+async def test_tito_inspect_prints_each_branch_with_its_kind_and_label(
+    gateway: Gateway, backend: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend.add("p1", "one", "two")
+    rollout = gateway.open()
+    ask = chat_completions(rollout)
+    await ask("parent", PARENT, "plan the work")
+    await ask("sub-1", SUB, "do part one")
+    await ask("sub-2", SUB, "do part one")
+    await gateway.finish(rollout.id)
+    monkeypatch.setenv("COLUMNS", "400")
+    capsys.readouterr()
+    assert main(["inspect", str(tmp_path / "out.jsonl"), "--id", rollout.id]) == 0
+    shown = capsys.readouterr().out
+    assert "branch 0 lineage parent: completed, 1 calls" in shown
+    assert (
+        "branch 1 [new_lineage] lineage sub-1: completed, 1 calls: a new lineage (the system prompt changed)" in shown
+    )
+    assert "  branch 2 <- 1 at token " in shown and "[new_lineage] lineage sub-2: completed, 1 calls" in shown
