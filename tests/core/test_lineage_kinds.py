@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 import pytest
+from strands import tool
 
 from tests.helpers import agent_for, hermes_call
 from tests.helpers.lineages import PARENT, SUB, by_number
@@ -201,3 +202,36 @@ def test_a_record_written_before_fork_kinds_and_labels_loads_with_its_kinds() ->
     assert (traj.fork_kind, traj.label, traj.compacted_from, traj.turns[0].label) == ("new_lineage", None, None, None)
     assert [(b.branch, b.fork_kind) for b in traj.branches] == [(0, None), (2, "retry")]
     assert Trajectory.from_json(traj.to_json()) == traj
+
+
+def test_strands_parallel_sub_agents_on_one_model_record_a_branch_each(qwen25_tokenizer) -> None:
+    """Two tool calls run at once (Strands' concurrent executor), each asking its own sub-agent on the same model."""
+    both = asyncio.Event()
+    arrived: list[str] = []
+
+    class Gated(ScriptedBackend):
+        async def generate(self, request: Any) -> Any:
+            text = qwen25_tokenizer.decode(list(request.input_ids))
+            if SUB in text:
+                arrived.append(text)
+                if len(arrived) == 2:
+                    both.set()
+                await asyncio.wait_for(both.wait(), 60)  # each sub-agent's call waits until both are in flight
+            return await super().generate(request)
+
+    calls = [hermes_call("ask_helper", {"question": q}) for q in ("part A?", "part B?")]
+    backend = Gated(qwen25_tokenizer, ["\n".join(calls), "answer", "answer", "merged"])
+    model = TitoModel(backend, qwen25_tokenizer)
+
+    @tool
+    async def ask_helper(question: str) -> str:
+        """Ask a new sub-agent a question."""
+        return str(await agent_for(model, system_prompt=SUB).invoke_async(question)).strip()
+
+    parent = agent_for(model, [ask_helper], system_prompt=PARENT)
+    assert str(parent("plan the work")).strip() == "merged"
+    main, first, second = by_number(model.trajectory)
+    assert [len(b.turns) for b in (main, first, second)] == [2, 1, 1]
+    assert (second.parent_branch, second.fork_kind) == (None, "new_lineage")
+    assert second.fork_reason == "a new lineage (a new conversation)"
+    assert {b.status for b in (main, first, second)} == {"completed"}
