@@ -162,3 +162,21 @@ async def test_tito_inspect_prints_each_branch_with_its_kind_and_label(
         "branch 1 [new_lineage] lineage sub-1: completed, 1 calls: a new lineage (the system prompt changed)" in shown
     )
     assert "  branch 2 <- 1 at token " in shown and "[new_lineage] lineage sub-2: completed, 1 calls" in shown
+
+
+async def test_a_summary_pasted_into_a_new_conversation_is_found_from_its_tokens(
+    gateway: Gateway, backend: Any
+) -> None:
+    """No label: the continuation's prompt carries the summary call's output ids, so it links to that call."""
+    summary = "The parent planned three steps and finished the first two; the third is to merge the results."
+    backend.add("p1", summary, "p2")
+    rollout = gateway.open()
+    ask = chat_completions(rollout)
+    await ask("", PARENT, "plan the work")
+    await ask("", SUB, "summarize the work so far")
+    await ask("", PARENT, f"Where we are:\n{summary}")
+    main, summarizer, going_on = by_number(Trajectory.from_record((await gateway.finish(rollout.id)).trajectory))
+    assert (going_on.fork_kind, going_on.parent_branch, going_on.label) == ("compaction", None, None)
+    assert going_on.compacted_from is not None
+    assert (going_on.compacted_from.branch, going_on.compacted_from.turn) == (summarizer.branch, 0)
+    assert main.fork_kind is None and summarizer.fork_kind == "new_lineage"

@@ -46,7 +46,7 @@ from ..trajectory import Trajectory
 from ..trajectory.record import CallRef
 from .sequence import SequenceTracker
 from .sync import ConversationSync, Decision, Plan
-from .tree import BranchTree, close_reason
+from .tree import BranchTree, left_behind
 
 __all__ = ["LIVE_SEQUENCES", "Lineage", "Lineages"]
 
@@ -220,14 +220,15 @@ class Lineages:
     def close(self) -> Trajectory:
         """Close every open branch, end their sequences; return the rollout's view.
 
-        A branch still ``running`` ends ``aborted`` with the reason :func:`~tito_core.rollout_core.tree.close_reason`
-        gives (left behind, or its tool calls unanswered).
+        A branch still ``running`` ends ``aborted``: "left behind" when the rollout went on from it
+        (:func:`~tito_core.rollout_core.tree.left_behind`), else closed while its agent loop was running.
         """
         branches = self._tree.branches
         for lineage in self._open:
             lineage.sequence.end()
             traj = lineage.trajectory
-            if not traj.closed and traj.status == "running":
-                traj.close(*status_of(Closed("running", close_reason(traj, branches))))
+            behind = left_behind(traj, branches) if not traj.closed and traj.status == "running" else None
+            if behind is not None:
+                traj.close(*status_of(Closed("running", behind)))
             traj.close()
         return self._tree.current

@@ -17,7 +17,7 @@ from ..trajectory import Trajectory
 from ..trajectory.live import branch_off
 from ..trajectory.record import ForkKind
 
-__all__ = ["BranchTree", "close_reason"]
+__all__ = ["BranchTree", "close_reason", "left_behind"]
 
 
 class BranchTree:
@@ -69,16 +69,23 @@ class BranchTree:
         return branch
 
 
-def close_reason(branch: Trajectory, branches: Sequence[Trajectory]) -> str:
-    """Why ``branch``, still ``running`` (its last output called tools), ends with the rollout.
-
-    A branch the rollout went on from (another branch forked off it) was left behind; one with no output of its own
-    got no recorded call; otherwise its last output's tool calls went unanswered.
-    """
+def left_behind(branch: Trajectory, branches: Sequence[Trajectory]) -> str | None:
+    """Why ``branch`` was left behind, when the rollout went on from it (another branch forked off it), else None."""
     went_on = [b.branch for b in branches if b.parent_branch == branch.branch and b is not branch]
-    if went_on:
-        where = ", ".join(map(str, went_on))
-        return f"left behind: the rollout went on in branch {where}, forked from it, and ended there"
+    if not went_on:
+        return None
+    return f"left behind: the rollout went on in branch {', '.join(map(str, went_on))}, forked from it, and ended there"
+
+
+def close_reason(branch: Trajectory, branches: Sequence[Trajectory]) -> str:
+    """Why ``branch``, still ``running`` (its last output called tools), ends with a rollout its client finished.
+
+    A branch the rollout went on from was left behind (:func:`left_behind`); one with no output of its own got no
+    recorded call; otherwise its last output's tool calls went unanswered.
+    """
+    behind = left_behind(branch, branches)
+    if behind is not None:
+        return behind
     if branch.first_output_from(branch.fork_at) == len(branch):
         return "the rollout ended before a call on this branch was recorded"
     return "the rollout ended with the last output's tool calls unanswered"
