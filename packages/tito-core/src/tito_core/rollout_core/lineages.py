@@ -128,7 +128,8 @@ class Lineages:
         The call holds the lineage until :meth:`release`: a lineage with a call in flight is never extended,
         superseded or told to end its sequence; a call that would go on it branches off it where it stands (a
         ``parallel`` fork). A call labelled ``label`` goes on no branch labelled otherwise: it branches off it (a
-        ``new_lineage``). The chosen branch takes ``label`` when it has none.
+        ``new_lineage``). The chosen branch takes ``label`` (it had none, or the same; a new one may have copied its
+        parent's).
         """
         decided = [(lineage, self._decide(lineage, conversation, tools, label)) for lineage in self._open]
         extend = max(((lin, d) for lin, d in decided if d.extends), key=lambda c: (c[1].depth, c[0].used), default=None)
