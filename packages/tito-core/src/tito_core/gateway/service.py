@@ -323,7 +323,7 @@ class Gateway:
 
         Raises:
             GatewayError: 400 (a field tito cannot honour, named as the caller wrote it), 404, 409 (finished), 503
-                (shutting down), or a failed call's error (:func:`~.errors.error_of`); the rollout has its status.
+                (shutting down), or a failed call's (:func:`~tito_core.gateway.errors.error_of`; it has a status).
         """
         rollout = self.get(rollout_id)
         self._refuse_if_closing()
