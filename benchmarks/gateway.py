@@ -15,6 +15,8 @@ Figures (docs/performance.md, "Gateway"):
   ``Gateway.call`` time minus the engine's, and the client's JSON time; ``gateway - direct`` is the overhead;
 * calls/s at 64 concurrent rollouts through one gateway process against ``TitoModel`` direct from one process
   (median of ``--throughput-repeats`` runs, order rotating);
+* with ``--scale-workers 1,2``, ``tito serve`` against ``tito serve --workers N`` (``gateway_scale.py``: 32 sessions
+  x 50 turns as Miles #1660 measured, 1,000 rollouts x 4 calls);
 * 1,000 concurrent rollouts at 10 % engine faults through one gateway writing its rollout file: every rollout
   has a record with a terminal status, and every recorded output is exactly one clean engine answer to the
   prompt recorded before it (the fault suite's ``check_trajectory``, on the fake server's log); a failure of that
@@ -49,6 +51,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from gateway_scale import add_scale_arguments, render_scale, scale_run  # noqa: E402
 from run import Worker, fmt, latency_rows, median, post_json, ratio, summarize_latency  # noqa: E402
 from workload import SIZES, Workload  # noqa: E402
 
@@ -254,6 +257,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"  faults: {args.fault_rollouts} rollouts at once ...", file=sys.stderr, flush=True)
             workload = Workload.for_size(args.fault_size, args.calls)
             report["faults"] = fault_run(workers["gateway"], url, tokenizer_dir, workload, args)
+        if args.scale_workers:  # `tito serve` vs `--workers N`: Miles #1660's shape, and 1,000 rollouts (last)
+            report["scale"] = scale_run(workers["gateway"], url, tokenizer_dir, args)
     if args.profile_gateway:
         report["profile"] = profile
     return report
@@ -322,6 +327,8 @@ def render(report: dict[str, Any]) -> str:
             f"{json.dumps(faults['client_http_statuses'])}; problems: {len(faults['problems'])}",
             *[f"  {problem}" for problem in faults["problems"][:20]],
         ]
+    if report.get("scale"):
+        lines += render_scale(report["scale"])
     lat1k = report["latency"].get("1000", {})
     thr = next((by["64"] for by in report["throughput"].values() if "64" in by), {})
     overhead = lat1k["gateway"]["client_ms"] - lat1k["tito"]["client_ms"] if lat1k else None
@@ -353,6 +360,7 @@ def main() -> None:
     parser.add_argument("--fault-size", type=int, default=1000, help="trajectory size of the fault run")
     parser.add_argument("--profile-gateway", default="", help="cProfile the gateway process: PATH.pstats + .txt")
     parser.add_argument("--json", default="", help="also write the figures as JSON here")
+    add_scale_arguments(parser)
     args = parser.parse_args()
     if args.no_peer:
         args.peer_python = ""

@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import time
+import urllib.error
 import urllib.request
 import warnings
 from collections.abc import Callable
@@ -243,7 +244,7 @@ class GatewayClient:
         )
         if status != 201:
             raise CallFailed(status, body)
-        base, rid, token = opened["base_url"], opened["id"], opened["token"]
+        base, token = opened["base_url"], opened["token"]
         conversation = FRONTS[self.front]()
         try:
             for _ in range(workload.calls + 2):
@@ -259,15 +260,20 @@ class GatewayClient:
                     break
                 conversation.results([f"Result for {query}: {blob}" for query in queries])
         finally:  # every rollout is finished, failed ones included: the gateway writes its record
-            status, body, record = await self._post(f"{self.gateway}/rollouts/{rid}/finish", {}, scratch, token)
+            finish = f"{base.removesuffix('/v1')}/finish"  # on the rollout's own address (a worker's, with workers)
+            status, body, record = await self._post(finish, {}, scratch, token)
             if status != 200:
                 raise CallFailed(status, body)
         return dict(record)
 
     def drain(self) -> tuple[list[float], list[float]]:
         """The engine's handler times and the gateway's chat times since the last drain."""
-        with urllib.request.urlopen(self.gateway + "/_bench/times", timeout=30) as answer:
-            chat: list[float] = json.loads(answer.read())
+        chat: list[float] = []
+        try:
+            with urllib.request.urlopen(self.gateway + "/_bench/times", timeout=30) as answer:
+                chat = json.loads(answer.read())
+        except urllib.error.HTTPError:  # `tito serve` itself (benchmarks/gateway_scale.py): no such route
+            pass
         return server_times(self.url), chat
 
     async def latency(self, workload: Workload, repeats: int, warmup: bool = True) -> dict[str, Any]:
@@ -316,7 +322,7 @@ class GatewayClient:
         times.sort()
         p50, p99 = (1e3 * times[min(len(times) - 1, int(q * len(times)))] for q in (0.5, 0.99))
         return {"wall": wall, "calls": concurrency * per_lane * workload.calls, "server": sum(server), "lag": max(lags),
-                "p50_ms": p50, "p99_ms": p99}  # fmt: skip
+                "p50_ms": p50, "p99_ms": p99, "mean_ms": 1e3 * sum(times) / len(times)}  # fmt: skip
 
     async def faults(self, workload: Workload, rollouts: int) -> dict[str, Any]:
         """The ``faults`` command: ``rollouts`` rollouts at once, each to its end or its first error answer."""

@@ -132,3 +132,19 @@ def test_tasks_are_distinct_and_their_answers_right() -> None:
 def test_the_child_command_drops_seeds_and_their_values() -> None:
     argv = ["--steps", "3", "--seeds", "0", "1", "--serial", "--seeds=4", "--out", "x"]
     assert ab.without_option(argv, "--seeds") == ["--steps", "3", "--serial", "--out", "x"]
+
+
+def test_the_table_gives_ratios_as_their_distance_from_one() -> None:
+    """Four decimals read 1.0000 for tito's ratios (within 2e-5 of 1): the table shows ratio - 1 instead."""
+    from train_ab_report import _deviation
+
+    assert _deviation(1.0) == "0"
+    assert _deviation(1.0000189542770386) == "+1.9e-05"
+    assert _deviation(0.9999983310699463) == "-1.7e-06"
+    assert _deviation(None) == "-"
+
+
+def test_each_seed_gets_its_own_shade() -> None:
+    from train_ab_report import colour
+
+    assert len({colour(arm, seed) for arm in ("tito", "text") for seed in range(3)}) == 6

@@ -6,13 +6,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-COLOURS = {"tito": "tab:blue", "text": "tab:orange"}
+# one colour family per arm, one shade per seed (darker = later seed), so seeds can be told apart
+COLOURS = {"tito": ("#9ecae1", "#4292c6", "#08519c"), "text": ("#fdae6b", "#f16913", "#a63603")}
+STYLES = ("-", "--", ":")
 PANELS = (
     ("reward", "train reward (mean of the step's rollouts)"),
     ("eval_accuracy", "held-out greedy accuracy"),
     ("drift_changed_share", "share of tito's trained tokens the text stack changes"),
     ("k3", "k3 KL(sampler || trainer), sampled tokens"),
-    ("ratio_p99", "importance ratio p1 .. p99"),
+    ("ratio_p99", "importance ratio - 1: p1, p50, p99"),
     ("grad_norm", "gradient norm (before clipping)"),
 )
 
@@ -33,8 +35,18 @@ def _series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[f
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def colour(arm: str, index: int) -> str:
+    """The shade of ``arm``'s family for the ``index``-th seed of the run (cycling past three)."""
+    shades = COLOURS.get(arm, ("0.6", "0.4", "0.2"))
+    return shades[index % len(shades)]
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Six panels, both arms of every seed (a thin line per seed; reward also smoothed over 5 steps)."""
+    """Six panels, both arms of every seed (a shade and a line style per seed; reward also smoothed over 5 steps).
+
+    The ratio panel draws ratio - 1 on a symlog axis: tito's ratios lie within ~2e-5 of 1 and the text arm's are
+    exactly 1, which a linear axis around 1 can only show with an offset label.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,34 +54,34 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     fig, axes = plt.subplots(2, 3, figsize=(13.5, 6.6), dpi=100)
     for ax, (key, title) in zip(axes.flat, PANELS, strict=True):
-        for run in result["runs"]:
+        for index, run in enumerate(result["runs"]):
             for arm, data in run["arms"].items():
-                rows, colour = data["rows"], COLOURS[arm]
+                rows, shade, line = data["rows"], colour(arm, index), STYLES[index % len(STYLES)]
                 label = f"{arm} (seed {run['seed']})"
                 if key == "reward":
                     steps, values = _series(rows, key)
-                    ax.plot(steps, values, color=colour, alpha=0.25, lw=0.8)
+                    ax.plot(steps, values, color=shade, alpha=0.2, lw=0.8)
                     smoothed = smooth(values)
-                    ax.plot(steps, smoothed, color=colour, lw=1.6, label=label)
+                    ax.plot(steps, smoothed, line, color=shade, lw=1.6, label=label)
                 elif key == "eval_accuracy":
                     steps, values = _series(rows, key)
-                    ax.plot([0, *steps], [data["eval_0"], *values], "o-", color=colour, label=label)
+                    ax.plot([0, *steps], [data["eval_0"], *values], "o" + line, color=shade, label=label, ms=3)
                 elif key == "ratio_p99":
-                    for quantile, style in (("ratio_p1", "--"), ("ratio_p50", "-"), ("ratio_p99", "--")):
+                    for quantile, width in (("ratio_p1", 0.7), ("ratio_p50", 1.3), ("ratio_p99", 0.7)):
                         steps, values = _series(rows, quantile)
-                        ax.plot(
-                            steps, values, style, color=colour, lw=1, label=label if quantile == "ratio_p50" else None
-                        )
+                        ax.plot(steps, [v - 1 for v in values], line, color=shade, lw=width)
                 else:
                     steps, values = _series(rows, key)
-                    ax.plot(steps, values, color=colour, lw=1.2, label=label)
+                    ax.plot(steps, values, line, color=shade, lw=1.2, label=label)
         if key == "k3":
             ax.set_yscale("symlog", linthresh=1e-10)
+        if key == "ratio_p99":
+            ax.set_yscale("symlog", linthresh=1e-6)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
-    axes.flat[0].legend(fontsize=8)
+    axes.flat[0].legend(fontsize=7, ncol=2)
     fig.suptitle("SmolLM2-135M + LoRA, PPO-clip: trained on tito's recorded ids vs a text stack's", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
@@ -83,6 +95,13 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _deviation(ratio: float | None) -> str:
+    """A ratio as its distance from 1 (``-1.7e-06``, ``0`` when exactly 1): four decimals would read 1.0000."""
+    if ratio is None:
+        return "-"
+    return "0" if ratio == 1 else f"{ratio - 1:+.1e}"
 
 
 def arm_summary(data: dict[str, Any]) -> dict[str, Any]:
@@ -111,7 +130,7 @@ def summary_table(result: dict[str, Any]) -> str:
     """A Markdown table, one line per arm and seed."""
     lines = [
         "| seed | arm | reward, first fifth -> last fifth | held-out before -> after (best) | ids changed / added "
-        "| k3 (mean per step) | ratio p1 .. p99 (all steps) | grad norm | trained tokens / step | minutes |",
+        "| k3 (mean per step) | ratio - 1, p1 .. p99 (all steps) | grad norm | trained tokens / step | minutes |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run in result["runs"]:
@@ -121,7 +140,7 @@ def summary_table(result: dict[str, Any]) -> str:
                 f"| {run['seed']} | {arm} | {_fmt(s['reward_first'], '.3f')} -> {_fmt(s['reward_last'], '.3f')} "
                 f"| {_fmt(s['eval_before'], '.3f')} -> {_fmt(s['eval_after'], '.3f')} ({_fmt(s['eval_best'], '.3f')}) "
                 f"| {_fmt(s['drift_changed_share'], '.1%')} / {_fmt(s['drift_added_share'], '.1%')} "
-                f"| {_fmt(s['k3'], '.2e')} | {_fmt(s['ratio_p1'], '.4f')} .. {_fmt(s['ratio_p99'], '.4f')} "
+                f"| {_fmt(s['k3'], '.2e')} | {_deviation(s['ratio_p1'])} .. {_deviation(s['ratio_p99'])} "
                 f"| {_fmt(s['grad_norm'], '.3f')} | {_fmt(s['trained_tokens'], '.0f')} | {s['minutes']:.1f} |"
             )
     return "\n".join(lines)

@@ -191,6 +191,7 @@ def test_every_branch_is_a_sample_and_each_generated_token_is_trained_once():
         "parent_branch": 0,
         "shared_prefix": 4,
         "final": False,
+        "superseded": False,
     }
     assert to_trl(samples[2])["prompt_ids"] == [1, 2, 6] and to_trl(samples[2])["env_mask"] == [1, 1]
 
@@ -204,17 +205,19 @@ def test_last_keeps_only_the_final_branch_trained_whole():
         training_branches(final, branch_reward="first")  # type: ignore[arg-type]
 
 
-def test_a_branch_that_generated_nothing_gives_no_sample_unless_it_is_the_last():
+def test_a_branch_continued_whole_by_another_is_no_leaf_and_its_tokens_train_in_the_leaf():
     b0 = Trajectory("r")
     b0.append("prompt", [1, 2], turn=0)
-    b0.set_status("failed", "the engine went away")  # no output at all
+    b0.set_status("failed", "the engine went away")  # no output at all, and not final: no sample
     b1 = b0.fork(0, "retried")
     b1.append("prompt", [1, 2], turn=0)
     b1.append("output", [9], [-0.5], turn=0)
-    b2 = b1.fork(3, "the next call failed")  # keeps everything: generated nothing of its own
+    b2 = b1.fork(3, "the next call failed")  # keeps all of branch 1: branch 1 is no leaf
     b2.set_status("failed", "the engine went away")
-    assert [s.trajectory.branch for s in training_branches(b2)] == [1, 2]
-    assert to_verl(training_branches(b2)[-1])["response_ids"] == []
+    (only,) = training_branches(b2)
+    assert (only.trajectory.branch, only.trained_from, only.final) == (2, 0, True)
+    fields = to_verl(only)
+    assert fields["prompt_ids"] == [1, 2] and fields["response_ids"] == [9] and fields["response_mask"] == [1]
 
 
 def test_agent_lightning_events_of_a_branch_are_its_own_calls():
@@ -224,12 +227,15 @@ def test_agent_lightning_events_of_a_branch_are_its_own_calls():
     b0.append("prompt", [1, 2], turn=0)
     b0.append("output", [10, 11], [-0.1, -0.2], turn=0)
     b0.add_turn(_turn(0, 0, 2, 2))
+    b0.append("prompt", [5], turn=1)
+    b0.append("output", [13], [-0.4], turn=1)
+    b0.add_turn(msgspec.structs.replace(_turn(1, 4, 1, 1), rid="call-1-old"))
     b1 = b0.fork(4, "rewritten")
     b1.append("prompt", [3], turn=1)
     b1.append("output", [12], [-0.3], turn=1)
     b1.add_turn(_turn(1, 4, 1, 1))
     first, second = training_branches(b1)
-    assert [e["request"]["rid"] for e in model_request_events(first)] == ["call-0"]
+    assert [e["request"]["rid"] for e in model_request_events(first)] == ["call-0", "call-1-old"]
     assert [e["request"]["rid"] for e in model_request_events(second)] == ["call-1"]  # call 0 is branch 0's
     assert [e["request"]["rid"] for e in model_request_events(b1)] == ["call-0", "call-1"]
 
@@ -264,3 +270,52 @@ def test_a_branch_sample_carries_the_versions_of_the_tokens_it_trains() -> None:
     assert to_trl(second)["weight_versions"] == ["3"]
     assert to_verl(second)["extra_fields"] == {"min_global_steps": 3, "max_global_steps": 3}
     assert [e["model_version"] for e in model_request_events(second)] == [3]
+
+
+def masked_trajectory(second_missing: bool = False) -> Trajectory:
+    """sample_trajectory's tokens; the first call truncated with kept sets, the second without them when asked."""
+    from tito_core.sampling_mask import SamplingMask
+
+    traj = Trajectory("r1")
+    traj.append("prompt", [1, 2, 3], turn=0)
+    traj.append("output", [4, 5], [-0.5, -0.25], turn=0)
+    traj.append("boundary", [6], turn=1)
+    traj.append("prompt", [7, 8], turn=1)
+    traj.append("output", [9], [-1.0], turn=1)
+    rows = struct.pack("<16i", *range(16))
+    for i, (start, plen, olen) in enumerate([(0, 3, 2), (5, 3, 1)]):
+        traj.add_turn(
+            Turn(
+                index=i, rid="x", prompt_start=start, prompt_len=plen, output_len=olen, finish_reason="stop",
+                stop_reason="end_turn", usage=Usage(prompt_tokens=plen, completion_tokens=olen),
+                routed_experts=rows if i == 0 else None, routed_experts_shape=(2, 1) if i == 0 else None,
+                sampling_mask=SamplingMask.from_rows([[4, 11], [5]]) if i == 0 else None,
+                sampling_mask_missing="no kept set: test" if i == 1 and second_missing else None,
+            )
+        )  # fmt: skip
+    traj.set_status("completed")
+    return traj
+
+
+def test_each_export_carries_the_kept_sets_in_the_tito_layout() -> None:
+    expected = {"sampling_mask_ids": [4, 11, 5], "sampling_mask_offsets": [0, 2, 3, 3, 3, 3, 3]}
+    slime = to_slime(masked_trajectory())
+    verl = to_verl(masked_trajectory())
+    trl = to_trl(masked_trajectory())
+    for fields in (slime, verl["extra_fields"], trl):
+        assert {k: fields[k] for k in expected} == expected and fields["sampling_mask_missing"] is False
+    assert len(slime["sampling_mask_offsets"]) == slime["response_length"] + 1
+    assert to_slime(masked_trajectory(second_missing=True))["sampling_mask_missing"] is True
+    batch = to_trl([masked_trajectory(), sample_trajectory()])
+    assert batch["sampling_mask_ids"] == [[4, 11, 5], None]
+    for fields in (to_slime(sample_trajectory()), to_trl(sample_trajectory()), to_verl(sample_trajectory())):
+        assert not any(key.startswith("sampling_mask") for key in fields)  # no truncation: nothing extra
+        assert "sampling_mask_ids" not in fields.get("extra_fields", {})
+
+
+def test_verl_carries_the_routed_experts() -> None:
+    np = pytest.importorskip("numpy")
+    routed = to_verl(sample_trajectory(with_experts=True))["routed_experts"]
+    assert routed.shape == (8, 2, 1) and routed.dtype == np.dtype("<i4")
+    assert routed[:5].reshape(-1).tolist() == list(range(10))
+    assert "routed_experts" not in to_verl(sample_trajectory())

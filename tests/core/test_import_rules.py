@@ -23,11 +23,12 @@ ROOT = Path(__file__).parents[2]
 CORE = {
     "errors", "_suggest", "_optional", "versions", "assets", "status", "tokenizers", "media", "conversation",
     "grammar", "tool_parsers", "render", "backend", "http", "weights", "partial", "plugins", "trajectory",
-    "records", "rollout_core", "model_setup", "rollout_settings", "turn_rewards",
+    "records", "rollout_core", "model_setup", "rollout_settings", "turn_rewards", "sampling_mask", "kept_logprobs",
 }  # fmt: skip
 FRONTS = {"strands_front", "gateway"}
 ABOVE_CORE = FRONTS | {
     "config", "runner", "cli", "trainers", "export", "analysis", "integrations", "viewer", "demo", "clean_exit",
+    "harbor",
 }  # fmt: skip
 ADAPTERS = {"tito_vllm", "tito_sglang", "tito_transformers"}
 
@@ -46,6 +47,8 @@ RULES: list[tuple[set[str], set[str], str]] = [
     ({"config"}, ABOVE_CORE - {"config", "strands_front"},
      "the config builds models (create_model: the Strands front, lazily), nothing above them"),
     ({"runner"}, {"cli", "analysis", "integrations", "demo"}, "the runner is below the command line"),
+    ({"harbor"}, ABOVE_CORE - {"harbor"},
+     "Harbor tasks, the sandbox and the verifier: the runner uses them, they know no runner"),
     ((CORE | ABOVE_CORE) - {"cli"}, {"cli"}, "nothing imports the command line"),
     (ADAPTERS, ABOVE_CORE | {"strands"}, "an adapter talks to one engine: it imports only the core, never a front"),
     (CORE | ABOVE_CORE, ADAPTERS | {"tito_testing"},

@@ -10,12 +10,21 @@ import pytest
 from strands import tool
 
 from tests.helpers import agent_for, hermes_call
-from tests.helpers.lineages import PARENT, REPLIES, SUB, assert_two_lineages, by_number, interleave
+from tests.helpers.lineages import (
+    PARENT,
+    REPLIES,
+    SUB,
+    TREE_REPLIES,
+    assert_two_lineages,
+    by_number,
+    interleave,
+    record_tree,
+)
 from tito_core import TitoModel, Trajectory
 from tito_core.backend import GenerateRequest
 from tito_core.conversation import ChatMessage, Conversation
 from tito_core.errors import BackendError
-from tito_core.export import training_branches
+from tito_core.export import to_verl, training_branches
 from tito_core.plugins import get_tool_parser
 from tito_core.render.renderer import ChatRenderer
 from tito_core.rollout_core import CallOptions, CallResult, Rollout
@@ -219,3 +228,24 @@ def test_a_failed_call_sets_the_status_of_its_own_branch_and_ends_only_its_seque
     parent, sub = by_number(rollout.trajectory)
     assert (len(parent.turns), len(sub.turns)) == (2, 1) and [parent.status, sub.status] == ["completed"] * 2
     assert backend.requests[3].sequence == backend.requests[0].sequence != backend.requests[2].sequence
+
+
+def test_rows_are_one_per_leaf_not_per_call_and_train_each_generated_token_once(qwen25_tokenizer) -> None:
+    tok = qwen25_tokenizer
+    traj = record_tree(tok)
+    parent, attempt, retry, edited = by_number(traj)
+    assert (attempt.parent_branch, retry.parent_branch, edited.parent_branch) == (None, 1, 0)
+    samples = training_branches(traj)
+    assert len(samples) == 4 < len(TREE_REPLIES)  # four leaves from six calls
+    assert [(s.trajectory.branch, s.superseded) for s in samples] == [(0, False), (1, True), (2, False), (3, False)]
+    assert [s.trajectory.token_ids for s in samples] == [b.token_ids for b in (parent, attempt, retry, edited)]
+    trained: list[int] = []  # every loss-1 token of every row, as the verl rows carry them
+    for sample in samples:
+        fields = to_verl(sample)
+        assert fields["prompt_ids"] + fields["response_ids"] == sample.trajectory.token_ids
+        trained += [t for t, m in zip(fields["response_ids"], fields["response_mask"], strict=True) if m]
+    made: list[int] = []  # what the engine generated, call by call
+    for reply in TREE_REPLIES:
+        made += [*tok.encode(reply, add_special_tokens=False), tok.convert_tokens_to_ids("<|im_end|>")]
+    assert sorted(trained) == sorted(made)
+    assert [s.lineage()["superseded"] for s in samples] == [False, True, False, False]

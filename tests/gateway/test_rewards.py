@@ -78,3 +78,49 @@ async def test_a_given_total_stands_and_a_rollout_ended_by_shutdown_keeps_its_re
     records = {r.task_id: r for r in read_records(gateway.output_path)}
     assert records["kept"].status == "aborted" and records["kept"].turn_rewards == [0.25]
     assert records["kept"].reward is None  # no finish: no total was given
+
+
+async def test_rewards_per_branch_reach_each_lineage_s_row_and_a_superseded_attempt_gets_none(
+    gateway: Gateway, backend: Any
+) -> None:
+    """A parent and a sub-agent whose first call the client retried: three branches. The sub-agent's retry is rewarded
+    on its own; the parent's row takes the rollout's reward; the abandoned attempt none, unless asked."""
+    from tests.helpers.lineages import PARENT, SUB
+    from tito_core.runner.samples import training_rows
+
+    for reply in ("p1", "s1", "s1 again", "p2"):
+        backend.add(reply)
+    rollout = gateway.open(task_id="t")
+    url = f"{gateway.base_url}/rollouts/{rollout.id}"
+    parent = [{"role": "system", "content": PARENT}, {"role": "user", "content": "plan"}]
+    sub = [{"role": "system", "content": SUB}, {"role": "user", "content": "part one"}]
+    async with aiohttp.ClientSession() as session:
+        parent.append(await _chat(session, rollout, parent))
+        await _chat(session, rollout, sub)  # its reply is dropped: the client retries the call
+        sub.append(await _chat(session, rollout, sub))
+        await _chat(session, rollout, [*parent, {"role": "user", "content": "part one is done"}])
+        reward = f"{url}/reward"
+        assert await _post(session, reward, rollout.token, {"value": 1, "branch": 2}) == (
+            200,
+            {"branch": 2, "value": 1.0},
+        )
+        status, body = await _post(session, reward, rollout.token, {"value": 1, "branch": 2})
+        assert status == 409 and "branch 2 has a reward already" in body["error"]["message"]
+        status, body = await _post(session, reward, rollout.token, {"value": 1, "branch": 3})
+        assert status == 400 and body["error"]["param"] == "branch" and "from 0 to 2" in body["error"]["message"]
+        status, body = await _post(session, reward, rollout.token, {"value": 1, "branch": 0, "turn": 0})
+        assert status == 400 and body["error"]["param"] == "branch"
+        status, body = await _post(session, reward, rollout.token, {"value": "high", "branch": 0})
+        assert status == 400 and body["error"]["param"] == "value"
+        status, record = await _post(session, f"{url}/finish", rollout.token, {"reward": 0.5})
+    assert status == 200 and (record["reward"], record["branch_rewards"]) == (0.5, [None, None, 1.0])
+    (written,) = read_records(gateway.output_path)
+    assert written.branch_rewards == [None, None, 1.0]
+    rows = list(training_rows([written], "trl"))
+    assert [(r["branch"], r["superseded"], r["reward"]) for r in rows] == [
+        (0, False, 0.5),
+        (1, True, None),
+        (2, False, 1.0),
+    ]
+    asked = list(training_rows([written], "trl", reward_superseded=True))
+    assert [r["reward"] for r in asked] == [0.5, 0.5, 1.0]

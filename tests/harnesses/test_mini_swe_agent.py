@@ -25,7 +25,7 @@ MINI = os.environ.get("TITO_MINI", "")
 pytestmark = pytest.mark.skipif(
     not (MINI and Path(MINI).exists()), reason="mini-swe-agent not installed: run `nox -s harnesses`"
 )
-AGENT = Path(__file__).parent / "agents" / "mini_swe.py"
+AGENT = Path(__file__).parents[2] / "examples" / "coding_tasks" / "mini_swe.py"
 
 
 def test_mini_swe_agent_records_its_bash_loop_and_submission_on_one_branch(

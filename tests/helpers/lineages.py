@@ -1,33 +1,36 @@
 """The five-call example of a rollout with two lineages (issue 48): a parent agent and a sub-agent with another
-system prompt taking turns (parent 1, sub 1, parent 2, sub 2, parent 3), and the check of its two branches."""
+system prompt taking turns (parent 1, sub 1, parent 2, sub 2, parent 3), and the check of its two branches. The
+scenarios themselves are :mod:`tito_testing.rollout_trees`' (the benchmarks use them too)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 from tito_core import Trajectory
+from tito_testing.rollout_trees import (
+    PARENT,
+    REPLIES,
+    SUB,
+    TREE_REPLIES,
+    interleave,
+    record_group,
+    record_sub_agent,
+    record_tree,
+)
 
-__all__ = ["NEW_LINEAGE", "PARENT", "REPLIES", "SUB", "assert_two_lineages", "by_number", "interleave"]
+__all__ = [
+    "NEW_LINEAGE",
+    "PARENT",
+    "REPLIES",
+    "SUB",
+    "TREE_REPLIES",
+    "assert_two_lineages",
+    "by_number",
+    "interleave",
+    "record_group",
+    "record_sub_agent",
+    "record_tree",
+]
 
-PARENT, SUB = "You are the parent agent.", "You are a sub-agent."
 NEW_LINEAGE = "a new lineage (the system prompt changed)"
-REPLIES = ["p1", "s1", "p2", "s2", "p3"]
-
-
-async def interleave(user: Callable[[str], Any], ask: Callable[[str, list[Any]], Awaitable[Any]]) -> list[Any]:
-    """Parent 1, sub 1, parent 2, sub 2, parent 3: ``ask(system, history)`` makes one call on ``history`` and appends
-    the reply as the client replays it; ``user(text)`` is a user message in the front's form. Each agent replays
-    its own history, never the other's. Returns what each ``ask`` returned."""
-    parent, sub = [user("plan the work")], [user("do part one")]
-    results = [await ask(PARENT, parent), await ask(SUB, sub)]
-    parent.append(user("part one is done"))
-    results.append(await ask(PARENT, parent))
-    sub.append(user("now part two"))
-    results.append(await ask(SUB, sub))
-    parent.append(user("part two is done"))
-    results.append(await ask(PARENT, parent))
-    return results
 
 
 def by_number(traj: Trajectory) -> list[Trajectory]:

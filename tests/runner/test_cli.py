@@ -271,6 +271,33 @@ def test_export_and_inspect(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "The answer is 4.<|im_end|>" in capsys.readouterr().out  # the prepare hook named the tokenizer
 
 
+def test_export_to_areal_rows_and_to_prefix_trees(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_jsonl(tmp_path / "t.jsonl", tasks(2))
+    out = tmp_path / "out.jsonl"
+    assert main(_run(tmp_path, "--output", str(out), "--quiet")) == 0
+    assert main(["export", "--to", "areal", str(out), str(tmp_path / "areal.jsonl")]) == 0
+    rows = lines(tmp_path / "areal.jsonl")
+    assert len(rows) == 4
+    for row in rows:
+        assert len(row["input_ids"]) == len(row["loss_mask"]) == len(row["logprobs"]) == len(row["versions"])
+        assert sum(row["loss_mask"]) > 0 and row["reward"] in (0.0, 1.0)
+    capsys.readouterr()
+    assert main(["export", "--to", "tree", str(out), "-o", str(tmp_path / "tree.jsonl")]) == 0
+    (tree,) = lines(tmp_path / "tree.jsonl")  # four rollouts of two tasks: one tree, each shared prefix once
+    flat = sum(len(r["input_ids"]) for r in rows)
+    assert len(tree["input_ids"]) < flat and len(tree["packed"]["loss_mask"]) == flat
+    assert tree["sequence_ids"] == [0, 1, 2, 3] and tree["max_tokens"] == 32768
+    for k, row in enumerate(rows):
+        at = [i for n in tree["nodes"] if k in n["sequence_ids"] for i in range(n["start"], n["end"] + 1)]
+        assert [tree["input_ids"][i] for i in at] == row["input_ids"]
+        assert tree["rows"][k]["task_id"] == row["task_id"] and tree["rows"][k]["reward"] == row["reward"]
+    assert f"4 training rows in 1 trees (shared branch reward), {len(tree['input_ids'])} tokens for {flat}" in (
+        capsys.readouterr().err
+    )
+    assert main(["export", "--to", "tree", "--max-tokens", "100", str(out), "-o", str(tmp_path / "bad.jsonl")]) == 2
+    assert "max_tokens must be a positive multiple of 128" in capsys.readouterr().err
+
+
 def test_export_and_inspect_of_a_missing_file_say_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = str(tmp_path / "nope.jsonl")
     assert main(["export", "--to", "trl", missing, "-o", str(tmp_path / "trl.jsonl")]) == 2

@@ -678,3 +678,41 @@ async def test_score_refuses_an_answer_for_other_tokens() -> None:
     recorded = dict(PROMPT_LOGPROBS, meta_info=dict(PROMPT_LOGPROBS["meta_info"], input_token_logprobs=entries))
     with pytest.raises(BackendResponseError, match="does not match the prompt id"):
         await make_backend(FakeServer({"/generate": recorded})).score(PROMPT)
+
+
+# -- sampling masks --------------------------------------------------------------------------------
+
+
+async def test_sampling_masks_are_asked_for_and_recorded_with_the_logprobs_over_them() -> None:
+    out = [5, 7, 9]
+    masks = {
+        "output_token_sampling_mask": [[5, 6], [7], [9, 1, 2]],
+        "output_token_sampling_logprobs": [-0.25, 0.0, -1.5],
+        "output_token_sampling_mask_length": 3,
+    }
+    server = FakeServer({"/generate": answer(out, {"type": "length"}, **masks)})
+    sampling = SamplingParams(max_new_tokens=3, top_p=0.9, top_k=20)
+    result = await make_backend(server).generate(request(sampling=sampling, return_sampling_mask=True))
+    assert server.bodies("/generate")[0]["return_sampling_mask"] is True
+    assert result.sampling_mask is not None and result.sampling_mask.to_lists() == [[5, 6], [7], [9, 1, 2]]
+    assert result.output_logprobs == [-0.25, 0.0, -1.5]  # the sampling distribution's, not the full vocabulary's
+
+    plain = FakeServer({"/generate": answer(out, {"type": "length"})})
+    result = await make_backend(plain).generate(request())
+    assert "return_sampling_mask" not in plain.bodies("/generate")[0] and result.sampling_mask is None
+
+
+async def test_a_stop_token_cut_cuts_the_kept_sets_too() -> None:
+    out = [5, 151645, 9]  # ignore_eos + stop_token_ids: SGLang ran past the stop token, tito keeps up to it
+    masks = {"output_token_sampling_mask": [[5], [151645, 3], [9]], "output_token_sampling_logprobs": [0.0, -0.1, 0.0]}
+    server = FakeServer({"/generate": answer(out, {"type": "length"}, **masks)})
+    sampling = SamplingParams(max_new_tokens=3, top_k=20, stop_token_ids=(151645,), ignore_eos=True)
+    result = await make_backend(server).generate(request(sampling=sampling, return_sampling_mask=True))
+    assert result.output_ids == [5, 151645]
+    assert result.sampling_mask is not None and result.sampling_mask.to_lists() == [[5], [151645, 3]]
+
+
+async def test_an_answer_without_the_masks_it_was_asked_for_is_an_error() -> None:
+    server = FakeServer({"/generate": answer([5, 7], {"type": "length"})})
+    with pytest.raises(BackendResponseError, match="output_token_sampling_mask"):
+        await make_backend(server).generate(request(return_sampling_mask=True))

@@ -912,3 +912,26 @@ async def test_score_refuses_an_answer_that_does_not_score_the_sequence(
     change(recorded["choices"][0])
     with pytest.raises(BackendResponseError, match=message):
         await make(FakeVLLM({"/v1/completions": recorded})).score(PROMPT)
+
+
+# -- sampling masks --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["tokens", "chat"])
+def test_a_truncating_call_is_refused_in_exact_mode_and_flagged_when_allowed(mode: str) -> None:
+    from tito_core.conversation import Conversation
+    from tito_core.errors import SamplingMaskError
+    from tito_core.plugins import get_tool_parser
+    from tito_core.render.renderer import ChatRenderer
+    from tito_core.rollout_core import CallOptions, Rollout
+    from tito_testing.tokenizers import load_qwen_tokenizer
+
+    fake = FakeVLLM()
+    renderer = ChatRenderer(load_qwen_tokenizer("qwen3"))
+    rollout = Rollout(make(fake, mode=mode), renderer, get_tool_parser("hermes"))
+    options = CallOptions(sampling=SamplingParams(top_p=0.9, top_k=20, max_new_tokens=4))
+    user = Conversation(messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(SamplingMaskError, match=r"vLLM #49577.*requires Triton.*allow_missing"):
+        asyncio.run(rollout.call(user, options))
+    assert not [p for p in fake.paths() if p != "/v1/models"]  # refused before any generation request
+    assert rollout.trajectory.status == "failed"

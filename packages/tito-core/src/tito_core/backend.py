@@ -17,6 +17,7 @@ import msgspec
 from tito_core._suggest import did_you_mean
 from tito_core.errors import ConfigError, at_key
 from tito_core.media import PromptMedia
+from tito_core.sampling_mask import SamplingMask
 from tito_core.versions import VersionSpan
 
 __all__ = [
@@ -89,6 +90,24 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         if self.ignore_eos:
             out[names.get("ignore_eos", "ignore_eos")] = True
         return out
+
+    def truncates(self, vocab_size: int | None = None) -> bool:
+        """Whether these parameters sample from a truncated distribution (its kept sets are then recorded).
+
+        ``top_k`` below the vocabulary, ``top_p`` < 1 or ``extra["min_p"]`` > 0, at a temperature other than 0
+        (greedy decoding samples nothing: it records no mask). Unset fields count as the engine's defaults of no
+        truncation: a model's ``generation_config`` defaults that truncate are not seen here, so set them on the
+        request.
+        """
+        if self.temperature == 0:
+            return False
+        k = self.top_k
+        if k is not None and k != -1 and (vocab_size is None or k < vocab_size):
+            return True
+        if self.top_p is not None and self.top_p < 1:
+            return True
+        min_p = self.extra.get("min_p")
+        return isinstance(min_p, int | float) and not isinstance(min_p, bool) and min_p > 0
 
 
 _SAMPLING_FIELDS: frozenset[str] = frozenset(SamplingParams.__struct_fields__)
@@ -200,6 +219,9 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
         return_logprobs: Ask for the logprob of every output token.
         return_prompt_logprobs: Ask for logprobs of the new prompt tokens.
         return_routed_experts: Ask for MoE routing decisions (for routing replay).
+        return_sampling_mask: Ask for the kept set of every output token (:mod:`tito_core.sampling_mask`), and for
+            logprobs over it: set by the core when ``sampling`` truncates, only for backends with
+            ``supports_sampling_mask = True``.
         messages: Chat-template messages, set only for backends with ``renders_prompt = True``.
         tools: OpenAI-style tool schemas, set only for backends with ``renders_prompt = True``.
         grammar: A grammar the output must follow (constrained decoding, e.g. a forced tool call from
@@ -226,6 +248,7 @@ class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
     return_logprobs: bool = True
     return_prompt_logprobs: bool = False
     return_routed_experts: bool = False
+    return_sampling_mask: bool = False
     messages: list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     grammar: str | None = None
@@ -239,7 +262,9 @@ class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         output_ids: Generated token ids, the stop token included when the engine emitted one.
-        output_logprobs: One logprob per output id, or None when not requested / not returned.
+        output_logprobs: One logprob per output id, or None when not requested / not returned. With
+            ``sampling_mask``, the logprobs of the distribution the engine sampled from: renormalised over each
+            token's kept set.
         finish_reason: Why generation ended.
         matched_stop: The stop string or token id that ended generation, when the engine says.
         prompt_ids: The prompt the engine actually consumed, when it echoes it. Required from
@@ -252,6 +277,7 @@ class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
         routed_experts_shape: ``(layers, top_k)`` of each routed-experts row.
         weight_versions: Which weights generated the output: spans that tile ``output_ids`` exactly
             (:mod:`tito_core.versions`), or None when the engine does not say. Never guessed.
+        sampling_mask: The kept set of each output token, when the request asked (``return_sampling_mask``).
     """
 
     output_ids: list[int]
@@ -266,6 +292,7 @@ class GenerateResult(msgspec.Struct, frozen=True, kw_only=True):
     routed_experts_start: int = 0
     routed_experts_shape: tuple[int, int] | None = None
     weight_versions: tuple[VersionSpan, ...] | None = None
+    sampling_mask: SamplingMask | None = None
 
 
 PauseMode = Literal["keep", "recompute", "abort"]
@@ -281,6 +308,7 @@ class Capabilities(msgspec.Struct, frozen=True, gc=False):
     supports_pause: bool
     supports_score: bool
     input_kinds: frozenset[str] = frozenset()
+    supports_sampling_mask: bool = False
 
 
 class Backend(abc.ABC):
@@ -312,7 +340,15 @@ class Backend(abc.ABC):
             supports_pause=bool(self.supports_pause),
             supports_score=bool(self.supports_score),
             input_kinds=frozenset(self.input_kinds),
+            supports_sampling_mask=bool(self.supports_sampling_mask),
         )
+
+    supports_sampling_mask: ClassVar[bool] = False
+    """True for backends that honour :attr:`GenerateRequest.return_sampling_mask`: the kept set of every output token
+    and logprobs over it. A truncating call on a backend without it is refused in the default ``exact`` mode
+    (:class:`~tito_core.errors.SamplingMaskError`)."""
+    no_sampling_mask_reason: ClassVar[str] = ""
+    """Why the backend cannot return sampling masks (the refusal quotes it), when it cannot."""
 
     supports_pause: ClassVar[bool] = False
     """True for backends whose engine can freeze the requests in flight and go on with them later

@@ -33,7 +33,7 @@ from tito_core.backend import Backend, SamplingParams, sampling_params
 from tito_core.errors import ConfigError, at_key
 from tito_core.model_setup import ModelSettings, ModelSetup
 from tito_core.plugins import get_backend
-from tito_core.rollout_settings import AgentSettings, RolloutSettings
+from tito_core.rollout_settings import AgentSettings, RolloutSettings, TaskSource
 from tito_core.tokenizers import load_tokenizer
 
 if TYPE_CHECKING:
@@ -196,6 +196,8 @@ def with_overrides(config: TitoConfig, overrides: Mapping[str, Any], *, origin: 
     data["rollout"] = msgspec.structs.asdict(config.rollout)
     if config.rollout.agent is not None:
         data["rollout"]["agent"] = msgspec.structs.asdict(config.rollout.agent)
+    if config.rollout.tasks is not None:
+        data["rollout"]["tasks"] = msgspec.structs.asdict(config.rollout.tasks)
     rollout_keys = RolloutSettings.__struct_fields__
     for key, value in overrides.items():
         if value is None:
@@ -265,6 +267,12 @@ def _build(data: dict[str, Any], origin: str, prefix: str) -> TitoConfig:
                 if key not in AgentSettings.__struct_fields__:
                     hint = did_you_mean(str(key), AgentSettings.__struct_fields__)
                     raise ConfigError(f"{origin}: unknown key `{prefix}rollout.agent.{key}`{hint}")
+        tasks = rollout.get("tasks")
+        if isinstance(tasks, Mapping):
+            for key in tasks:
+                if key not in TaskSource.__struct_fields__:
+                    hint = did_you_mean(str(key), TaskSource.__struct_fields__)
+                    raise ConfigError(f"{origin}: unknown key `{prefix}rollout.tasks.{key}`{hint}")
     if "backend" not in data:
         raise ConfigError(f"{origin}: missing required key `{prefix}backend` (or set TITO_BACKEND)")
     try:

@@ -24,6 +24,17 @@ class ConfigError(TitoError, ValueError):
     """A configuration value is missing, of the wrong type, or unknown."""
 
 
+class SamplingMaskError(ConfigError):
+    """A truncating call on a backend that cannot return the kept sets, in the default ``exact`` mode.
+
+    The call samples from a truncated distribution (top-k, top-p, min-p): its logprobs would be off by the kept mass,
+    silently.
+
+    Use a backend that returns sampling masks, sample without truncation, or opt out with
+    ``sampling_masks="allow_missing"`` (each such turn then records ``sampling_mask_missing``).
+    """
+
+
 class UnknownPluginError(ConfigError, LookupError):
     """No installed plugin provides the requested backend or tool parser."""
 

@@ -17,7 +17,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -76,6 +76,10 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True):
         return_logprobs: Record the logprob of every generated token.
         return_prompt_logprobs: Also record logprobs of prompt tokens.
         return_routed_experts: Record MoE routing decisions (routing replay).
+        sampling_masks: ``exact`` (default): a call that truncates sampling (top-k, top-p, min-p) records the kept
+            set of every output token, and is refused on a backend that cannot return them
+            (:class:`~tito_core.errors.SamplingMaskError`); ``allow_missing`` runs it there and records why each
+            such turn has none (docs/exactness.md).
         tool_choice: Strands' ``tool_choice`` for calls whose agent passes none: ``"auto"`` / None (the model
             decides), ``"any"`` (alias ``"required"``: one call to one of the offered tools) or
             ``{"tool": {"name": NAME}}``. A forced call is constrained by the tool parser's grammar
@@ -99,6 +103,7 @@ class ModelSettings(msgspec.Struct, frozen=True, kw_only=True):
     return_logprobs: bool = True
     return_prompt_logprobs: bool = False
     return_routed_experts: bool = False
+    sampling_masks: Literal["exact", "allow_missing"] = "exact"
     tool_choice: str | dict[str, Any] | None = None
     render_mode: RenderMode = "auto"
     on_prefix_mismatch: PrefixPolicy = "fork"
@@ -198,6 +203,7 @@ class ModelSetup:
                 return_logprobs=settings.return_logprobs,
                 return_prompt_logprobs=settings.return_prompt_logprobs,
                 return_routed_experts=settings.return_routed_experts,
+                sampling_masks=settings.sampling_masks,
                 tool_choice=settings.tool_choice,
             ),
             render_mode=settings.render_mode,

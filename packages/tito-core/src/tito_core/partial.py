@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Sequence
 import msgspec
 
 from .backend import Backend, Capabilities, GenerateRequest, GenerateResult
+from .sampling_mask import joined_masks
 from .versions import VersionSpan
 from .weights import aborted_by_update, aborting_updates, wait_for_resume
 
@@ -83,6 +84,7 @@ def continuation(request: GenerateRequest, so_far: GenerateResult, number: int) 
         prefix_len=len(ids),
         sampling=sampling,
         return_logprobs=request.return_logprobs,
+        return_sampling_mask=request.return_sampling_mask,
         sequence=request.sequence,
     )
 
@@ -90,7 +92,7 @@ def continuation(request: GenerateRequest, so_far: GenerateResult, number: int) 
 def joined(first: GenerateResult, then: GenerateResult) -> GenerateResult:
     """One result for a generation and its continuation: ``first``'s prompt fields, both outputs, ``then``'s end.
 
-    Logprobs and version spans are kept only where both parts have them (an empty part needs none); the
+    Logprobs, kept sets and version spans are kept only where both parts have them (an empty part needs none); the
     continuation's spans are shifted past ``first``'s output.
     """
     n = len(first.output_ids)
@@ -109,6 +111,7 @@ def joined(first: GenerateResult, then: GenerateResult) -> GenerateResult:
         finish_reason=then.finish_reason,
         matched_stop=then.matched_stop,
         weight_versions=spans,
+        sampling_mask=joined_masks(first.sampling_mask, then.sampling_mask),
     )
 
 

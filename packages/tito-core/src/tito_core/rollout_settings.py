@@ -12,7 +12,7 @@ import msgspec
 
 from tito_core.errors import ConfigError
 
-__all__ = ["CONVERSATION_MANAGERS", "AgentSettings", "RolloutSettings"]
+__all__ = ["CONVERSATION_MANAGERS", "AgentSettings", "RolloutSettings", "TaskSource"]
 
 
 CONVERSATION_MANAGERS = ("null", "sliding_window", "summarizing")
@@ -60,6 +60,23 @@ class AgentSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise ConfigError(f"`rollout.agent.timeout_s` must be positive, got {self.timeout_s}")
         if self.env and self.command is None:
             raise ConfigError("`rollout.agent.env` is for a `command` agent; a `callable` runs in this process")
+
+
+class TaskSource(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where the tasks come from when no dataset file is given (the ``[rollout.tasks]`` table).
+
+    Attributes:
+        harbor: A Harbor dataset: a folder of task folders, or one task folder (``instruction.md``, ``task.toml``,
+            ``environment/``, ``tests/test.sh``), relative to the config file's directory. Each task runs the
+            ``[rollout.agent]`` command in a sandbox of its own and is rewarded by its verifier
+            (:mod:`tito_core.harbor`, docs/harbor.md). Needs the ``harbor`` package (Python 3.12+).
+    """
+
+    harbor: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.harbor:
+            raise ConfigError("`rollout.tasks` needs `harbor` (the path of a Harbor task folder or dataset)")
 
 
 _STRANDS_ONLY = ("tools", "forced_tool_calls", "system_prompt", "max_model_calls", "max_tool_calls", "max_messages")
@@ -119,6 +136,7 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             ``"default"`` leaves the process's settings alone (:mod:`tito_core.runner.collector`).
         agent: An agent of any framework, run per rollout against tito's gateway instead of a Strands agent
             (:class:`AgentSettings`); it brings its own tools and loop, so the Strands-only keys stay unset.
+        tasks: Where the tasks come from when the run is given no dataset (:class:`TaskSource`: a Harbor dataset).
     """
 
     group_size: int = 1
@@ -145,10 +163,17 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     stale: Literal["drop", "mark"] = "mark"
     gc: Literal["tuned", "default"] = "tuned"
     agent: AgentSettings | None = None
+    tasks: TaskSource | None = None
 
     def __post_init__(self) -> None:
         if self.agent is not None:
             self._check_agent()
+        if self.tasks is not None and (self.agent is None or self.agent.command is None):
+            raise ConfigError(
+                "`rollout.tasks.harbor` runs a harness in a sandbox: it needs `[rollout.agent]` with a `command`"
+            )
+        if self.tasks is not None and self.reward is not None:
+            raise ConfigError("`rollout.reward` with `rollout.tasks.harbor`: each task's verifier is the reward")
         for name in ("group_size", "concurrency", "row_group_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"`rollout.{name}` must be at least 1, got {getattr(self, name)}")

@@ -25,11 +25,13 @@ __all__ = [
     "FinalStatus",
     "GroupFailed",
     "NoModelCall",
+    "NoVerifierReward",
     "Outcome",
     "RewardFailed",
     "RolloutTimedOut",
     "Status",
     "Stopped",
+    "WorkerLost",
     "end_with",
     "replaces",
     "status_of",
@@ -70,6 +72,24 @@ class RewardFailed(msgspec.Struct, frozen=True, gc=False):
     error: BaseException
 
 
+class NoVerifierReward(msgspec.Struct, frozen=True, gc=False):
+    """A Harbor task's verifier gave no reward (it never ran, timed out or wrote none), for ``reason``."""
+
+    reason: str
+
+
+class WorkerLost(msgspec.Struct, frozen=True, gc=False):
+    """The gateway worker holding a rollout was lost, for ``reason``.
+
+    The branch was in ``status`` (for ``status_reason``) then, and was the rollout's current one or not.
+    """
+
+    reason: str
+    status: Status
+    status_reason: str | None = None
+    current: bool = True
+
+
 class GroupFailed(msgspec.Struct, frozen=True, gc=False):
     """The group reward function (advantages) failed for the rollout's group, for ``reason``."""
 
@@ -99,6 +119,8 @@ Outcome = (
     | NoModelCall
     | RolloutTimedOut
     | RewardFailed
+    | NoVerifierReward
+    | WorkerLost
     | GroupFailed
     | Stopped
     | CallLimit
@@ -122,8 +144,10 @@ def status_of(outcome: Outcome) -> tuple[Status, str | None]:
     - an exception out of a call or an agent: ``truncated`` when the context window or a loop limit is reached,
       ``aborted`` when cancelled, interrupted or aborted by the engine, else ``failed``;
     - :class:`Closed`: a still-running trajectory is ``aborted``; any other keeps its status;
-    - :class:`RolloutTimedOut`: ``aborted``; :class:`RewardFailed`: ``failed``;
+    - :class:`RolloutTimedOut`: ``aborted``; :class:`RewardFailed` and :class:`NoVerifierReward`: ``failed``;
     - :class:`NoModelCall`: ``failed`` (nothing the engine produced: the rollout is no sample to learn from);
+    - :class:`WorkerLost`: ``failed`` for a branch still open (``running``, or the current branch ``completed``:
+      its client might have called again), else its status stands;
     - :class:`GroupFailed`: ``failed``; :class:`Stopped` and :class:`Discarded`: ``aborted``;
       :class:`CallLimit`: ``truncated``.
     """
@@ -141,6 +165,12 @@ def status_of(outcome: Outcome) -> tuple[Status, str | None]:
         return "failed", "the rollout ended without any model call: it holds no output"
     if isinstance(outcome, RewardFailed):
         return "failed", f"reward function raised {type(outcome.error).__name__}: {outcome.error}"
+    if isinstance(outcome, WorkerLost):
+        if outcome.status == "running" or (outcome.current and outcome.status == "completed"):
+            return "failed", outcome.reason
+        return outcome.status, outcome.status_reason
+    if isinstance(outcome, NoVerifierReward):
+        return "failed", f"no verifier reward: {outcome.reason}"
     if isinstance(outcome, GroupFailed):
         return "failed", outcome.reason
     if isinstance(outcome, Stopped):

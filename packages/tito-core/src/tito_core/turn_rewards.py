@@ -18,7 +18,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["TurnRewardError", "finite_number", "reward_of", "turn_advantages"]
+__all__ = ["TurnRewardError", "branch_reward_of", "finite_number", "reward_of", "turn_advantages"]
 
 
 class TurnRewardError(ValueError):
@@ -66,6 +66,35 @@ def reward_of(value: Any, turns: int) -> tuple[float, list[float | None] | None]
         per_turn = _turns(value, turns)
         return sum(r or 0.0 for r in per_turn), per_turn
     return finite_number(value, "a reward"), None
+
+
+def branch_reward_of(value: Mapping[str, Any], branches: int, final: int) -> tuple[float, list[float | None]]:
+    """``(total, one reward per branch)`` of ``{"branches": {number: reward, ...}, "total"?: x}``.
+
+    A reward per branch of a rollout with ``branches`` branches (keys: branch numbers, as ints or their decimal
+    text; a value may be None); ``total`` (the record's ``reward``) defaults to the reward of branch ``final`` (the
+    one the rollout finished on).
+
+    Raises:
+        TurnRewardError: Unknown keys; a branch the rollout does not have; a value that is not a finite number; no
+            ``total`` and no reward for the final branch.
+    """
+    unknown = sorted(set(value) - {"branches", "total"})
+    given = value.get("branches")
+    if unknown or not isinstance(given, Mapping):
+        raise TurnRewardError(f'a per-branch reward is {{"branches": {{number: x}}, "total"?: x}}, got {dict(value)!r}')
+    per_branch: list[float | None] = [None] * branches
+    for key, reward in given.items():
+        number = int(key) if isinstance(key, str) and key.isdecimal() else key
+        if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number < branches:
+            raise TurnRewardError(f"branch {key!r} is not one of the rollout's branches (0 to {branches - 1})")
+        per_branch[number] = None if reward is None else finite_number(reward, f"the reward of branch {number}")
+    total, last = value.get("total"), per_branch[final]
+    if total is not None:
+        return finite_number(total, "total"), per_branch
+    if last is None:
+        raise TurnRewardError(f"no total and no reward for branch {final}, the one the rollout finished on")
+    return last, per_branch
 
 
 def turn_advantages(group: Sequence[Sequence[float | None]]) -> list[list[float]]:

@@ -20,6 +20,7 @@ from tito_core.backend import FinishReason, GenerateRequest, GenerateResult, Sam
 from tito_core.errors import BackendResponseError
 from tito_core.http.ids_json import IdsJson
 from tito_core.media import PromptMedia
+from tito_core.sampling_mask import SamplingMask
 from tito_core.versions import VersionSpan, clip_spans, decode_spans
 from tito_sglang import _images
 from tito_sglang._sessions import Session
@@ -117,6 +118,8 @@ def encode_generate(request: GenerateRequest, session: Session | None = None, id
     if request.return_routed_experts:
         body["return_routed_experts"] = True
         body["routed_experts_start_len"] = routed_experts_start(request)
+    if request.return_sampling_mask:  # each token's kept set and its logprob over it ("selected" mode)
+        body["return_sampling_mask"] = True
     if session is not None:
         params: dict[str, str] = {"id": session.id}
         if session.parent is not None:
@@ -195,6 +198,8 @@ class MetaInfoView(msgspec.Struct):
     input_token_logprobs: list[LogprobEntry] | None = None
     routed_experts: str | None = None
     weight_versions: list[WeightVersionView] | None = None
+    output_token_sampling_mask: list[list[int]] | None = None
+    output_token_sampling_logprobs: list[float] | None = None
 
 
 class GenerateResponseView(msgspec.Struct):
@@ -271,6 +276,11 @@ def decode_generate(
         if None in logprobs:
             raise _response_error("output_token_logprobs holds a null logprob", "meta_info.output_token_logprobs")
         output_logprobs = logprobs  # type: ignore[assignment]
+    mask_rows: list[list[int]] | None = None
+    if request.return_sampling_mask:
+        mask_rows, sampled = _sampling_mask(meta, len(output_ids))
+        if output_logprobs is not None:
+            output_logprobs = sampled  # the distribution each token was sampled from: renormalised over its kept set
 
     prompt_logprobs = _prompt_logprobs(meta, request) if request.return_prompt_logprobs else None
 
@@ -290,6 +300,8 @@ def decode_generate(
         output_ids = output_ids[:cut]
         if output_logprobs is not None:
             output_logprobs = output_logprobs[:cut]
+        if mask_rows is not None:
+            mask_rows = mask_rows[:cut]
         finish, matched = "stop", output_ids[-1]
 
     routed: bytes | None = None
@@ -334,7 +346,23 @@ def decode_generate(
         routed_experts_start=routed_start,
         routed_experts_shape=shape,
         weight_versions=versions,
+        sampling_mask=SamplingMask.from_rows(mask_rows) if mask_rows is not None else None,
     )
+
+
+def _sampling_mask(meta: MetaInfoView, n: int) -> tuple[list[list[int]], list[float]]:
+    """The kept set of each of ``n`` output tokens and its logprob over it (``return_sampling_mask``)."""
+    rows, logprobs = meta.output_token_sampling_mask, meta.output_token_sampling_logprobs
+    field = "meta_info.output_token_sampling_mask"
+    if rows is None or logprobs is None:
+        raise _response_error(
+            "sampling masks were requested but meta_info.output_token_sampling_mask / _logprobs is missing "
+            "(an SGLang older than 0.5.23, or a proxy that dropped it)",
+            field,
+        )
+    if len(rows) != n or len(logprobs) != n:
+        raise _response_error(f"{len(rows)} kept sets and {len(logprobs)} sampling logprobs for {n} tokens", field, n)
+    return rows, logprobs
 
 
 def _split_entries(entries: list[LogprobEntry]) -> tuple[list[float | None], list[int]]:

@@ -71,6 +71,7 @@ class SGLangBackend(HttpBackend):
     supports_grammar: ClassVar[bool] = True
     supports_pause: ClassVar[bool] = True
     supports_score: ClassVar[bool] = True
+    supports_sampling_mask: ClassVar[bool] = True
     input_kinds: ClassVar[frozenset[str]] = frozenset({"image"})
     default_base_url: ClassVar[str] = "http://127.0.0.1:30000"
     context_length_texts: ClassVar[tuple[str, ...]] = CONTEXT_LENGTH_TEXTS

@@ -44,6 +44,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import msgspec
 import pytest
 
 from tito_core.backend import Backend, GenerateRequest, GenerateResult, SamplingParams
@@ -215,6 +216,27 @@ class BackendConformanceTests(_StandardTests):
         result = await self.generate(backend, request)
         assert result.output_logprobs is not None, "logprobs were asked for but not returned"
         self.check_result(request, result)
+
+    @pytest.mark.asyncio
+    async def test_sampling_masks_fit_the_output(self, backend: Backend, tokenizer: Any) -> None:
+        """A backend with ``supports_sampling_mask`` gives a truncating request one kept set per output token.
+
+        Each holds its token, and every id is in the vocabulary's range (docs/exactness.md). Its size is not checked
+        against ``top_k``: a sampler may keep the ids tied at the boundary (the embedded backend does).
+        """
+        if not backend.capabilities().supports_sampling_mask:
+            pytest.skip("the backend returns no sampling masks (supports_sampling_mask is False)")
+        sampled = self.make_request(
+            self.prompt_ids(tokenizer), max_new_tokens=self.max_new_tokens, temperature=1.0, top_k=20, top_p=0.9,
+            seed=1, ignore_eos=True,
+        )  # fmt: skip
+        request = msgspec.structs.replace(sampled, return_sampling_mask=True)
+        result = await self.generate(backend, request)
+        self.check_result(request, result)
+        mask = result.sampling_mask
+        assert mask is not None, "sampling masks were asked for but not returned"
+        problem = mask.problem(result.output_ids, vocab_size=2**31 - 1)
+        assert problem is None, problem
 
     @pytest.mark.asyncio
     async def test_prompt_ids_echo_input(self, backend: Backend, tokenizer: Any) -> None:

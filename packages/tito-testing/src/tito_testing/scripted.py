@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import os
 import zlib
+from array import array
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from tito_core.backend import Backend, FinishReason, GenerateRequest, GenerateResult
+from tito_core.backend import Backend, Capabilities, FinishReason, GenerateRequest, GenerateResult
 from tito_core.errors import BackendError, ContextLengthError
+from tito_core.sampling_mask import SamplingMask
 from tito_core.versions import VersionSpan
 
 from .gate import FileGate
@@ -39,6 +41,17 @@ def scripted_logprob(token_id: int, position: int) -> float:
     return -(zlib.crc32(f"{token_id}:{position}".encode()) % 10_000) / 1000.0
 
 
+def scripted_kept_set(token_id: int, vocab_size: int) -> list[int]:
+    """The scripted kept set of a sampled token: itself and its neighbour id."""
+    return [token_id, token_id + 1 if token_id + 1 < vocab_size else token_id - 1]
+
+
+def scripted_routing(position: int, shape: tuple[int, int]) -> list[int]:
+    """The scripted routing row of a token position: ``layers x top_k`` expert ids in [0, 8)."""
+    layers, top_k = shape
+    return [(position * 7 + layer * 3 + k) % 8 for layer in range(layers) for k in range(top_k)]
+
+
 class ScriptedBackend(Backend):
     """Replies with scripted texts, tokenized with a real tokenizer.
 
@@ -54,6 +67,11 @@ class ScriptedBackend(Backend):
             starts with the rollout id).
         gate: A :class:`~tito_testing.gate.FileGate`'s directory: each call, once recorded, waits there until the
             test opens the gate (a test acts while calls are known to be in flight, also in another process).
+        sampling_masks: Return a kept set per output token when asked (:func:`scripted_kept_set`); False plays an
+            engine that cannot (``supports_sampling_mask`` False).
+        routed_experts: ``(layers, top_k)``: answer a request for routing with deterministic rows
+            (:func:`scripted_routing`) from its new prompt on; None answers without routing, as an engine (or a
+            proxy) that drops the field.
     """
 
     name = "scripted"
@@ -70,6 +88,8 @@ class ScriptedBackend(Backend):
         delay: float = 0.0,
         weight_version: str | Callable[[GenerateRequest], str | None] | None = None,
         gate: str | os.PathLike[str] | None = None,
+        sampling_masks: bool = True,
+        routed_experts: tuple[int, int] | None = None,
     ) -> None:
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
@@ -82,7 +102,13 @@ class ScriptedBackend(Backend):
         self.weight_version = weight_version
         self.gate = FileGate(gate) if gate is not None else None
         self.requests: list[GenerateRequest] = []
+        self.sampling_masks = sampling_masks
+        self.routed_experts_shape = routed_experts
         self._next = 0
+
+    def capabilities(self) -> Capabilities:
+        """The backend's capabilities; sampling masks as configured."""
+        return msgspec.structs.replace(super().capabilities(), supports_sampling_mask=self.sampling_masks)
 
     def add(self, *replies: Script | ScriptedReply) -> None:
         """Append replies to the script."""
@@ -140,7 +166,26 @@ class ScriptedBackend(Backend):
             prompt_tokens=len(request.input_ids),
             cached_tokens=request.prefix_len,
             weight_versions=self._versions(request, len(ids)),
+            sampling_mask=(
+                SamplingMask.from_rows(scripted_kept_set(t, len(self.tokenizer)) for t in ids)
+                if request.return_sampling_mask
+                else None
+            ),
+            **self._routing(request, len(ids)),
         )
+
+    def _routing(self, request: GenerateRequest, n: int) -> dict[str, Any]:
+        shape = self.routed_experts_shape
+        if not request.return_routed_experts or shape is None:
+            return {}
+        total = len(request.input_ids) + n
+        rows = range(request.prefix_len, max(total - 1, request.prefix_len))
+        data = array("i", (v for r in rows for v in scripted_routing(r, shape)))
+        return {
+            "routed_experts": data.tobytes(),
+            "routed_experts_start": request.prefix_len,
+            "routed_experts_shape": shape,
+        }
 
     def _versions(self, request: GenerateRequest, n: int) -> tuple[VersionSpan, ...] | None:
         version = self.weight_version(request) if callable(self.weight_version) else self.weight_version

@@ -200,7 +200,11 @@ class _Batch:
         else:
             probs = torch.softmax(scaled, dim=-1)
             token = int(torch.multinomial(probs, 1, generator=job.generator))
-        source = logits if self.backend.logprobs_mode == "raw" else scaled
+        if job.kept is not None:  # the kept set, and the logprob of the distribution sampled from (renormalised)
+            job.kept.append(torch.isfinite(scaled).nonzero().flatten().tolist())
+            source = scaled
+        else:
+            source = logits if self.backend.logprobs_mode == "raw" else scaled
         logprob = float(source[token] - torch.logsumexp(source, dim=-1))
         version = self.backend.weight_version
         if not job.versions or job.versions[-1][0] != version:

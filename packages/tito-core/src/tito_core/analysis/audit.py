@@ -15,6 +15,10 @@ constrained vs free turns and turns with vs without images:
 
 A constrained turn (a forced tool call) recorded the engine's post-constraint logprobs, which a plain forward pass
 does not reproduce: those turns are reported apart, and ``free`` (the unconstrained turns) is what a gate checks.
+A turn that truncated sampling recorded its kept sets and the logprobs over them: a scorer that gives logits
+(:class:`TransformersScorer`) re-scores its tokens over the same kept sets at the same temperature (``new`` in the
+ledger), and once more over the whole vocabulary, the common mistake, reported apart (``kept_sets`` against
+``kept_sets_full_vocabulary``: the second is off by ``log S``); a scorer that gives token logprobs only skips them.
 A vision-language model (:class:`TransformersScorer` on a Qwen2.5-VL directory) scores records with images: it sees
 their pixels as the embedded backend did when it sampled. A text-only scorer cannot score the tokens that follow an
 image (their context holds pixels it does not see): :func:`check_scorable` refuses such records before any scoring
@@ -190,6 +194,19 @@ class TransformersScorer:
 
         return await asyncio.to_thread(token_logprobs, self.model, list(token_ids), media=media, vision=self.vision)
 
+    async def score_kept(
+        self, token_ids: Sequence[int], kept: dict[int, tuple[list[int], float]], media: Sequence[PromptMedia] = ()
+    ) -> tuple[list[float | None], list[float | None]]:
+        """The positions of ``kept`` scored over their kept sets and over the whole vocabulary, in one forward pass.
+
+        :func:`tito_transformers.scoring.kept_token_logprobs` on a worker thread.
+        """
+        from tito_transformers.scoring import kept_token_logprobs
+
+        return await asyncio.to_thread(
+            kept_token_logprobs, self.model, list(token_ids), kept, media=media, vision=self.vision
+        )
+
 
 class BackendScorer:
     """The engine's own score route (:meth:`~tito_core.backend.Backend.score`: one prefill's prompt logprobs)."""
@@ -289,6 +306,10 @@ class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
         tokens: With ``per_token``: per rollout (``task_id:sample``) and branch number, each token's
             ``new - old`` logprob (None where not scored), for ``tito view --audit``.
         rollouts: Per rollout (``task_id:sample``), its own figures and its record's fingerprint.
+        kept_sets: The tokens of turns that truncated sampling, re-scored over their kept sets (also in ``all``):
+            the engine's numeric noise when the weights are the same.
+        kept_sets_full_vocabulary: The same tokens re-scored over the whole vocabulary at the same temperature, the
+            common mistake: ``mean_diff`` is the mean ``log S``.
     """
 
     scorer: str
@@ -301,6 +322,8 @@ class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
     skipped: dict[str, int]
     tokens: dict[str, dict[str, list[float | None]]] | None = None
     rollouts: dict[str, RolloutGaps] = msgspec.field(default_factory=dict)
+    kept_sets: GapStats | None = None
+    kept_sets_full_vocabulary: GapStats | None = None
 
     def to_json(self) -> bytes:
         """The report as JSON (NaN, for an empty selection, written as null)."""
@@ -329,6 +352,7 @@ class Ledger:
         self._by: dict[tuple[str, str], list[float]] = defaultdict(list)
         self.skipped: dict[str, int] = defaultdict(int)
         self._rollouts: dict[str, tuple[str, list[float], list[float]]] = {}
+        self._kept: tuple[list[float], list[float]] = ([], [])  # kept-set tokens: with the mask, without
 
     async def add(self, record: RolloutRecord) -> None:
         """Score every branch of ``record`` and file its trained tokens."""
@@ -354,12 +378,16 @@ class Ledger:
             ids_scored = ids
         if not any(mask[branch.fork_at or 0 : len(ids_scored)]):
             return
-        if self.scorer.takes_images and branch.media:
-            new = await self.scorer.score(ids_scored, branch.prompt_media())
-        else:
-            new = await self.scorer.score(ids_scored)
+        media = branch.prompt_media() if self.scorer.takes_images and branch.media else ()
+        new = await self.scorer.score(ids_scored, media) if media else await self.scorer.score(ids_scored)
         if len(new) != len(ids_scored):
             raise ConfigError(f"the scorer gave {len(new)} logprobs for {len(ids_scored)} tokens")
+        kept = _kept_sets(branch, len(ids_scored))
+        score_kept = getattr(self.scorer, "score_kept", None)
+        full: list[float | None] = []
+        if kept and score_kept is not None:
+            renormalised, full = await score_kept(ids_scored, kept, media)
+            new = [renormalised[i] if i in kept else n for i, n in enumerate(new)]
         self.branches += 1
         turns = {turn.index: turn for turn in branch.turns}
         versions = branch.token_weight_versions() or [None] * len(ids)
@@ -376,10 +404,16 @@ class Ledger:
             o, n = old[i], new[i]
             if not mask[i]:
                 continue
+            if i in kept and not full:
+                self.skipped["trained tokens sampled from a kept set (the scorer gives no logits to renormalise)"] += 1
+                continue
             if o is None or n is None:
                 self.skipped["trained tokens without a recorded or re-scored logprob"] += 1
                 continue
             r = n - o
+            if i in kept and (whole := full[i]) is not None:
+                self._kept[0].append(r)
+                self._kept[1].append(whole - o)
             self._all.append(r)
             if per_token is not None:
                 per_token[i] = r
@@ -420,7 +454,22 @@ class Ledger:
                 key: RolloutGaps(digest=digest, all=gap_stats(diffs), free=gap_stats(free))
                 for key, (digest, diffs, free) in self._rollouts.items()
             },
+            kept_sets=gap_stats(self._kept[0]) if self._kept[0] else None,
+            kept_sets_full_vocabulary=gap_stats(self._kept[1]) if self._kept[1] else None,
         )
+
+
+def _kept_sets(branch: Trajectory, length: int) -> dict[int, tuple[list[int], float]]:
+    """Each output position below ``length`` of a turn with kept sets: its kept set and temperature."""
+    kept: dict[int, tuple[list[int], float]] = {}
+    for turn in branch.turns:
+        mask = turn.sampling_mask
+        if mask is None:
+            continue
+        for i, row in enumerate(mask.to_lists()):
+            if turn.output_start + i < length:
+                kept[turn.output_start + i] = (row, mask.temperature)
+    return kept
 
 
 def _natural(value: str) -> tuple[int, int | str]:

@@ -226,6 +226,9 @@ def _print(report: Any, console: Any) -> None:
     table = Table("selection", *_HEAD, title="overall")
     for name in ("all", "free", "constrained"):
         table.add_row(name, *_cells(getattr(report, name)))
+    if report.kept_sets is not None and report.kept_sets_full_vocabulary is not None:
+        table.add_row("kept sets, with the mask", *_cells(report.kept_sets))
+        table.add_row("kept sets, full vocabulary", *_cells(report.kept_sets_full_vocabulary))
     console.print(table)
     for axis, values in report.by.items():
         if len(values) < 2 and axis not in ("turn", "weight_version"):

@@ -3,7 +3,7 @@
     tito rollout --config tito.toml --dataset tasks.jsonl --output rollouts.jsonl [--group-size 4 ...]
     tito rollout ... --executor ray [--address auto] --workers 8
     tito rollout ... --retry-failed --set sampling.temperature=0.5
-    tito export --to slime|verl|trl|agl rollouts.jsonl -o out.jsonl [--branch-reward shared|last]
+    tito export --to slime|verl|trl|agl|areal|tree rollouts.jsonl -o out.jsonl [--branch-reward shared|last]
         [--max-staleness N --current-version V]
     tito inspect rollouts.jsonl [--id TASK_ID [--tokenizer DIR | --config tito.toml]]
     tito audit rollouts.jsonl --model DIR | --config tito.toml [--json OUT] [--plot OUT.png] [--max-kl X]
@@ -27,6 +27,7 @@ from typing import Any
 
 from ..errors import ConfigError, TitoError  # no Strands: cheap at start-up
 from .audit import add_audit_command, run_audit
+from .export import add_export_command, run_export
 from .serve import add_serve_command, run_serve
 from .view import add_view_command, decoding_tokenizer, run_view
 
@@ -62,7 +63,7 @@ def _command(args: argparse.Namespace) -> int:
         if args.command == "rollout":
             return _rollout(args)
         if args.command == "export":
-            return _export(args)
+            return run_export(args)
         if args.command == "serve":
             return run_serve(args)
         if args.command == "audit":
@@ -97,7 +98,9 @@ def _parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser("rollout", help="run a dataset of tasks into a resumable rollout file")
     run.add_argument("--config", required=True, help="TOML config (model keys and a [rollout] table)")
-    run.add_argument("--dataset", required=True, help="tasks: .jsonl or .parquet rows with id, prompt, answer")
+    run.add_argument(
+        "--dataset", help="tasks: .jsonl or .parquet rows with id, prompt, answer (default: [rollout.tasks] harbor)"
+    )
     run.add_argument("-o", "--output", required=True, help="rollout file: .jsonl, or .parquet (a directory of parts)")
     run.add_argument("--group-size", type=int, help="rollouts per task")
     run.add_argument("--concurrency", type=int, help="most rollouts at once")
@@ -136,32 +139,6 @@ def _parser() -> argparse.ArgumentParser:
     output.add_argument("--quiet", action="store_true", help="print nothing but errors")
     output.add_argument("--log-json", action="store_true", help="JSON lines on stderr instead of a progress bar")
 
-    export = commands.add_parser("export", help="convert a rollout file to a trainer's format (JSON lines)")
-    export.add_argument(
-        "--to",
-        required=True,
-        choices=["slime", "verl", "trl", "agl"],
-        help="the trainer format (agl: Agent Lightning v1 model_request events)",
-    )
-    export.add_argument("rollouts", help="the rollout file")
-    export.add_argument("out", nargs="?", help="the output file (or give it as -o/--output)")
-    export.add_argument("-o", "--output", dest="output", help="the output file (JSON lines, one training branch each)")
-    export.add_argument(
-        "--branch-reward",
-        choices=["shared", "last"],
-        default="shared",
-        help="a rollout whose history was rewritten has several branches: shared (default) makes each branch a "
-        "sample with the episode's reward, each token trained in the branch that generated it; last keeps only "
-        "the final branch",
-    )
-    export.add_argument(
-        "--max-staleness",
-        type=int,
-        help="leave out rollouts whose oldest token is more than N weight versions behind --current-version "
-        "(docs/async.md)",
-    )
-    export.add_argument("--current-version", help="the trainer's current weight version, for --max-staleness")
-
     inspect = commands.add_parser("inspect", help="show a rollout file's records")
     inspect.add_argument("rollouts", help="the rollout file")
     inspect.add_argument("--id", dest="task_id", help="show the rollouts of this task in full")
@@ -169,6 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     decode.add_argument("--tokenizer", help="decode the tokens as text with this tokenizer (else token ids)")
     decode.add_argument("--config", help="decode the tokens as text with this TOML config's tokenizer")
 
+    add_export_command(commands)
     add_serve_command(commands)
     add_audit_command(commands)
     add_view_command(commands)
@@ -276,43 +254,6 @@ def _drop_truncation_notices(record: logging.LogRecord) -> bool:
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return json.dumps({"event": "log", "level": record.levelname.lower(), "message": record.getMessage()})
-
-
-def _export(args: argparse.Namespace) -> int:
-    from ..runner import read_records
-    from ..runner.samples import training_rows
-
-    if args.out is not None and args.output is not None and args.out != args.output:
-        raise ConfigError(f"two output files given: {args.out!r} and -o {args.output!r}")
-    target = args.output or args.out
-    if target is None:
-        raise ConfigError("no output file: give it after the rollout file or as -o/--output")
-    if args.max_staleness is not None and args.current_version is None:
-        raise ConfigError("--max-staleness needs --current-version: staleness is counted from the current version")
-    if args.max_staleness is not None and args.max_staleness < 0:
-        raise ConfigError(f"--max-staleness must be >= 0, got {args.max_staleness}")
-    rollouts = branches = 0
-    last = None
-    rows = training_rows(
-        read_records(args.rollouts),
-        args.to,
-        branch_reward=args.branch_reward,
-        current_version=args.current_version,
-        max_staleness=args.max_staleness,
-    )
-    with open(target, "w", encoding="utf-8") as out:
-        for row in rows:
-            out.write(json.dumps(row) + "\n")
-            branches += 1
-            if (row["task_id"], row["sample"]) != last:
-                rollouts += 1
-                last = (row["task_id"], row["sample"])
-    print(
-        f"tito export: {rollouts} rollouts, {branches} training samples ({args.branch_reward} branch reward) "
-        f"as {args.to} -> {target}",
-        file=sys.stderr,
-    )
-    return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:

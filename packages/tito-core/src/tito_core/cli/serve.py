@@ -43,6 +43,19 @@ def add_serve_command(commands: Any) -> None:
         metavar="ORIGIN",
         help="a browser origin allowed to call, e.g. https://app.example (repeat); by default none",
     )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="run N gateway processes behind the address (POST /rollouts answers with a worker's base_url), one "
+        "merged output written by a supervisor, a write-ahead journal per worker (docs/scaling.md)",
+    )
+    serve.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the --workers as Ray actors on this Ray cluster ('auto': the one this machine runs; needs "
+        'pip install "tito-core[ray]"; docs/scaling.md)',
+    )
     serve.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle rollout ends")
     serve.add_argument(
         "--drain-s",
@@ -55,28 +68,35 @@ def add_serve_command(commands: Any) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``tito serve``; returns the exit status."""
+    from ..errors import ConfigError
     from ..gateway.server import api_key_from, serve
     from ..runner.interrupts import run_interruptible
     from ..runner.run import prepare_config
 
     logging.basicConfig(level=logging.WARNING, format="tito: %(message)s")
     api_key = api_key_from(args.api_key, args.api_key_file)  # a bad key is an error before any work
+    if args.workers is not None and args.workers < 1:
+        raise ConfigError(f"--workers must be 1 or more, got {args.workers}")
+    if args.ray is not None and args.workers is None:
+        raise ConfigError("--ray runs the gateway's workers on Ray: give how many with --workers N")
 
     async def prepared_then_served() -> int:
         # as `tito rollout` does: the config's `rollout.prepare` hook (which may build the model and set
         # `tokenizer`, `backend_options.model_path`, `chat_template`) runs before the backend is built
         config, _ = await prepare_config(args.config, {})
-        return await serve(
-            config,
-            host=args.host,
-            port=args.port,
-            output=args.output,
-            api_key=api_key,
-            idle_timeout=args.idle_timeout,
-            drain_s=args.drain_s,
-            allow_hosts=args.allow_host,
-            allow_origins=args.allow_origin,
-        )
+        options = {
+            "output": args.output,
+            "api_key": api_key,
+            "idle_timeout": args.idle_timeout,
+            "drain_s": args.drain_s,
+            "allow_hosts": args.allow_host,
+            "allow_origins": args.allow_origin,
+        }
+        if args.workers is not None:
+            from ..gateway.scale_out import serve_workers
+
+            return await serve_workers(config, args.workers, host=args.host, port=args.port, ray=args.ray, **options)
+        return await serve(config, host=args.host, port=args.port, **options)
 
     # Ctrl-C before the gateway serves (a prepare hook building a model) reaches main; it handles SIGINT after
     return run_interruptible(prepared_then_served())

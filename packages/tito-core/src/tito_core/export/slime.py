@@ -6,6 +6,7 @@ from typing import Any
 
 from ..trajectory import Trajectory
 from .branches import TrainingBranch, response
+from .kept_sets import kept_set_fields
 from .media import ImageForm, media_data, pixel_inputs
 
 __all__ = ["to_slime"]
@@ -28,7 +29,8 @@ def to_slime(
     ``(len(tokens) - 1, layers, top_k)`` int32 numpy array when routing was recorded (numpy required then).
     ``response`` (text) is filled when a tokenizer is given. ``weight_versions`` is set when the versions of
     the tokens the sample trains are known: one per model call, as slime's own rollout records them (a call
-    generated across a weight update adds one per version, oldest first).
+    generated across a weight update adds one per version, oldest first). When a call truncated sampling, the
+    response's kept sets in tito's layout (:func:`~tito_core.export.kept_sets.kept_set_fields`).
 
     With images or videos: ``multimodal_inputs`` is ``{"images": [...], "videos": [...]}`` (slime's raw form, what
     its processor takes; a video is ``(frames, {"fps", "total_num_frames"})``), and, when ``processor`` (the model's
@@ -55,6 +57,7 @@ def to_slime(
 
         data, (layers, top_k) = routed
         fields["rollout_routed_experts"] = np.frombuffer(data, dtype="<i4").reshape(-1, layers, top_k)
+    fields.update(kept_set_fields(traj, start))
     if traj.media:  # slime's own fields: the raw images and videos, and the processed ones when a processor is given
         fields["multimodal_inputs"] = media_data(traj, images)
         if processor is not None:

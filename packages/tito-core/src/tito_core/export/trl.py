@@ -11,6 +11,7 @@ from typing import Any, overload
 from ..trajectory import Trajectory
 from ..versions import VersionSpan
 from .branches import TrainingBranch, response
+from .kept_sets import KEPT_SET_KEYS, kept_set_fields
 from .media import ImageForm, image_values, only_images
 
 __all__ = ["to_trl"]
@@ -37,13 +38,15 @@ def to_trl(
     prompt TRL passed, in order) gives the dict of per-rollout lists that ``rollout_func`` returns.
     ``weight_versions`` (per completion token, None on loss-0 tokens) is added when a rollout has versions
     (None for one without). ``images`` (TRL's vision-language column: the rollout's images in token order) is
-    added when a rollout has images (``[]`` for one without, in a batch).
+    added when a rollout has images (``[]`` for one without, in a batch). The completion's kept sets are added when
+    a call truncated sampling (:func:`~tito_core.export.kept_sets.kept_set_fields`; None for a rollout without).
     """
     if not isinstance(traj, (Trajectory, TrainingBranch)):
         rows = [to_trl(t, images=images) for t in traj]
         keys = ["prompt_ids", "completion_ids", "logprobs", "env_mask"]
         if any("weight_versions" in row for row in rows):
             keys.append("weight_versions")
+        keys += [key for key in KEPT_SET_KEYS if any(key in row for row in rows)]
         columns = {key: [row.get(key) for row in rows] for key in keys}
         if any("images" in row for row in rows):
             columns["images"] = [row.get("images", []) for row in rows]
@@ -53,6 +56,7 @@ def to_trl(
     spans = source.weight_versions(since=start)
     if spans is not None:  # an extra column: TRL passes it to the reward functions
         row["weight_versions"] = _token_versions(source, start, spans)
+    row.update(kept_set_fields(source, start))
     if source.media:  # TRL's vision-language column (its dataset form; see docs/multimodal.md for what it uses)
         only_images(source, "TRL")
         row["images"] = image_values(source, images)

@@ -11,6 +11,7 @@ from typing import Any
 from ..trajectory import Trajectory
 from ..versions import VersionSpan, int_version, version_range
 from .branches import TrainingBranch, response
+from .kept_sets import kept_set_fields
 from .media import ImageForm, media_data, pixel_inputs
 
 __all__ = ["VERL_METRICS", "to_verl", "turn_token_scores", "verl_multi_modal_inputs"]
@@ -63,6 +64,9 @@ def to_verl(
     (:func:`verl_multi_modal_inputs` gives the same inputs outside verl). With ``turn_rewards``,
     ``extra_fields["turn_scores"]`` holds one score per turn of the response, as verl's own ``turn_scores`` (None
     as 0.0), and ``extra_fields["turn_token_scores"]`` the same placed on tokens (:func:`turn_token_scores`).
+    ``routed_experts`` (verl's field) is a ``(len(ids) - 1, layers, top_k)`` int32 numpy array when routing was
+    recorded; ``extra_fields`` holds the response's kept sets when a call truncated sampling
+    (:func:`~tito_core.export.kept_sets.kept_set_fields`).
     """
     unknown = sorted(set(metrics or {}) - set(VERL_METRICS))
     if unknown:
@@ -85,6 +89,15 @@ def to_verl(
         in_response = [t.index for t in traj.turns if t.output_start >= start]
         extra["turn_scores"] = [float(turn_rewards[i] or 0.0) if i < len(turn_rewards) else 0.0 for i in in_response]
         extra["turn_token_scores"] = turn_token_scores(item, turn_rewards)
+    kept = kept_set_fields(traj, start)
+    if kept:
+        fields.setdefault("extra_fields", {}).update(kept)
+    routed = traj.routed_experts()
+    if routed is not None:  # verl's own field (rollout routing replay)
+        import numpy as np
+
+        data, (layers, top_k) = routed
+        fields["routed_experts"] = np.frombuffer(data, dtype="<i4").reshape(-1, layers, top_k)
     if traj.media:  # verl's own field; its agent loops fill it from the conversation's images and videos
         fields["multi_modal_data"] = media_data(traj, images)
     return fields

@@ -10,7 +10,8 @@
 ``GET /rollouts/<id>/v1/models``, ``/v1/models``  the served model
 ``GET /rollouts/<id>``                         the trajectory JSON (with its status)
 ``POST /rollouts/<id>/reward``                 ``{"value", "turn"?}``: reward one model call (default: the last) →
-                                               ``{"turn", "value"}``
+                                               ``{"turn", "value"}``; ``{"value", "branch"}``: one branch (its
+                                               lineage's training row) → ``{"branch", "value"}``
 ``POST /rollouts/<id>/finish``                 ``{"reward"?, "turn_rewards"?, "metadata"?}`` → the record, written
                                                to the output
 ``GET /ui/``                                   the viewer (:mod:`~tito_core.gateway.ui`): open and finished
@@ -93,8 +94,8 @@ class Served(Protocol):
     ) -> Any:
         """Answer a ``count`` route of ``front``."""
 
-    def reward(self, rollout_id: str, value: Any, turn: Any = None) -> int:
-        """Reward one model call of a rollout; returns its turn index."""
+    def reward(self, rollout_id: str, value: Any, turn: Any = None, branch: Any = None) -> int:
+        """Reward one model call of a rollout (or one branch); returns its turn index (or the branch number)."""
 
     async def finish(
         self,
@@ -299,9 +300,14 @@ async def _finish(request: web.Request) -> web.Response:
 async def _reward(request: web.Request) -> web.Response:
     gateway = request.app[_GATEWAY]
     gateway.authorize(request.match_info["rollout"], _credential(request))
-    body = _fields(await _body(request), frozenset({"value", "turn"}))
+    body = _fields(await _body(request), frozenset({"value", "turn", "branch"}))
     if "value" not in body:
         raise bad_request("value", "is required: the reward of the call")
+    if "branch" in body:
+        if "turn" in body:
+            raise bad_request("branch", "give a turn or a branch, not both: a branch's reward is its whole lineage's")
+        branch = gateway.reward(request.match_info["rollout"], body["value"], branch=body["branch"])
+        return _json({"branch": branch, "value": float(body["value"])})
     turn = gateway.reward(request.match_info["rollout"], body["value"], body.get("turn"))
     return _json({"turn": turn, "value": float(body["value"])})
 

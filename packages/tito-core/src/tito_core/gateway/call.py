@@ -25,6 +25,7 @@ from ..rollout_core.labels import Label
 from .errors import GatewayError, bad_request, error_of
 
 if TYPE_CHECKING:
+    from ..rollout_core import CallResult
     from .registry import GatewayRollout
 
 __all__ = ["CallAnswer", "CallRequest", "OutputToken", "ToolCallOut", "answer_call", "count_prompt", "placed_system"]
@@ -105,9 +106,10 @@ class CallAnswer(msgspec.Struct, frozen=True, kw_only=True):
         completion_tokens: The output's length in tokens.
         output_ids: The output's token ids, as recorded.
         tokens: Every output token's text and logprob (the stop token included), when the caller asked.
-        tito: tito's own fields: the output ids, the rollout, branch and turn, ``matched_stop`` (the stop
-            string or token id that ended generation, when the engine says), and ``lineage`` (the call's label) when
-            it had one.
+        tito: tito's own fields: the output ids, the rollout, branch and turn, and ``matched_stop`` (the stop
+            string or token id that ended generation, when the engine says); ``sampling_mask_missing`` and
+            ``routed_experts_missing`` when the record says why it lacks kept sets or routing; ``lineage`` (the
+            call's label) when it had one.
     """
 
     id: str
@@ -201,6 +203,7 @@ async def answer_call(
             "branch": result.branch,
             "turn": result.turn,
             "matched_stop": matched,
+            **_flags(result),
         },
     )
     if label is not None:
@@ -208,6 +211,15 @@ async def answer_call(
     rollout.replies.remember(answer.message(), result.reply())
     rollout.tool_calls += len(calls)
     return answer
+
+
+def _flags(result: CallResult) -> dict[str, Any]:
+    """What the record says is missing from the behaviour distribution (no kept sets, no routing), when it is."""
+    flags = {
+        "sampling_mask_missing": result.sampling_mask_missing,
+        "routed_experts_missing": result.routed_experts_missing,
+    }
+    return {key: value for key, value in flags.items() if value is not None}
 
 
 async def count_prompt(rollout: GatewayRollout, request: CallRequest) -> int:

@@ -20,6 +20,7 @@ from ..errors import (
     ConfigError,
     ContextLengthError,
     ContextWindowFullError,
+    SamplingMaskError,
     TemplateError,
     TitoError,
     UnsupportedContentError,
@@ -117,6 +118,8 @@ def error_of(exc: BaseException) -> GatewayError:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, (ContextWindowFullError, ContextLengthError)):
         return GatewayError(400, text, param="messages", code="context_length_exceeded")
+    if isinstance(exc, SamplingMaskError):  # a truncating call the engine cannot record exactly
+        return GatewayError(400, text, code="sampling_mask_unavailable")
     if isinstance(exc, (UnsupportedContentError, TemplateError, ConfigError)):
         return GatewayError(400, text, code="invalid_request")
     if isinstance(exc, BackendThrottledError):

@@ -78,6 +78,7 @@ class GatewayOutput:
         reward: float | None,
         server: str,
         turn_rewards: list[float | None] | None = None,
+        branch_rewards: list[float | None] | None = None,
     ) -> RolloutRecord:
         """The record of ``rollout``'s closed ``traj``, written to the file when there is one."""
         wall = time.time() - rollout.started
@@ -93,6 +94,7 @@ class GatewayOutput:
             agent_s=wall,
             tool_calls=rollout.tool_calls,
             turn_rewards=turn_rewards,
+            branch_rewards=branch_rewards,
         )
         self.recent.append((self._written, record))
         self._written += 1
@@ -116,7 +118,8 @@ class GatewayOutput:
         No client waits for it: a failed write is logged, and the record kept for the next write and the shutdown.
         """
         try:
-            self.write(rollout, traj, None, server, rollout.rewards.so_far(len(traj.turns)))
+            per_turn, per_branch = rollout.rewards.so_far(len(traj.turns)), rollout.rewards.branches(traj.all_branches)
+            self.write(rollout, traj, None, server, per_turn, per_branch)
         except GatewayError as exc:
             logger.error("%s", exc.message)
 

@@ -1,25 +1,55 @@
-"""A gateway rollout's rewards: per model call as they come (``POST /rollouts/<id>/reward``), and at ``finish``.
+"""A gateway rollout's rewards: per call or per branch as they come (``POST /rollouts/<id>/reward``), and at finish.
 
 The forms and their check are :mod:`tito_core.turn_rewards`'; this keeps what a client gave for one rollout and
-turns it into the record's ``reward`` and ``turn_rewards`` when the rollout ends.
+turns it into the record's ``reward``, ``turn_rewards`` and ``branch_rewards`` when the rollout ends. A reward per
+branch (``{"value", "branch"}``) is the reward of that lineage's training row (docs/rollouts.md, "Rewards per
+lineage"); a retried call's superseded attempt gets one only this way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..turn_rewards import TurnRewardError, finite_number, reward_of
 from .errors import GatewayError, bad_request
+
+if TYPE_CHECKING:
+    from ..trajectory import Trajectory
 
 __all__ = ["TurnRewards"]
 
 
 class TurnRewards:
-    """The per-call rewards given so far to one rollout, by turn index."""
+    """The per-call and per-branch rewards given so far to one rollout, by turn index and by branch number."""
 
     def __init__(self) -> None:
         self.by_turn: dict[int, float] = {}
+        self.by_branch: dict[int, float] = {}
+
+    def give_branch(self, value: Any, branch: Any, branches: int) -> int:
+        """Reward branch ``branch`` of a rollout that has ``branches`` branches; returns the branch rewarded.
+
+        Raises:
+            GatewayError: 400 for a value that is not a finite number or a branch the rollout does not have, 409 for
+                a branch rewarded already.
+        """
+        try:
+            number = finite_number(value, "the reward")
+        except TurnRewardError as exc:
+            raise bad_request("value", str(exc)) from None
+        if isinstance(branch, bool) or not isinstance(branch, int) or not 0 <= branch < branches:
+            raise bad_request("branch", f"must be a branch number from 0 to {branches - 1}, got {branch!r}")
+        if branch in self.by_branch:
+            raise GatewayError(409, f"branch {branch} has a reward already ({self.by_branch[branch]})", param="branch")
+        self.by_branch[branch] = number
+        return branch
+
+    def branches(self, branches: Sequence[Trajectory]) -> list[float | None] | None:
+        """The record's ``branch_rewards``: one per branch by number (None where none), or None when none was given."""
+        if not self.by_branch:
+            return None
+        return [self.by_branch.get(number) for number in range(len(branches))]
 
     def give(self, value: Any, turn: Any, calls: int) -> int:
         """Reward turn ``turn`` (None: the last call so far) of a rollout that has made ``calls`` model calls.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -35,8 +35,9 @@ from ..trajectory import Trajectory
 from .access import Access, is_loopback
 from .call import answer_call, count_prompt
 from .errors import GatewayError
-from .fronts import Context, Front, Route, load_fronts
+from .fronts import Context, Decoded, Front, Route, load_fronts
 from .images import ImageReader
+from .journal import Journal
 from .output import GatewayOutput
 from .registry import GatewayRollout, Registry
 
@@ -114,6 +115,7 @@ class Gateway:
         self._hurry = asyncio.Event()
         self.access = Access(api_key, allow_hosts, allow_origins)
         self.fronts: Sequence[Front] = tuple(load_fronts(fronts))
+        self.journal: Journal | None = None  # a worker's write-ahead journal (gateway/workers.py)
 
     # ------------------------------------------------------------------------------------------- lifecycle
     async def prepare(self) -> None:
@@ -226,6 +228,8 @@ class Gateway:
         self.access.add(rid, rollout.token)
         core.trajectory.metadata.update({**rollout.metadata, "task_id": task})
         rollout.sample = self.writer.next_sample(task)
+        if self.journal is not None:
+            _journaled(self.journal.opened, rollout, self.base_url)
         return rollout
 
     def authorize(self, rollout_id: str, credential: str | None) -> None:
@@ -236,9 +240,7 @@ class Gateway:
 
     def _refuse_if_closing(self) -> None:
         if self._closing:
-            raise GatewayError(
-                503, "the gateway is shutting down: it takes no new rollouts or calls", code="shutting_down"
-            )
+            raise GatewayError(503, _CLOSING, code="shutting_down")
 
     def get(self, rollout_id: str) -> GatewayRollout:
         """The open rollout ``rollout_id`` (404, or 409 when it was finished)."""
@@ -250,9 +252,7 @@ class Gateway:
     def trajectory_json(self, rollout_id: str) -> bytes:
         """The trajectory JSON of an open rollout or a recently finished one (404 otherwise)."""
         done = self.registry.finished(rollout_id)
-        if done is not None:
-            return done
-        return self.registry.get(rollout_id).core.trajectory.to_json()
+        return done if done is not None else self.registry.get(rollout_id).core.trajectory.to_json()
 
     async def take(self, rollout_id: str, ended: Outcome | None = None) -> Trajectory:
         """Close rollout ``rollout_id`` (a status set), remove it, and return its trajectory; later calls get 409.
@@ -264,9 +264,11 @@ class Gateway:
         rollout = self.registry.remove(rollout_id)
         return self._end(rollout, "finish", ended)
 
-    def reward(self, rollout_id: str, value: Any, turn: Any = None) -> int:
-        """Reward model call ``turn`` (None: the last so far) of an open rollout (see ``gateway/rewards.py``)."""
+    def reward(self, rollout_id: str, value: Any, turn: Any = None, branch: Any = None) -> int:
+        """Reward call ``turn`` (None: the last so far) or branch ``branch`` of an open rollout; return which one."""
         rollout = self.get(rollout_id)
+        if branch is not None:
+            return rollout.rewards.give_branch(value, branch, len(rollout.core.trajectory.all_branches))
         return rollout.rewards.give(value, turn, len(rollout.core.trajectory.turns))
 
     async def finish(
@@ -286,7 +288,9 @@ class Gateway:
         total, per_turn = rollout.rewards.final(reward, turn_rewards, len(rollout.core.trajectory.turns))
         self.registry.remove(rollout_id)
         rollout.metadata.update(metadata or {})
-        return self.writer.write(rollout, self._end(rollout, "finish", None), total, self.base_url, per_turn)
+        traj = self._end(rollout, "finish", None)
+        per_branch = rollout.rewards.branches(traj.all_branches)
+        return self.writer.write(rollout, traj, total, self.base_url, per_turn, per_branch)
 
     def _end(self, rollout: GatewayRollout, why: str, ended: Outcome | None) -> Trajectory:
         """Close the rollout's trajectory (:func:`close_ended`) and keep its JSON for ``GET /rollouts/<id>``."""
@@ -315,11 +319,10 @@ class Gateway:
         path: dict[str, str] | None = None,
         label: Label | None = None,
     ) -> tuple[Any, bool]:
-        """Answer one request of ``front`` on rollout ``rollout_id`` (calls on one rollout may run concurrently).
+        """Answer one request of ``front`` on rollout ``rollout_id``: the front's data or events, whether it streams.
 
-        Returns the front's JSON data, or its list of :class:`~tito_core.gateway.sse.Event` s, and whether it streams.
-        ``route`` is the front's route it came in on (its first by default), ``path`` the route's path parameters,
-        ``label`` the call's lineage label (``X-Tito-Lineage``).
+        ``route``: the route it came in on (the front's first by default), ``path``: the route's parameters, ``label``:
+        the call's lineage label (``X-Tito-Lineage``). Calls on one rollout may run concurrently.
 
         Raises:
             GatewayError: 400 (a field tito cannot honour, named as the caller wrote it), 404, 409 (finished), 503
@@ -330,12 +333,10 @@ class Gateway:
         route = route or front.routes[0]
         with rollout.claim():
             context = _context(rollout, front, route, path, rollout.images)
-            try:
-                decoded = front.decode(body, context)
-            except GatewayError as exc:
-                rollout.core.fail(exc)
-                raise
+            decoded = _decode(rollout, front, body, context)
             answer = await answer_call(rollout, decoded.request, self.model_name, label)
+            if self.journal is not None:  # on disk before the answer goes out
+                _journaled(self.journal.answered, rollout)
         stream = route.stream if route.stream is not None else decoded.request.stream
         if stream:
             return front.events(answer, decoded, context), True
@@ -346,13 +347,33 @@ class Gateway:
     ) -> Any:
         """Answer a ``count`` route of ``front``: the prompt's token count, with nothing recorded.
 
-        It takes text only (an image is a 400: no image reader is used, so counting never touches the rollout's
-        kept images).
+        Text only (an image is a 400: counting reads no image, so it never touches the rollout's kept images).
         """
         rollout = self.get(rollout_id)
         route = route or next(r for r in front.routes if r.kind == "count")
         context = _context(rollout, front, route, path, ImageReader(_NO_IMAGES_WHEN_COUNTING))
         return front.count(await count_prompt(rollout, front.decode(body, context).request))
+
+
+_CLOSING = "the gateway is shutting down: it takes no new rollouts or calls"
+
+
+def _decode(rollout: GatewayRollout, front: Front, body: Any, context: Context) -> Decoded:
+    """``front``'s decoding of ``body``; a 400 it raises is the rollout's status too (:meth:`Rollout.fail`)."""
+    try:
+        return front.decode(body, context)
+    except GatewayError as exc:
+        rollout.core.fail(exc)
+        raise
+
+
+def _journaled(append: Callable[..., None], *args: Any) -> None:
+    """Append to the journal; an answer it cannot hold is not sent (507)."""
+    try:
+        append(*args)
+    except OSError as exc:
+        message = f"the call was recorded, but the gateway's journal could not be written ({exc}): not answered"
+        raise GatewayError(507, message, code="journal_not_written") from exc
 
 
 def _check_settings(api_key: str | None, idle_timeout: float, max_body_bytes: int) -> None:

@@ -236,11 +236,13 @@ def rollout_record(
     reward_s: float = 0.0,
     tool_calls: int,
     turn_rewards: list[float | None] | None = None,
+    branch_rewards: list[float | None] | None = None,
 ) -> RolloutRecord:
     """The record of a closed trajectory: its final status, token counts and weight-version range.
 
     What the runner's worker and the gateway both write; ``tool_calls`` is the number of tools the agent ran;
-    ``turn_rewards`` one reward per model call of ``traj`` when the reward came per turn.
+    ``turn_rewards`` one reward per model call of ``traj`` when the reward came per turn, ``branch_rewards`` one per
+    branch (by number) when it came per branch.
 
     Raises:
         RuntimeError: ``traj`` is still running (close it first).
@@ -269,4 +271,5 @@ def rollout_record(
         weight_version_min=versions[0],
         weight_version_max=versions[1],
         turn_rewards=turn_rewards,
+        branch_rewards=branch_rewards,
     )

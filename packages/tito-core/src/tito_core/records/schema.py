@@ -81,6 +81,9 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
             record: a trainer filters these out (with ``"drop"``, stale records are not written at all).
         turn_rewards: One reward per model call of the latest branch, by turn index (None for a call without
             one), when the reward came per turn (:mod:`tito_core.turn_rewards`); ``reward`` is then their total.
+        branch_rewards: One reward per branch of the rollout, by branch number (None for a branch without one), when
+            rewards were given per branch (docs/rollouts.md, "Rewards per lineage"); a training row of a branch
+            without one gets the rollout's ``reward`` (none for a superseded attempt).
     """
 
     task_id: str
@@ -99,6 +102,7 @@ class RolloutRecord(msgspec.Struct, frozen=True, kw_only=True):
     staleness: int | None = None
     stale: bool = False
     turn_rewards: list[float | None] | None = None
+    branch_rewards: list[float | None] | None = None
 
     @property
     def key(self) -> Key:
@@ -202,5 +206,6 @@ def arrow_schema(pa: Any) -> Any:
             ("staleness", pa.int64()),
             ("stale", pa.bool_()),
             ("turn_rewards", pa.list_(pa.float64())),
+            ("branch_rewards", pa.list_(pa.float64())),
         ]
     )

@@ -13,13 +13,13 @@ import contextlib
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from ..backend import Backend, GenerateRequest, GenerateResult, SamplingParams
 from ..conversation import Conversation, tool_specs_to_chat
-from ..errors import ContextWindowFullError, GenerationAbortedError, TitoError
+from ..errors import ContextWindowFullError, GenerationAbortedError, SamplingMaskError, TitoError
 from ..media import PromptMedia
 from ..media.processor import VisionProcessor
 from ..partial import Progress, go_on
@@ -52,6 +52,10 @@ class CallOptions(msgspec.Struct, frozen=True, kw_only=True):
     return_routed_experts: bool = False
     tool_choice: dict[str, Any] | None = None
     """tito's ``tool_choice`` (``{"any": {}}``, ``{"tool": {"name": NAME}}``) for calls that pass none."""
+    sampling_masks: Literal["exact", "allow_missing"] = "exact"
+    """A call that truncates sampling (top-k, top-p, min-p) records the kept set of every output token. ``exact``
+    refuses such a call on a backend that cannot return them (:class:`~tito_core.errors.SamplingMaskError`);
+    ``allow_missing`` runs it and records why its turn has none (``Turn.sampling_mask_missing``)."""
 
 
 class Rollout:
@@ -260,6 +264,14 @@ class Rollout:
         input_ids.fromlist(new_ids)  # twice as fast as extend() for a list
         renders = self.capabilities.renders_prompt
         vision = self.prompts.vision
+        masks = sampling.truncates(self.vocab_size)
+        if masks and not self.capabilities.supports_sampling_mask and options.sampling_masks == "exact":
+            raise SamplingMaskError(
+                f"{self._no_mask()}; this call truncates sampling (top_k={sampling.top_k}, top_p={sampling.top_p}, "
+                f"min_p={sampling.extra.get('min_p')}), so its logprobs would be off by the kept mass. Sample "
+                "without truncation, use a backend that returns sampling masks, or opt out with "
+                'sampling_masks="allow_missing" (each turn then records sampling_mask_missing)'
+            )
         return GenerateRequest(
             rid=f"tito-{uuid.uuid4().hex}",
             input_ids=input_ids,
@@ -268,6 +280,7 @@ class Rollout:
             return_logprobs=options.return_logprobs,
             return_prompt_logprobs=options.return_prompt_logprobs,
             return_routed_experts=options.return_routed_experts,
+            return_sampling_mask=masks and self.capabilities.supports_sampling_mask,
             messages=conversation.chat() if renders else None,
             tools=tools if renders else None,
             grammar=grammar,
@@ -275,6 +288,17 @@ class Rollout:
             media=(*traj.prompt_media(), *media) if media or traj.media else (),
             never_sample=vision.never_sample if vision is not None else (),
         )
+
+    def _no_mask(self) -> str:
+        """Why this rollout's backend records no kept sets."""
+        reason = getattr(self.backend, "no_sampling_mask_reason", "")
+        return f"the {self.capabilities.name} backend cannot return sampling masks" + (f" ({reason})" if reason else "")
+
+    def _mask_missing(self, request: GenerateRequest) -> str | None:
+        """Why a truncating call has no kept sets ("no kept set"), or None when it has them or needs none."""
+        if request.return_sampling_mask or not request.sampling.truncates(self.vocab_size):
+            return None
+        return f"no kept set: {self._no_mask()}; the logprobs are the engine's as reported"
 
     async def _context_limit(self) -> int | None:
         """The engine's context window (the backend caches it); a failed lookup is logged and asked again."""
@@ -318,9 +342,12 @@ class Rollout:
             backend=self.capabilities.name,
             continued=continued,
             media=media,
+            mask_missing=self._mask_missing(request),
             label=label.name if label is not None else None,
         )
         self._lineages.replied(CallRef(traj.branch, done.turn), done.reply())
+        if done.routed_experts_missing:
+            logger.warning("rollout %s, turn %d: %s", traj.rollout_id, done.turn, done.routed_experts_missing)
         sync.consumed(plan, conversation, prompt_end)
         sync.expect(done.reply())
         if result.finish_reason == "abort":

@@ -158,3 +158,14 @@ def check_result(request: GenerateRequest, result: GenerateResult, *, vocab_size
         )
     if result.weight_versions is not None:
         check_spans(result.weight_versions, len(output_ids), backend=backend)
+    if request.return_sampling_mask:
+        mask = result.sampling_mask
+        if mask is None:
+            if output_ids:
+                raise bad_answer(
+                    backend, "sampling_mask", None, "sampling masks were requested but the engine returned none"
+                )
+        else:
+            problem = mask.problem(output_ids, vocab_size)
+            if problem is not None:
+                raise bad_answer(backend, "sampling_mask", mask.rows, problem)

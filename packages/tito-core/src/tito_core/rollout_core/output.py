@@ -15,6 +15,7 @@ from ..backend import GenerateRequest, GenerateResult, SamplingParams
 from ..conversation import ChatMessage, ToolSpec, reply_message
 from ..media import PromptMedia
 from ..render.renderer import ChatRenderer
+from ..sampling_mask import SamplingMask
 from ..tool_parsers._reasoning import ThinkAwareParser
 from ..tool_parsers.base import ParsedOutput, ToolCall, ToolParser
 from ..trajectory import Trajectory, Turn, Usage
@@ -39,6 +40,10 @@ class CallResult(msgspec.Struct, frozen=True, kw_only=True):
         rid: The request id of the call (the first one when a weight update cut and continued it).
         turn: The call's index among the branch's turns.
         branch: The branch it was recorded on.
+        sampling_mask: The output's kept sets, as recorded (None when the call did not truncate or has none).
+        sampling_mask_missing: Why a truncating call has no kept sets (as recorded), else None.
+        routed_experts: Whether routing decisions were recorded for the call.
+        routed_experts_missing: Why a call that asked for routing has none (as recorded), else None.
     """
 
     parsed: ParsedOutput
@@ -51,6 +56,10 @@ class CallResult(msgspec.Struct, frozen=True, kw_only=True):
     rid: str = ""
     turn: int = 0
     branch: int = 0
+    sampling_mask: SamplingMask | None = None
+    sampling_mask_missing: str | None = None
+    routed_experts: bool = False
+    routed_experts_missing: str | None = None
 
     @property
     def malformed_calls(self) -> list[ToolCall]:
@@ -121,11 +130,14 @@ def record_call(
     backend: str,
     continued: Sequence[str] = (),
     media: Sequence[PromptMedia] = (),
+    mask_missing: str | None = None,
     label: str | None = None,
 ) -> CallResult:
     """Append the call's boundary, prompt and output segments, its new media and its turn record, atomically.
 
-    ``label`` is the call's lineage label, kept in its turn.
+    ``mask_missing`` says why a truncating call has no kept sets (the backend cannot return them); a call that asked
+    for routing and got none records why in ``routed_experts_missing``; ``label`` is the call's lineage label, kept in
+    its turn.
     """
     prefix_len = len(traj)
     turn_index = len(traj.turns)
@@ -151,6 +163,9 @@ def record_call(
         routed_experts=result.routed_experts,
         routed_experts_start=result.routed_experts_start,
         routed_experts_shape=result.routed_experts_shape,
+        routed_experts_missing=_routing_missing(request, result, backend),
+        sampling_mask=_stamped(result.sampling_mask, request) if request.return_sampling_mask else None,
+        sampling_mask_missing=mask_missing,
         constrained=request.grammar is not None,
         continued_rids=tuple(continued),
         label=label,
@@ -181,4 +196,26 @@ def record_call(
         rid=request.rid,
         turn=turn_index,
         branch=traj.branch,
+        sampling_mask=turn.sampling_mask,
+        sampling_mask_missing=mask_missing,
+        routed_experts=turn.routed_experts is not None,
+        routed_experts_missing=turn.routed_experts_missing,
+    )
+
+
+def _stamped(mask: SamplingMask | None, request: GenerateRequest) -> SamplingMask | None:
+    """``mask`` with the temperature its sets were kept at (the request's; 1.0 when it left the engine's default)."""
+    t = request.sampling.temperature
+    if mask is None or t is None or mask.temperature == t:
+        return mask
+    return msgspec.structs.replace(mask, temperature=float(t))
+
+
+def _routing_missing(request: GenerateRequest, result: GenerateResult, backend: str) -> str | None:
+    """Why a call that asked for routing decisions has none (None when it has them or did not ask)."""
+    if not request.return_routed_experts or result.routed_experts is not None or not result.output_ids:
+        return None
+    return (
+        f"routing replay asked for routed experts, but the {backend} backend's answer has none "
+        "(an engine without routing capture, or a proxy between that dropped the field)"
     )

@@ -34,6 +34,9 @@ import msgspec
 from ..config import AgentSettings, TitoConfig
 from ..errors import ConfigError, TitoError
 from ..gateway import Gateway
+from ..harbor.sandbox import Sandbox, base_env
+from ..harbor.tasks import harbor_spec
+from ..harbor.verifier import Verdict, verify
 from ..status import RolloutTimedOut
 from ..trajectory import Trajectory
 from .dataset import Task
@@ -104,27 +107,47 @@ class AgentRunner:
         self._starting = asyncio.Lock()
 
     async def run(self, server: Server, task: Task, sample: int) -> tuple[Trajectory, Ran]:
-        """Run the agent on ``task`` through ``server``'s gateway: the closed trajectory (with a status), the rest."""
+        """Run the agent on ``task`` through ``server``'s gateway: the closed trajectory (with a status), the rest.
+
+        A Harbor task (:func:`~tito_core.harbor.harbor_spec`) runs the command in a sandbox of its own, within the
+        task's agent time limit too, then its verifier in the same sandbox (unless the agent failed): the
+        :class:`~tito_core.harbor.Verdict` goes with the result.
+        """
         started, t0 = time.time(), time.perf_counter()
         gateway = await self._gateway(server)
         rid = f"{task.id}:{sample}"
         handle = gateway.open(task_id=task.id, metadata={"sample": sample}, rollout_id=rid, group=task.index)
         text = ""
         ended_by: BaseException | RolloutTimedOut | None = None
-        limit = asyncio.timeout(self.limit)
+        spec = harbor_spec(task)
+        seconds = self.limit if spec is None else _smaller(self.limit, spec.agent_timeout_s)
+        limit = asyncio.timeout(seconds)
+        box: Sandbox | None = None
+        verdict: Verdict | None = None
         try:
-            async with limit:
-                text = await self._agent(task, handle.base_url, handle.token)
-        except TimeoutError as exc:
-            ended_by = RolloutTimedOut(self.limit or 0.0) if limit.expired() else exc
-        except Exception as exc:
-            ended_by = exc
-        except BaseException:  # cancelled: not recorded; an idle gateway rollout is closed now, a busy one on close
-            with contextlib.suppress(Exception):
-                if not gateway.get(handle.id).busy:
-                    await gateway.take(handle.id)
-            raise
-        agent_s = time.perf_counter() - t0
+            try:
+                if spec is not None:
+                    box = await asyncio.to_thread(Sandbox.create, spec, name=rid, hide=spec.hide)
+                async with limit:
+                    text = await self._agent(task, handle.base_url, handle.token, box)
+            except TimeoutError as exc:
+                ended_by = RolloutTimedOut(seconds or 0.0) if limit.expired() else exc
+            except Exception as exc:
+                ended_by = exc
+            except BaseException:  # cancelled: not recorded; an idle gateway rollout is closed now, a busy one on close
+                with contextlib.suppress(Exception):
+                    if not gateway.get(handle.id).busy:
+                        await gateway.take(handle.id)
+                raise
+            agent_s = time.perf_counter() - t0
+            if spec is not None:  # the verifier runs after an agent that ended well or ran out of time, as Harbor's
+                if box is not None and (ended_by is None or isinstance(ended_by, RolloutTimedOut)):
+                    verdict = await verify(box)
+                else:
+                    verdict = Verdict(reward=None, reason=f"the verifier did not run: {_why(ended_by)}")
+        finally:
+            if box is not None:
+                await asyncio.to_thread(box.remove)
         traj = await _take(gateway, handle.id, ended_by)
         calls = sum(turn.tool_calls - turn.tool_parse_errors for turn in traj.turns)
         ran = Ran(
@@ -136,6 +159,7 @@ class AgentRunner:
             agent_s=agent_s,
             tool_calls=calls,
             lost_engine=handle.lost_engine,
+            verdict=verdict,
         )
         return traj, ran
 
@@ -158,23 +182,27 @@ class AgentRunner:
                 self._gateways[server.name] = gateway
             return self._gateways[server.name]
 
-    async def _agent(self, task: Task, base_url: str, token: str) -> str:
+    async def _agent(self, task: Task, base_url: str, token: str, box: Sandbox | None = None) -> str:
         if self.fn is not None:
             answer = await self.fn(task, base_url, token)
             if not isinstance(answer, str):
                 raise TypeError(f"the agent {self.settings.callable!r} returned {type(answer).__name__}, not str")
             return answer
         assert isinstance(self.settings.command, list)
-        env = {
-            **os.environ,
+        rollout_env = {
             **self.settings.env,
             "OPENAI_BASE_URL": base_url,
+            "OPENAI_API_BASE": base_url,  # LiteLLM's older name for it
             "OPENAI_API_KEY": token,
             "ANTHROPIC_API_KEY": token,
             "ANTHROPIC_BASE_URL": base_url.removesuffix("/v1"),  # the Anthropic SDK adds /v1/messages itself
             "TITO_TASK": msgspec.json.encode(task).decode(),
         }
-        return await run_command(self.settings.command, env=env, cwd=self.cwd)
+        if box is None:
+            return await run_command(self.settings.command, env={**os.environ, **rollout_env}, cwd=self.cwd)
+        env = {**base_env(), **box.spec.env, **rollout_env}  # the sandbox gets no other host variable
+        command = _absolute(self.settings.command, self.cwd)
+        return await run_command(box.argv(command), env=box.environ(env), cwd=None)
 
 
 async def run_command(command: list[str], *, env: dict[str, str], cwd: Path | None) -> str:
@@ -250,6 +278,22 @@ async def _take(gateway: Gateway, rollout_id: str, ended: BaseException | Rollou
     """
     await gateway.get(rollout_id).idle()
     return await gateway.take(rollout_id, ended)
+
+
+def _why(ended: BaseException | RolloutTimedOut | None) -> str:
+    """How an agent ended, in a few words, for the reason a verifier did not run."""
+    if isinstance(ended, AgentExited):
+        return f"the agent exited with code {ended.code}"
+    return f"{type(ended).__name__}: {ended}" if ended is not None else "the sandbox was not made"
+
+
+def _absolute(command: list[str], base_dir: Path | None) -> list[str]:
+    """``command`` with every argument that names a file of the config's directory made absolute.
+
+    In a sandbox the command runs in the task's working directory.
+    """
+    base = base_dir or Path.cwd()
+    return [str(base / part) if not os.path.isabs(part) and (base / part).is_file() else part for part in command]
 
 
 def _smaller(a: float | None, b: float | None) -> float | None:

@@ -7,14 +7,16 @@ gateway), so their records are built the same way; a rollout that could not run 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
+from ..harbor.verifier import Verdict
 from ..records import FinalStatus, RolloutRecord, Timings, TokenCounts, rollout_record
-from ..status import RewardFailed, status_of
+from ..status import NoVerifierReward, RewardFailed, status_of
 from ..trajectory import Trajectory
-from ..turn_rewards import reward_of
+from ..turn_rewards import branch_reward_of, reward_of
 from .dataset import Task
 from .rewards import RewardFn, Sample, call_maybe_async
 
@@ -33,6 +35,7 @@ class Ran(msgspec.Struct, frozen=True, kw_only=True):
         agent_s: Seconds the agent ran.
         tool_calls: Tool calls the agent ran.
         lost_engine: A model call lost its connection to the engine (the worker has the server checked).
+        verdict: A Harbor task's verifier verdict: the reward (the reward function is not called for it).
     """
 
     text: str
@@ -43,6 +46,7 @@ class Ran(msgspec.Struct, frozen=True, kw_only=True):
     agent_s: float
     tool_calls: int
     lost_engine: bool = False
+    verdict: Verdict | None = None
 
 
 async def rewarded_record(
@@ -50,18 +54,27 @@ async def rewarded_record(
 ) -> RolloutRecord:
     """Reward the closed ``traj`` of ``task``'s rollout ``sample`` and build its record.
 
-    The reward function returns a number or per-turn rewards (:func:`~tito_core.turn_rewards.reward_of`). The record
+    The reward function returns a number, per-turn rewards (:func:`~tito_core.turn_rewards.reward_of`) or per-branch
+    ones (``{"branches": {...}}``, :func:`~tito_core.turn_rewards.branch_reward_of`). The record
     is :func:`~tito_core.records.rollout_record`'s, which the gateway's records share. A reward
     function that raises leaves the reward empty and the rollout ``failed``, in the trajectory and the record alike.
     """
     reward: float | None = None
     turn_rewards: list[float | None] | None = None
+    branch_rewards: list[float | None] | None = None
     t1 = time.perf_counter()
-    if reward_fn is not None:
+    if ran.verdict is not None:  # a Harbor task: its verifier is the reward; none is never 0
+        reward = ran.verdict.reward
+        if reward is None and traj.status != "failed":
+            traj.amend_status(*status_of(NoVerifierReward(ran.verdict.reason or "the verifier gave none")))
+    elif reward_fn is not None:
         view = Sample(task, sample, ran.text, ran.messages, traj, final_status(traj), traj.status_reason)
         try:
             value = await call_maybe_async(reward_fn, view, in_thread=True)
-            reward, turn_rewards = reward_of(value, len(traj.turns))
+            if isinstance(value, Mapping) and "branches" in value:
+                reward, branch_rewards = branch_reward_of(value, len(traj.all_branches), traj.branch)
+            else:
+                reward, turn_rewards = reward_of(value, len(traj.turns))
         except Exception as exc:
             traj.amend_status(*status_of(RewardFailed(exc)))  # the trajectory and its record say the same
     now = time.perf_counter()
@@ -77,6 +90,7 @@ async def rewarded_record(
         agent_s=ran.agent_s,
         reward_s=now - t1,
         turn_rewards=turn_rewards,
+        branch_rewards=branch_rewards,
         tool_calls=ran.tool_calls,
     )
 

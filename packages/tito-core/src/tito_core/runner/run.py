@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config import RolloutSettings, TitoConfig, load_config, with_overrides
 from ..errors import ConfigError, DatasetError
+from ..harbor.tasks import HARBOR_KEY, load_harbor_tasks
 from ..records import (
     GroupAdvantages,
     Key,
@@ -51,7 +52,7 @@ DatasetSource = str | os.PathLike[str] | Sequence[Task | Mapping[str, Any]]
 
 def rollout(
     config: ConfigSource,
-    dataset: DatasetSource,
+    dataset: DatasetSource | None,
     output: str | os.PathLike[str],
     *,
     reporter: Reporter | None = None,
@@ -69,7 +70,7 @@ def rollout(
 
 async def arollout(
     config: ConfigSource,
-    dataset: DatasetSource,
+    dataset: DatasetSource | None,
     output: str | os.PathLike[str],
     *,
     reporter: Reporter | None = None,
@@ -80,7 +81,8 @@ async def arollout(
 
     Args:
         config: A TOML file, a mapping of config keys, or a :class:`~tito_core.config.TitoConfig`.
-        dataset: A ``.jsonl`` / ``.parquet`` file of tasks, or the tasks (``Task`` objects or rows).
+        dataset: A ``.jsonl`` / ``.parquet`` file of tasks, or the tasks (``Task`` objects or rows); None: the
+            config's ``[rollout.tasks]`` (a Harbor dataset, :mod:`tito_core.harbor`).
         output: The rollout file: ``.parquet`` for Parquet, JSON lines otherwise. Existing records are kept
             and their rollouts skipped (``retry_failed`` removes the failed ones first, to run again).
         reporter: Progress reporting (default: none; the CLI uses a rich progress bar).
@@ -98,7 +100,7 @@ async def arollout(
         OutputLockedError: Another live run is writing ``output`` (the message names its pid).
     """
     loaded, base_dir = _load_config(config, overrides)
-    tasks = _tasks(dataset)  # every row checked before the prepare hook (which may build a model)
+    tasks = _tasks(dataset, loaded, base_dir)  # every row checked before the prepare hook (which may build a model)
     check_output(output)  # and the output's folder: a bad path fails before any model loads
     lock = OutputLock(output)  # and a second run on this output is refused at once, not after a model loads
     try:
@@ -220,7 +222,13 @@ async def _run_prepare(config: TitoConfig, base_dir: Path | None, overrides: Map
     return config
 
 
-def _tasks(dataset: DatasetSource) -> list[Task]:
+def _tasks(dataset: DatasetSource | None, config: TitoConfig, base_dir: Path | None) -> list[Task]:
+    if dataset is None:
+        source = config.rollout.tasks
+        if source is None or source.harbor is None:
+            raise DatasetError("no dataset: give one (`--dataset`), or a Harbor dataset in `[rollout.tasks] harbor`")
+        harbor = load_harbor_tasks((base_dir or Path.cwd()) / source.harbor)
+        return [Task(id=t.id, prompt=t.prompt, metadata={HARBOR_KEY: t.spec}, index=t.index) for t in harbor]
     if isinstance(dataset, (str, os.PathLike)):
         return load_tasks(dataset)
     tasks = [

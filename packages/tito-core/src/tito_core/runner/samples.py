@@ -2,14 +2,16 @@
 
 What ``tito export`` writes and ``RolloutBatches(samples=...)`` returns. Each row holds the trainer's fields
 (:mod:`tito_core.export`) of one :class:`~tito_core.export.TrainingBranch`, its lineage (``rollout_id``,
-``branch``, ``parent_branch``, ``shared_prefix``, ``final``) and the rollout's ``task_id``, ``sample``,
-``group``, ``reward`` and ``advantage``: every branch of an episode carries the episode's reward and advantage,
-which the group reward function computed over episodes (records), not branches. Images are given by their sha256
+``branch``, ``parent_branch``, ``shared_prefix``, ``final``, ``superseded``), the rollout's ``task_id``, ``sample``
+and ``group``, and its ``reward`` and ``advantage``: by default the episode's, which the group reward function
+computed over episodes (records), not branches; a branch rewarded on its own (``branch_rewards``) carries its own,
+and a retried call's superseded attempt none (docs/rollouts.md, "Rewards per lineage"). Images are given by their sha256
 (plain data; the bytes are the records' ``<output>.images/<sha256>.<format>`` files), in each trainer's field.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, get_args
 
@@ -22,11 +24,12 @@ from ..records import RolloutRecord
 from ..trajectory import Trajectory
 from .staleness import is_stale
 
-__all__ = ["ExportFormat", "GeneratedTokens", "generated_tokens", "training_rows", "verl_metrics"]
+__all__ = ["ExportFormat", "GeneratedTokens", "generated_tokens", "packed_trees", "training_rows", "verl_metrics"]
 
-ExportFormat = Literal["slime", "verl", "trl", "agl"]
+ExportFormat = Literal["slime", "verl", "trl", "agl", "areal"]
 """``slime`` (``Sample`` fields), ``verl`` (``AgentLoopOutput``), ``trl`` (``rollout_func`` columns), ``agl``
-(Agent Lightning v1 ``model_request`` events)."""
+(Agent Lightning v1 ``model_request`` events), ``areal`` (a row of AReaL's batch dict; :func:`packed_trees` packs
+such rows into prefix trees)."""
 
 Converter = Callable[[TrainingBranch, RolloutRecord], dict[str, Any]]
 
@@ -41,12 +44,16 @@ def _slime(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
 
 def _verl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
     final = branch.final
-    return export.to_verl(
+    fields = export.to_verl(
         branch,
         metrics=verl_metrics(record) if final else None,
         images="sha256",
         turn_rewards=record.turn_rewards if final else None,  # per-turn rewards are the final branch's calls'
     )
+    experts = fields.get("routed_experts")
+    if experts is not None:
+        fields["routed_experts"] = experts.tolist()  # a numpy array: rows are plain data
+    return fields
 
 
 def _agl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
@@ -58,7 +65,13 @@ _CONVERTERS: dict[str, Converter] = {
     "verl": _verl,
     "trl": lambda branch, _: export.to_trl(branch, images="sha256"),
     "agl": _agl,
+    "areal": lambda branch, _: export.to_areal(branch),
 }
+
+
+Baseline = Literal["rollouts", "branches"]
+"""Over what a group's advantage baseline is taken when rows have rewards of their own: the group's rollouts (their
+``reward``) or all its training rows (each row's reward)."""
 
 
 def training_rows(
@@ -68,14 +81,24 @@ def training_rows(
     branch_reward: BranchReward = "shared",
     current_version: str | int | None = None,
     max_staleness: int | None = None,
+    reward_superseded: bool = False,
+    baseline: Baseline | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The training rows of ``records``, in order: one per training branch of each (see the module doc).
 
     With ``max_staleness``, records more than that many versions behind ``current_version`` are skipped
     (:func:`tito_core.runner.staleness.is_stale`, whatever their ``stale`` mark says).
 
+    Each row's ``reward`` is :meth:`~tito_core.export.TrainingBranch.reward`'s: its branch's own (a record's
+    ``branch_rewards``), else the rollout's; a superseded attempt's is None unless ``reward_superseded``. Its
+    ``advantage`` is the record's (the group reward function's, over rollouts), None for a row without a reward.
+    With ``baseline``, every row's advantage is GRPO's ``(reward - mean) / (std + 1e-6)`` instead, the mean and
+    standard deviation taken over its group's rollouts (``"rollouts"``) or over all its rows (``"branches"``); the
+    records are then read whole first.
+
     Raises:
-        ConfigError: An unknown format or ``branch_reward``; ``max_staleness`` without ``current_version``.
+        ConfigError: An unknown format, ``branch_reward`` or ``baseline``; ``max_staleness`` without
+            ``current_version``.
     """
     if max_staleness is not None and current_version is None:
         raise ConfigError("max_staleness needs current_version: staleness is counted from the current version")
@@ -83,20 +106,76 @@ def training_rows(
         raise ConfigError(f"unknown export format {to!r}; expected one of {list(get_args(ExportFormat))}")
     if branch_reward not in get_args(BranchReward):
         raise ConfigError(f"branch_reward must be one of {list(get_args(BranchReward))}, not {branch_reward!r}")
-    convert = _CONVERTERS[to]
-    for record in records:
-        if is_stale(record, current_version, max_staleness):
-            continue
-        traj = Trajectory.from_record(record.trajectory)
-        for branch in training_branches(traj, branch_reward=branch_reward):
-            fields = convert(branch, record)
-            fields.update(branch.lineage())
-            fields.update(task_id=record.task_id, sample=record.sample, group=record.group, reward=record.reward)
-            if record.advantage is not None:
+    if baseline is not None and baseline not in get_args(Baseline):
+        raise ConfigError(f"baseline must be one of {list(get_args(Baseline))}, not {baseline!r}")
+    kept = (r for r in records if not is_stale(r, current_version, max_staleness))
+    if baseline is not None:
+        yield from _with_baseline(list(kept), to, branch_reward, reward_superseded, baseline)
+        return
+    for record in kept:
+        for fields in _rows(record, to, branch_reward, reward_superseded):
+            if record.advantage is not None and fields["reward"] is not None:
                 fields["advantage"] = record.advantage
-            if record.turn_rewards is not None and branch.final:
-                fields["turn_rewards"] = record.turn_rewards
             yield fields
+
+
+def _rows(
+    record: RolloutRecord, to: ExportFormat, branch_reward: BranchReward, reward_superseded: bool
+) -> Iterator[dict[str, Any]]:
+    """One record's rows, without their advantage."""
+    convert = _CONVERTERS[to]
+    traj = Trajectory.from_record(record.trajectory)
+    for branch in training_branches(traj, branch_reward=branch_reward):
+        fields = convert(branch, record)
+        fields.update(branch.lineage())
+        reward = branch.reward(record.reward, record.branch_rewards, superseded=reward_superseded)
+        fields.update(task_id=record.task_id, sample=record.sample, group=record.group, reward=reward)
+        if record.turn_rewards is not None and branch.final:
+            fields["turn_rewards"] = record.turn_rewards
+        yield fields
+
+
+def _with_baseline(
+    records: list[RolloutRecord],
+    to: ExportFormat,
+    branch_reward: BranchReward,
+    reward_superseded: bool,
+    baseline: Baseline,
+) -> Iterator[dict[str, Any]]:
+    """The rows of ``records``, each with its GRPO advantage against its group's baseline."""
+    rows = [(record, fields) for record in records for fields in _rows(record, to, branch_reward, reward_superseded)]
+    pool: dict[int, list[float]] = {}  # per group, the rewards the baseline is taken over
+    if baseline == "rollouts":
+        for record in records:
+            if record.reward is not None:
+                pool.setdefault(record.group, []).append(record.reward)
+    else:
+        for record, fields in rows:
+            if fields["reward"] is not None:
+                pool.setdefault(record.group, []).append(fields["reward"])
+    for record, fields in rows:
+        values = pool.get(record.group, [])
+        if fields["reward"] is not None and values:
+            mean = statistics.fmean(values)
+            std = statistics.pstdev(values) if len(values) > 1 else 0.0
+            fields["advantage"] = (fields["reward"] - mean) / (std + 1e-6)
+        yield fields
+
+
+def packed_trees(records: Iterable[RolloutRecord], *, max_tokens: int, **options: Any) -> list[export.PackedTree]:
+    """The ``areal`` training rows of ``records`` packed into prefix trees of at most ``max_tokens`` tokens.
+
+    As AReaL's tree training packs one batch (:func:`~tito_core.export.pack_trees`); ``options`` as
+    :func:`training_rows` takes them.
+
+    Raises:
+        ConfigError: What :func:`training_rows` raises for; ``max_tokens`` not a positive multiple of 128; a row
+            longer than ``max_tokens``.
+    """
+    try:
+        return export.pack_trees(training_rows(records, "areal", **options), max_tokens=max_tokens)
+    except ValueError as exc:
+        raise ConfigError(f"cannot pack the rows into trees: {exc}") from exc
 
 
 def verl_metrics(record: RolloutRecord) -> dict[str, float]:

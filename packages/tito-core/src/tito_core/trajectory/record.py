@@ -13,6 +13,7 @@ import msgspec
 
 from ..backend import FinishReason
 from ..media import MediaSpan
+from ..sampling_mask import SamplingMask
 from ..status import Status
 from ..versions import VersionSpan
 
@@ -115,6 +116,14 @@ class Turn(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=Tr
         routed_experts: Raw little-endian int32 MoE routing rows for this call, when requested.
         routed_experts_start: Token position of the first routing row.
         routed_experts_shape: ``(layers, top_k)`` of each routing row.
+        routed_experts_missing: Why a call that asked for routing (routing replay) has none: the engine's answer
+            came back without it (an engine or a proxy in between dropped it). None otherwise.
+        sampling_mask: The kept set of each output token, when the call sampled from a truncated distribution
+            (top-k, top-p, min-p) and the engine returned them; the output's logprobs are then renormalised over
+            them (the behaviour distribution). None for a call that does not truncate: nothing is stored.
+        sampling_mask_missing: Why a truncating call has no kept sets ("no kept set": the backend cannot return
+            them and the rollout allowed it, ``sampling_masks="allow_missing"``); its logprobs are the engine's
+            as reported, not the behaviour distribution's. None otherwise.
         constrained: The output was generated under a grammar (a forced tool call): its logprobs are the
             engine's post-constraint values, not the policy's (see docs/tool-choice.md).
         weight_versions: The weights that generated the output, as spans relative to its first token
@@ -139,6 +148,9 @@ class Turn(msgspec.Struct, frozen=True, gc=False, kw_only=True, omit_defaults=Tr
     routed_experts: bytes | None = None
     routed_experts_start: int = 0
     routed_experts_shape: tuple[int, int] | None = None
+    routed_experts_missing: str | None = None
+    sampling_mask: SamplingMask | None = None
+    sampling_mask_missing: str | None = None
     constrained: bool = False
     weight_versions: tuple[VersionSpan, ...] | None = None
     continued_rids: tuple[str, ...] = ()

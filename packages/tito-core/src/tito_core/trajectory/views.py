@@ -16,6 +16,7 @@ __all__ = [
     "first_output_from",
     "loss_mask",
     "routed_experts",
+    "sampling_masks",
     "token_weight_versions",
     "version_range_of",
     "weight_versions",
@@ -75,6 +76,34 @@ def routed_experts(turns: Sequence[Turn], length: int) -> tuple[bytes, tuple[int
         data = turn.routed_experts[: max(len(out) - start, 0)]
         out[start : start + len(data)] = data
     return bytes(out), shape
+
+
+def sampling_masks(turns: Sequence[Turn], start: int, end: int) -> tuple[list[int], list[int], bool] | None:
+    """The kept sets of token positions ``start:end`` in CSR form.
+
+    Kept ids, ``end - start + 1`` offsets, and whether a truncating turn among them has none
+    (``sampling_mask_missing``). A row is empty where no kept set was recorded (prompt tokens, calls that did not
+    truncate: the whole vocabulary). None when no turn in the range recorded kept sets or says they are missing.
+    """
+    rows: dict[int, list[int]] = {}
+    missing = False
+    for turn in turns:
+        first = turn.output_start
+        if first + turn.output_len <= start or first >= end:
+            continue
+        missing |= turn.sampling_mask_missing is not None
+        if turn.sampling_mask is not None:
+            for i, row in enumerate(turn.sampling_mask.to_lists()):
+                if start <= first + i < end:
+                    rows[first + i] = row
+    if not rows and not missing:
+        return None
+    ids: list[int] = []
+    offsets = [0]
+    for position in range(start, end):
+        ids.extend(rows.get(position, ()))
+        offsets.append(len(ids))
+    return ids, offsets, missing
 
 
 def weight_versions(turns: Sequence[Turn], since: int = 0) -> list[VersionSpan] | None:

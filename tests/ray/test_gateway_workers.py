@@ -1,0 +1,95 @@
+"""The gateway's workers as Ray actors on a local Ray cluster: the same door, one output, and a killed actor's
+rollouts written ``failed`` from its journal with every call it answered."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tito_core.config import TitoConfig
+from tito_core.gateway.ray_workers import RayWorkerPool
+from tito_core.records import read_records
+from tito_testing.gate import FileGate
+from tito_testing.tokenizers import qwen_tokenizer_dir
+
+USER = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+GUARD_S = 300  # hang guards only
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: Any, token: str = "") -> tuple[int, Any]:
+    try:
+        async with session.post(url, json=body, headers={"Authorization": f"Bearer {token}"}) as response:
+            return response.status, await response.json()
+    except aiohttp.ClientError as exc:  # the actor died under the call
+        return 0, repr(exc)
+
+
+def _worker_of(opened: dict[str, Any]) -> str:
+    return str(opened["base_url"]).split("/rollouts/")[0]
+
+
+async def _until_held(gate: FileGate, count: int) -> None:
+    async with asyncio.timeout(GUARD_S):
+        while gate.arrived() < count:
+            await asyncio.sleep(0.01)
+
+
+async def test_a_killed_gateway_actor_loses_no_answered_call(ray_cluster: Any, tmp_path: Path) -> None:
+    gate = FileGate(tmp_path / "gate")
+    tok = str(qwen_tokenizer_dir("qwen3"))
+    replies = [f"answer {i}" for i in range(20)]
+    config = TitoConfig(
+        backend="scripted",
+        tokenizer=tok,
+        backend_options={"tokenizer": tok, "gate": str(gate.path), "replies": replies},
+    )
+    out = tmp_path / "out.jsonl"
+    pool = RayWorkerPool(config, 2, output=out, num_cpus=0.25)
+    try:
+        front = await asyncio.wait_for(pool.start(), GUARD_S)
+        async with aiohttp.ClientSession() as session:
+            opened = [(await _post(session, f"{front}/rollouts", {"task_id": f"t{i}"}))[1] for i in range(4)]
+            assert len({_worker_of(o) for o in opened}) == 2  # both actors serve rollouts
+            gate.open()
+            first = [await _post(session, f"{o['base_url']}/chat/completions", USER, o["token"]) for o in opened]
+            assert [status for status, _ in first] == [200] * 4
+            (gate.path / "open").unlink()  # closed again: the second calls are held
+            bodies = [
+                {
+                    "model": "m",
+                    "messages": [*USER["messages"], a["choices"][0]["message"], {"role": "user", "content": "more"}],
+                }
+                for _, a in first
+            ]
+            second = [
+                asyncio.ensure_future(_post(session, f"{o['base_url']}/chat/completions", b, o["token"]))
+                for o, b in zip(opened, bodies, strict=True)
+            ]
+            await _until_held(gate, 8)
+            victim = _worker_of(opened[0])
+            actor = next(w.handle for w in pool.workers if w.base_url == victim)
+            ray_cluster.kill(actor)
+            await asyncio.wait_for(pool.lost_changed.wait(), GUARD_S)
+            gate.open()
+            answers = await asyncio.gather(*second)
+    finally:
+        await asyncio.wait_for(pool.close(), GUARD_S)
+    (lost,) = pool.lost
+    lost_ids = {o["id"] for o in opened if _worker_of(o) == victim}
+    assert lost.recovered == len(lost_ids) == 2
+    records = {r.trajectory.rollout_id: r for r in read_records(out)}
+    assert set(records) == {o["id"] for o in opened} and len(list(read_records(out))) == 4  # one each
+    for o, (_, answer), (status, later) in zip(opened, first, answers, strict=True):
+        traj = records[o["id"]].trajectory
+        outputs = [traj.token_ids[s.start : s.end] for s in traj.segments if s.kind == "output"]
+        if o["id"] in lost_ids:
+            assert status != 200
+            assert records[o["id"]].status == "failed"
+            assert (records[o["id"]].status_reason or "").startswith("gateway worker lost")
+            assert outputs == [answer["tito"]["output_ids"]]
+        else:
+            assert status == 200
+            assert outputs == [answer["tito"]["output_ids"], later["tito"]["output_ids"]]
