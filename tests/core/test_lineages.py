@@ -183,7 +183,7 @@ def test_only_the_most_recently_used_lineages_keep_their_backend_sequence(qwen25
     names = {}
 
     def call(system: str, *later: ChatMessage) -> str:
-        """One call as the call loop makes it: choose, name the sequence, record a prompt and an output."""
+        """One call as the call loop makes it: choose, name the sequence, record a prompt and an output, release."""
         conversation = Conversation(messages=[_user("hi"), *later], system=system)
         lineage, plan = lineages.choose(conversation, None)
         name = lineage.sequence.name(lineage.trajectory)
@@ -192,6 +192,7 @@ def test_only_the_most_recently_used_lineages_keep_their_backend_sequence(qwen25
         lineage.sync.consumed(plan, conversation, len(traj))
         traj.append("output", [3], [-0.5], turn=len(traj.turns))
         lineage.sync.expect({"role": "assistant", "content": "hello"})
+        lineages.release(lineage)
         names.setdefault(system, []).append(name)
         return name
 

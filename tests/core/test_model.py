@@ -419,7 +419,8 @@ def test_many_agents_share_one_backend_on_one_loop(qwen25_tokenizer):
     assert all(m.trajectory.status == "completed" and len(m.trajectory.turns) == 2 for m in models)
 
 
-def test_same_model_cannot_generate_twice_at_once(qwen25_tokenizer):
+def test_same_model_generating_twice_at_once_records_both_calls(qwen25_tokenizer):
+    """Two calls from one point at once: the second branches off the branch the first holds (``parallel``)."""
     tok = qwen25_tokenizer
     model = TitoModel(ScriptedBackend(tok, ["a", "b"], delay=0.05), tok)
     messages = [{"role": "user", "content": [{"text": "hi"}]}]
@@ -428,10 +429,14 @@ def test_same_model_cannot_generate_twice_at_once(qwen25_tokenizer):
         return [e async for e in model.stream(messages)]
 
     async def run():
-        await asyncio.gather(consume(), consume())
+        return await asyncio.gather(consume(), consume())
 
-    with pytest.raises(TitoError, match="one TitoModel per agent"):
-        asyncio.run(run())
+    first, second = asyncio.run(run())
+    assert first and second
+    traj = model.trajectory
+    root, twin = sorted(traj.all_branches, key=lambda b: b.branch)
+    assert (len(root.turns), len(twin.turns), twin.fork_kind, twin.parent_branch) == (1, 1, "parallel", None)
+    assert root.token_ids[: root.turns[0].output_start] == twin.token_ids[: twin.turns[0].output_start]
 
 
 def test_bad_config_is_rejected(qwen25_tokenizer):

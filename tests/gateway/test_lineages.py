@@ -104,6 +104,6 @@ async def test_finishing_closes_every_open_branch_with_its_own_status(gateway: G
     )
     record = await gateway.finish(rollout.id)
     parent, sub = by_number(Trajectory.from_record(record.trajectory))
-    unanswered = "the client finished the rollout with the last output's tool calls unanswered"
+    unanswered = "the rollout ended with the last output's tool calls unanswered"
     assert (parent.status, parent.status_reason) == ("aborted", unanswered)
     assert sub.status == record.status == "completed" and sub.parent_branch is None  # a new lineage: no tools

@@ -1,4 +1,4 @@
-"""The gateway's safety: 404, 409 (busy, finished), api key and loopback, bounded bodies, idle timeout, and
+"""The gateway's safety: 404, 409 (finished), api key and loopback, bounded bodies, idle timeout, and
 `tito serve` in a subprocess (its config's prepare hook, SIGTERM)."""
 
 from __future__ import annotations
@@ -39,30 +39,6 @@ async def test_unknown_rollout_is_404_and_finished_one_409(gateway: Gateway, bac
     status, body = await post(f"{opened['base_url']}/chat/completions", USER, **auth)
     assert status == 409 and body["error"]["code"] == "rollout_finished"
     assert backend.requests == []
-
-
-async def test_concurrent_call_on_one_rollout_is_409(gateway: Gateway, backend: Any) -> None:
-    release = asyncio.Event()
-    entered = asyncio.Event()
-
-    original = backend.generate
-
-    async def held(request: Any) -> Any:
-        entered.set()
-        await release.wait()
-        return await original(request)
-
-    backend.generate = held
-    backend.add("done")
-    rollout = gateway.open()
-    auth = {"Authorization": f"Bearer {rollout.token}"}
-    first = asyncio.create_task(post(f"{rollout.base_url}/chat/completions", USER, **auth))
-    await entered.wait()
-    status, body = await post(f"{rollout.base_url}/chat/completions", USER, **auth)
-    assert status == 409 and body["error"]["code"] == "rollout_busy"
-    release.set()
-    status, answer = await first
-    assert status == 200 and answer["choices"][0]["message"]["content"] == "done"
 
 
 async def test_api_key_is_required_and_checked(backend: Any, qwen3_tokenizer: Any) -> None:

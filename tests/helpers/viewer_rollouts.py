@@ -92,7 +92,8 @@ def write_rollouts(path: Path, tokenizer: Any) -> Path:
     keep = len(fork)
     _prompt(fork, renderer, [{"role": "user", "content": "again"}], 1)
     _output(fork, renderer, "hi hi", 1, version="2")
-    child = fork.fork(keep, "the client rewrote the history")
+    child = fork.fork(keep, "the client rewrote the history", kind="rewrite")
+    child.label = "main"
     _prompt(child, renderer, [{"role": "user", "content": "once more, louder"}], 1)
     _output(child, renderer, "HI", 1, version="2")
     records.append((child.close("truncated", "max_model_calls reached (2)"), "fork", 0.0, None))

@@ -88,6 +88,11 @@ def test_the_summary_is_model_output_recorded_in_the_branch_that_generated_it(tm
     assert summaries, [tokenizer.decode(b.token_ids[-40:]) for b in traj.all_branches]
     branch = summaries[0]
     assert branch.fork_reason == "a new lineage (the system prompt and the tool list changed)"  # the summarizer's
+    going_on = [b for b in traj.all_branches if b.fork_kind == "compaction"]
+    assert going_on, [(b.branch, b.fork_kind, b.fork_reason) for b in traj.all_branches]
+    assert {(b.compacted_from.branch, b.compacted_from.turn) for b in going_on if b.compacted_from} == {
+        (branch.branch, branch.turns[-1].index)
+    }  # the agent goes on from the summary: linked to the call that wrote it
     sample = next(s for s in training_branches(traj) if s.trajectory is branch)
     assert tokenizer.decode(sample.trajectory.token_ids[sample.prompt_length :]).startswith(SUMMARY)
     assert sum(sample.trajectory.loss_mask[sample.prompt_length :]) > 0  # trained: loss 1

@@ -107,6 +107,7 @@ async def test_branches_carry_their_fork(viewer: str) -> None:
     first, second = json.loads(body)["branches"]
     assert (first["branch"], first["parent"], second["branch"], second["parent"]) == (0, None, 1, 0)
     assert second["fork_reason"] == "the client rewrote the history" and second["status"] == "truncated"
+    assert (second["fork_kind"], second["label"], first["fork_kind"], first["label"]) == ("rewrite", "main", None, None)
     assert second["ids"][: second["fork_at"]] == first["ids"][: second["fork_at"]]
     shared = next(i for i, (a, b) in enumerate(zip(first["ids"], second["ids"], strict=False)) if a != b)
     assert second["shared"] == shared > second["fork_at"]  # the re-rendered prompt shares more than the fork kept

@@ -53,6 +53,10 @@ class UnsupportedContentError(TitoError, ValueError):
     """A Strands message holds a content block tito cannot turn into tokens."""
 
 
+class LineageLabelError(TitoError, ValueError):
+    """A lineage label (``X-Tito-Lineage``, Strands' ``tito_lineage``) tito does not take (length, characters)."""
+
+
 class TemplateError(TitoError):
     """The chat template rendered something tito cannot use safely.
 

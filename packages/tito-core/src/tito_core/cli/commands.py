@@ -368,8 +368,14 @@ def _show_segments(console: Any, record: Any, tokenizer: Any) -> None:
     """Each segment as text (or token ids): generated tokens (loss 1) in bold green, the rest dim."""
     from rich.text import Text
 
+    from .branches import branch_lines
+
     traj = record.trajectory
     console.rule(f"{record.task_id} sample {record.sample}: {record.status}")
+    if traj.branches or traj.label:
+        for line in branch_lines(traj):
+            console.print(Text(line, style="cyan"))
+        console.print(Text(f"[the segments of branch {traj.branch}, the last call's]", style="italic"))
     for i, span in enumerate(traj.media):
         grid = "x".join(map(str, span.grid_thw)) if span.grid_thw else "-"
         size = f"{span.size[0]}x{span.size[1]} " if span.size is not None else ""

@@ -37,8 +37,10 @@ from typing import Any, Protocol
 import msgspec
 from aiohttp import web
 
+from ..errors import LineageLabelError
 from ..records import RolloutRecord
 from ..records.schema import ENCODER
+from ..rollout_core.labels import LABEL_HEADER, Label, parse_label
 from ..viewer import viewer_app
 from . import sse
 from .access import Access
@@ -77,9 +79,15 @@ class Served(Protocol):
         """A rollout's trajectory JSON."""
 
     async def call(
-        self, rollout_id: str, front: Front, body: Any, route: Route | None = None, path: dict[str, str] | None = None
+        self,
+        rollout_id: str,
+        front: Front,
+        body: Any,
+        route: Route | None = None,
+        path: dict[str, str] | None = None,
+        label: Label | None = None,
     ) -> tuple[Any, bool]:
-        """Answer a call through ``front``: its answer (JSON data, or its events) and whether it streams."""
+        """Answer a call through ``front``, labelled ``label``: its answer (data or events), whether it streams."""
 
     async def count(
         self, rollout_id: str, front: Front, body: Any, route: Route | None = None, path: dict[str, str] | None = None
@@ -168,6 +176,14 @@ async def _checked(request: web.Request, handler: _Handler) -> web.StreamRespons
         raise GatewayError(exc.status, exc.reason, code="http_error") from None
 
 
+def _label(request: web.Request) -> Label | None:
+    """The call's lineage label (``X-Tito-Lineage``), checked: a 400 ``invalid_lineage_label`` names the header."""
+    try:
+        return parse_label(request.headers.get(LABEL_HEADER))
+    except LineageLabelError as exc:
+        raise GatewayError(400, str(exc), param=LABEL_HEADER, code="invalid_lineage_label") from None
+
+
 async def _body(request: web.Request, *, optional: bool = False) -> Any:
     raw = await request.read()
     if not raw and optional:
@@ -231,7 +247,8 @@ def _front_handler(front: Front, route: Route) -> _Handler:
         if route.kind == "count":
             return _json(await gateway.count(rollout_id, front, await _body(request), route, path))
         gateway.get(rollout_id)  # 404 / 409 before reading a large body
-        answer, stream = await gateway.call(rollout_id, front, await _body(request), route, path)
+        label = _label(request)
+        answer, stream = await gateway.call(rollout_id, front, await _body(request), route, path, label)
         if not stream:
             return _json(answer)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

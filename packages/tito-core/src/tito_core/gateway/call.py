@@ -21,6 +21,7 @@ from ..backend import SamplingParams
 from ..conversation import ChatMessage, Conversation, tool_specs_to_chat
 from ..errors import BackendConnectionError, ConfigError
 from ..render import ChatRenderer
+from ..rollout_core.labels import Label
 from .errors import GatewayError, bad_request, error_of
 
 if TYPE_CHECKING:
@@ -107,7 +108,8 @@ class CallAnswer(msgspec.Struct, frozen=True, kw_only=True):
         tokens: Every output token's text and logprob (the stop token included), when the caller asked.
         tito: tito's own fields: the output ids, the rollout, branch and turn, and ``matched_stop`` (the stop
             string or token id that ended generation, when the engine says); ``sampling_mask_missing`` and
-            ``routed_experts_missing`` when the record says why it lacks kept sets or routing.
+            ``routed_experts_missing`` when the record says why it lacks kept sets or routing; ``lineage`` (the
+            call's label) when it had one.
     """
 
     id: str
@@ -137,8 +139,10 @@ class CallAnswer(msgspec.Struct, frozen=True, kw_only=True):
         return message
 
 
-async def answer_call(rollout: GatewayRollout, request: CallRequest, model_name: str) -> CallAnswer:
-    """Run ``request`` on ``rollout`` (claimed by the caller) and answer it.
+async def answer_call(
+    rollout: GatewayRollout, request: CallRequest, model_name: str, label: Label | None = None
+) -> CallAnswer:
+    """Run ``request`` on ``rollout`` (claimed by the caller) and answer it; ``label`` names the call's lineage.
 
     Raises:
         GatewayError: 400 (a sampling field tito cannot honour, named), or the error a failed model call maps to
@@ -153,7 +157,13 @@ async def answer_call(rollout: GatewayRollout, request: CallRequest, model_name:
     conversation = placed_system(request.conversation, core.renderer, rollout.id)
     try:
         result = await rollout.run_call(
-            core.call(conversation, options, tool_choice=request.tool_choice, answer_schema=request.answer_schema)
+            core.call(
+                conversation,
+                options,
+                tool_choice=request.tool_choice,
+                answer_schema=request.answer_schema,
+                label=label,
+            )
         )
     except Exception as exc:  # the rollout has its status; the client gets its front's error
         rollout.lost_engine |= isinstance(exc, BackendConnectionError)
@@ -196,6 +206,8 @@ async def answer_call(rollout: GatewayRollout, request: CallRequest, model_name:
             **_flags(result),
         },
     )
+    if label is not None:
+        answer.tito["lineage"] = label.name
     rollout.replies.remember(answer.message(), result.reply())
     rollout.tool_calls += len(calls)
     return answer

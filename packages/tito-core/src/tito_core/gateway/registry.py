@@ -1,9 +1,10 @@
-"""The gateway's open rollouts: one :class:`~tito_core.rollout_core.call.Rollout` each, its lock and idle clock.
+"""The gateway's open rollouts: one :class:`~tito_core.rollout_core.call.Rollout` each, its calls and idle clock.
 
-A :class:`GatewayRollout` is a sequence: :meth:`GatewayRollout.claim` refuses a second call while one runs (409),
-and a finished one refuses every call (409). The :class:`Registry` finds rollouts by id (404 when unknown),
-removes them when they are taken, and ends the ones idle past the timeout through a callback (the gateway closes
-them with a status and writes them).
+A :class:`GatewayRollout` takes calls concurrently, each on its own lineage (the core's
+:class:`~tito_core.rollout_core.lineages.Lineages` picks one per call and lets a call branch off a lineage another
+call holds); :meth:`GatewayRollout.claim` counts them, and a finished one refuses every call (409). The
+:class:`Registry` finds rollouts by id (404 when unknown), removes them when they are taken (409 while calls run),
+and ends the ones idle past the timeout through a callback (the gateway closes them with a status and writes them).
 """
 
 from __future__ import annotations
@@ -84,15 +85,15 @@ class GatewayRollout:
         self.rewards = TurnRewards()
         self.options = CallOptions()  # the model's per-call options (the gateway's setup), set by ``open``
         self.finished = False
-        self.call: asyncio.Task[Any] | None = None  # the model call running now (a drain past its time cancels it)
-        self._busy = False
+        self.calls: set[asyncio.Task[Any]] = set()  # the model calls running now (a drain past its time cancels them)
+        self._running = 0
         self._idle = asyncio.Event()  # set while no call runs: what idle() waits on
         self._idle.set()
 
     @property
     def busy(self) -> bool:
         """True while a call runs."""
-        return self._busy
+        return self._running > 0
 
     async def idle(self) -> None:
         """Return once no call runs on the rollout (at once when none does)."""
@@ -105,7 +106,7 @@ class GatewayRollout:
             GatewayError: 503 when the drain cancelled it (its client gets an error, never a 200).
         """
         task: asyncio.Task[T] = asyncio.ensure_future(call)
-        self.call = task
+        self.calls.add(task)
         try:
             return await task
         except asyncio.CancelledError:
@@ -115,28 +116,25 @@ class GatewayRollout:
             late = "the gateway shut down during the call: it ran past the drain time and was cancelled"
             raise GatewayError(503, late, code="shutting_down") from None
         finally:
-            self.call = None
+            self.calls.discard(task)
 
     @contextlib.contextmanager
     def claim(self) -> Iterator[None]:
-        """Hold the rollout for one call.
+        """Count one call in flight on the rollout (others may run: each holds its own lineage in the core).
 
         Raises:
-            GatewayError: 409 when another call runs on it or it was finished.
+            GatewayError: 409 when it was finished.
         """
         if self.finished:
             raise GatewayError(409, f"rollout {self.id!r} is finished and takes no more calls", code="rollout_finished")
-        if self._busy:
-            raise GatewayError(
-                409, f"rollout {self.id!r} is already answering a call: a rollout is a sequence", code="rollout_busy"
-            )
-        self._busy = True
+        self._running += 1
         self._idle.clear()
         try:
             yield
         finally:
-            self._busy = False
-            self._idle.set()
+            self._running -= 1
+            if not self._running:
+                self._idle.set()
             self.last_used = time.monotonic()
 
 
@@ -232,7 +230,7 @@ class Registry:
             _, pending = await asyncio.wait({*pending, hurried}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             pending.discard(hurried)
         hurried.cancel()
-        late = [r.call for r in busy if r.busy and r.call is not None]
+        late = [call for r in busy if r.busy for call in r.calls]
         for call in late:
             call.cancel()
         await asyncio.gather(*waits)  # a cancelled call ends at once: its engine abort is bounded (5 s)

@@ -27,13 +27,15 @@ from ..errors import ConfigError
 from ..media.processor import ProcessorSpec, VisionProcessor, refusal
 from ..model_setup import ModelSetup
 from ..records import RolloutRecord
+from ..rollout_core.labels import Label
+from ..rollout_core.tree import close_reason
 from ..status import Closed, NoModelCall, Outcome, Stopped, replaces, status_of
 from ..tokenizers import aload_tokenizer
 from ..trajectory import Trajectory
 from .access import Access, is_loopback
 from .call import answer_call, count_prompt
 from .errors import GatewayError
-from .fronts import Context, Front, Route, load_fronts
+from .fronts import Context, Decoded, Front, Route, load_fronts
 from .images import ImageReader
 from .journal import Journal
 from .output import GatewayOutput
@@ -238,9 +240,7 @@ class Gateway:
 
     def _refuse_if_closing(self) -> None:
         if self._closing:
-            raise GatewayError(
-                503, "the gateway is shutting down: it takes no new rollouts or calls", code="shutting_down"
-            )
+            raise GatewayError(503, _CLOSING, code="shutting_down")
 
     def get(self, rollout_id: str) -> GatewayRollout:
         """The open rollout ``rollout_id`` (404, or 409 when it was finished)."""
@@ -252,9 +252,7 @@ class Gateway:
     def trajectory_json(self, rollout_id: str) -> bytes:
         """The trajectory JSON of an open rollout or a recently finished one (404 otherwise)."""
         done = self.registry.finished(rollout_id)
-        if done is not None:
-            return done
-        return self.registry.get(rollout_id).core.trajectory.to_json()
+        return done if done is not None else self.registry.get(rollout_id).core.trajectory.to_json()
 
     async def take(self, rollout_id: str, ended: Outcome | None = None) -> Trajectory:
         """Close rollout ``rollout_id`` (a status set), remove it, and return its trajectory; later calls get 409.
@@ -267,10 +265,7 @@ class Gateway:
         return self._end(rollout, "finish", ended)
 
     def reward(self, rollout_id: str, value: Any, turn: Any = None, branch: Any = None) -> int:
-        """Reward model call ``turn`` (None: the last so far) of an open rollout, or its branch ``branch``.
-
-        Returns the turn or branch rewarded (see ``gateway/rewards.py``).
-        """
+        """Reward call ``turn`` (None: the last so far) or branch ``branch`` of an open rollout; return which one."""
         rollout = self.get(rollout_id)
         if branch is not None:
             return rollout.rewards.give_branch(value, branch, len(rollout.core.trajectory.all_branches))
@@ -316,30 +311,30 @@ class Gateway:
 
     # ---------------------------------------------------------------------------------------------- calls
     async def call(
-        self, rollout_id: str, front: Front, body: Any, route: Route | None = None, path: dict[str, str] | None = None
+        self,
+        rollout_id: str,
+        front: Front,
+        body: Any,
+        route: Route | None = None,
+        path: dict[str, str] | None = None,
+        label: Label | None = None,
     ) -> tuple[Any, bool]:
-        """Answer one request of ``front`` on rollout ``rollout_id``; returns the answer and whether it streams.
+        """Answer one request of ``front`` on rollout ``rollout_id``: the front's data or events, whether it streams.
 
-        The answer is the front's JSON data, or its list of :class:`~tito_core.gateway.sse.Event` s when it streams.
-
-        ``route`` is the front's route it came in on (its first by default), ``path`` the route's path parameters.
+        ``route``: the route it came in on (the front's first by default), ``path``: the route's parameters, ``label``:
+        the call's lineage label (``X-Tito-Lineage``). Calls on one rollout may run concurrently.
 
         Raises:
-            GatewayError: 400 (a field tito cannot honour, named as the caller wrote it), 404, 409 (busy, finished),
-                503 (shutting down), or the error a failed model call maps to
-                (:func:`~tito_core.gateway.errors.error_of`); the rollout has its status.
+            GatewayError: 400 (a field tito cannot honour, named as the caller wrote it), 404, 409 (finished), 503
+                (shutting down), or a failed call's (:func:`~tito_core.gateway.errors.error_of`; it has a status).
         """
         rollout = self.get(rollout_id)
         self._refuse_if_closing()
         route = route or front.routes[0]
         with rollout.claim():
             context = _context(rollout, front, route, path, rollout.images)
-            try:
-                decoded = front.decode(body, context)
-            except GatewayError as exc:
-                rollout.core.fail(exc)
-                raise
-            answer = await answer_call(rollout, decoded.request, self.model_name)
+            decoded = _decode(rollout, front, body, context)
+            answer = await answer_call(rollout, decoded.request, self.model_name, label)
             if self.journal is not None:  # on disk before the answer goes out
                 _journaled(self.journal.answered, rollout)
         stream = route.stream if route.stream is not None else decoded.request.stream
@@ -352,13 +347,24 @@ class Gateway:
     ) -> Any:
         """Answer a ``count`` route of ``front``: the prompt's token count, with nothing recorded.
 
-        It takes text only (an image is a 400: no image reader is used, so counting never touches the rollout's
-        kept images).
+        Text only (an image is a 400: counting reads no image, so it never touches the rollout's kept images).
         """
         rollout = self.get(rollout_id)
         route = route or next(r for r in front.routes if r.kind == "count")
         context = _context(rollout, front, route, path, ImageReader(_NO_IMAGES_WHEN_COUNTING))
         return front.count(await count_prompt(rollout, front.decode(body, context).request))
+
+
+_CLOSING = "the gateway is shutting down: it takes no new rollouts or calls"
+
+
+def _decode(rollout: GatewayRollout, front: Front, body: Any, context: Context) -> Decoded:
+    """``front``'s decoding of ``body``; a 400 it raises is the rollout's status too (:meth:`Rollout.fail`)."""
+    try:
+        return front.decode(body, context)
+    except GatewayError as exc:
+        rollout.core.fail(exc)
+        raise
 
 
 def _journaled(append: Callable[..., None], *args: Any) -> None:
@@ -410,11 +416,13 @@ def close_ended(traj: Trajectory, ended: Outcome | None) -> None:
 
     ``ended`` (the gateway stopped it: shutdown, idle timeout; or how its agent ended) decides a branch's status
     where :func:`~tito_core.status.replaces` says so; otherwise a rollout the client finished is ``failed`` without
-    any model call, a branch whose last output's tool calls went unanswered is ``aborted``, and every other branch
-    keeps the status of its last call.
+    any model call, a branch still ``running`` (its last output called tools) is ``aborted`` with the true reason
+    (:func:`~tito_core.rollout_core.tree.close_reason`: left behind, or its tool calls unanswered), and every
+    other branch keeps the status of its last call.
     """
-    called = any(branch.turns for branch in traj.all_branches) or bool(traj.branches)
-    for branch in traj.all_branches:
+    branches = traj.all_branches
+    called = any(branch.turns for branch in branches) or bool(traj.branches)
+    for branch in branches:
         if branch.closed:
             continue
         if ended is not None and replaces(ended, branch.status):
@@ -422,8 +430,7 @@ def close_ended(traj: Trajectory, ended: Outcome | None) -> None:
         elif branch.status == "running" and not called:
             branch.close(*status_of(NoModelCall()))
         elif branch.status == "running":
-            reason = "the client finished the rollout with the last output's tool calls unanswered"
-            branch.close(*status_of(Closed("running", reason)))
+            branch.close(*status_of(Closed("running", close_reason(branch, branches))))
         else:
             branch.close()
 

@@ -27,8 +27,11 @@ from ..render.renderer import ChatRenderer
 from ..status import CallEnd, status_of
 from ..tool_parsers.base import ParsedOutput, ToolParser
 from ..trajectory import Trajectory
+from ..trajectory.record import CallRef
 from ..weights import aborted_by_update, aborting_updates
 from .checks import check_result
+from .compaction import find_summary, link_compaction
+from .labels import Label
 from .lineages import Lineage, Lineages
 from .output import CallResult, parse_output, parse_text, record_call
 from .prompt import NewPrompt, PrefixPolicy, PromptBuilder, RenderMode, chat_media, error_for
@@ -96,7 +99,6 @@ class Rollout:
             input_kinds=self.capabilities.input_kinds,
         )
         self._lineages = Lineages(backend, rollout_id)
-        self._running: Lineage | None = None  # the lineage of the call in progress
 
     @property
     def trajectory(self) -> Trajectory:
@@ -110,7 +112,13 @@ class Rollout:
         return closed
 
     async def call(
-        self, conversation: Conversation, options: CallOptions, *, tool_choice: Any = None, answer_schema: Any = None
+        self,
+        conversation: Conversation,
+        options: CallOptions,
+        *,
+        tool_choice: Any = None,
+        answer_schema: Any = None,
+        label: Label | None = None,
     ) -> CallResult:
         """Run one model call token-in/token-out and record it.
 
@@ -119,25 +127,34 @@ class Rollout:
         answer) constrains it to one canonical JSON value of that schema, or one call to the offered tools. The
         output is recorded verbatim like any other, its logprobs as the engine reports them under the constraint.
 
-        Whatever raises out of the call leaves the trajectory with a status and its reason first; a call is
-        recorded whole or not at all.
+        ``label`` names the call's lineage (:mod:`~tito_core.rollout_core.labels`): it goes on no branch labelled
+        otherwise, and ``; compaction`` marks the branch it starts a compaction continuation.
+
+        Calls may run concurrently on one rollout: each holds the lineage it goes on until it ends, and a call that
+        would go on a lineage with a call in flight branches off it (:meth:`Lineages.choose`). Whatever raises out of
+        the call leaves its branch with a status and its reason first; a call is recorded whole or not at all.
         """
         choice = options.tool_choice if tool_choice is None else tool_choice
+        held: list[Lineage] = []
         try:
-            return await self._call(conversation, options, choice, answer_schema)
+            return await self._call(conversation, options, choice, answer_schema, label, held)
         except BaseException as exc:
-            self.fail(exc)
+            self.fail(exc, held[0] if held else None)
             raise
         finally:
-            self._running = None
+            if held:
+                self._lineages.release(held[0])
 
-    def fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException, lineage: Lineage | None = None) -> None:
         """A call ended with ``exc`` (here, or in the front before the call): set the status, end the sequence.
 
-        On the branch the call ran on (the last call's before it chose one). Engine-side state of that branch may
-        hold what was not recorded: its next call starts afresh.
+        On the branch the call ran on (``lineage``; before it chose one, the last call's, unless a call is in flight
+        there). Engine-side state of that branch may hold what was not recorded: its next call starts afresh.
         """
-        lineage = self._running or self._lineages.last
+        if lineage is None:
+            lineage = self._lineages.last
+            if lineage.running:
+                return  # a call in flight there sets its status itself
         lineage.sequence.end()
         traj = lineage.trajectory
         if not traj.closed:
@@ -147,13 +164,19 @@ class Rollout:
         check_result(request, result, vocab_size=self.vocab_size, backend=self.capabilities.name)
 
     async def _call(
-        self, conversation: Conversation, options: CallOptions, tool_choice: Any, answer_schema: Any
+        self,
+        conversation: Conversation,
+        options: CallOptions,
+        tool_choice: Any,
+        answer_schema: Any,
+        label: Label | None,
+        held: list[Lineage],
     ) -> CallResult:
         prompts, backend = self.prompts, self.backend
         grammar = prompts.grammar(conversation.tool_specs, tool_choice, answer_schema)
         tools = tool_specs_to_chat(conversation.tool_specs)
-        lineage, plan = self._lineages.choose(conversation, tools)
-        self._running = lineage
+        lineage, plan = self._lineages.choose(conversation, tools, label.name if label is not None else None)
+        held.append(lineage)
         sync = lineage.sync
         renders = self.capabilities.renders_prompt
         items = chat_media(plan.chat) if renders else ()
@@ -163,6 +186,7 @@ class Rollout:
             )
         new: NewPrompt = ([], 0, ()) if renders else await prompts.build(plan, conversation, sync)
         new_ids, n_boundary, media = new
+        self._compaction(lineage.trajectory, conversation, new_ids, label)
         request = await self._request(lineage, conversation, tools, new_ids, media, options, grammar)
         started = time.perf_counter()
         updates = aborting_updates(backend)
@@ -186,7 +210,7 @@ class Rollout:
                 text = self.renderer.decode(cut.output_ids)
                 parsed = parse_text(self.renderer, self.tool_parser, text, conversation.tool_specs, request.input_ids)
                 with contextlib.suppress(GenerationAbortedError):
-                    self._record(lineage, conversation, plan, request, cut, new, parsed, started, progress.rids)
+                    self._record(lineage, conversation, plan, request, cut, new, parsed, started, progress.rids, label)
                 raise
         result = progress.result
         if renders:
@@ -195,7 +219,21 @@ class Rollout:
         parsed = await parse_output(
             self.renderer, self.tool_parser, result, conversation.tool_specs, request.sampling, request.input_ids
         )
-        return self._record(lineage, conversation, plan, request, result, new, parsed, started, progress.rids)
+        return self._record(lineage, conversation, plan, request, result, new, parsed, started, progress.rids, label)
+
+    def _compaction(
+        self, traj: Trajectory, conversation: Conversation, new_ids: list[int], label: Label | None
+    ) -> None:
+        """Link a branch that starts here from a prompt carrying an earlier call's output (:mod:`.compaction`)."""
+        explicit = label is not None and label.compaction
+        if traj.first_output_from(traj.fork_at) < len(traj) or not (
+            explicit or traj.fork_kind in ("new_lineage", "rewrite", "compaction")
+        ):
+            return  # the branch has output of its own, or did not start from a new prompt
+        lineages = self._lineages
+        skip = lineages.replayed(conversation.messages)  # replayed as assistant turns: history, not a summary
+        found = find_summary(lineages.branches, new_ids, self.renderer.end_of_turn_ids, skip)
+        link_compaction(traj, found or (lineages.recorded if explicit else None), explicit=explicit)
 
     async def _request(
         self,
@@ -285,6 +323,7 @@ class Rollout:
         parsed: ParsedOutput,
         started: float,
         continued: list[str],
+        label: Label | None,
     ) -> CallResult:
         """Record the call, note what it consumed and what must come back, then set the status it ends with."""
         sync = lineage.sync
@@ -304,7 +343,9 @@ class Rollout:
             continued=continued,
             media=media,
             mask_missing=self._mask_missing(request),
+            label=label.name if label is not None else None,
         )
+        self._lineages.replied(CallRef(traj.branch, done.turn), done.reply())
         if done.routed_experts_missing:
             logger.warning("rollout %s, turn %d: %s", traj.rollout_id, done.turn, done.routed_experts_missing)
         sync.consumed(plan, conversation, prompt_end)

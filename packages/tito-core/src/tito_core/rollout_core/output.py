@@ -131,11 +131,13 @@ def record_call(
     continued: Sequence[str] = (),
     media: Sequence[PromptMedia] = (),
     mask_missing: str | None = None,
+    label: str | None = None,
 ) -> CallResult:
     """Append the call's boundary, prompt and output segments, its new media and its turn record, atomically.
 
     ``mask_missing`` says why a truncating call has no kept sets (the backend cannot return them); a call that asked
-    for routing and got none records why in ``routed_experts_missing``.
+    for routing and got none records why in ``routed_experts_missing``; ``label`` is the call's lineage label, kept in
+    its turn.
     """
     prefix_len = len(traj)
     turn_index = len(traj.turns)
@@ -166,6 +168,7 @@ def record_call(
         sampling_mask_missing=mask_missing,
         constrained=request.grammar is not None,
         continued_rids=tuple(continued),
+        label=label,
         weight_versions=(
             None
             if result.weight_versions is None

@@ -22,6 +22,7 @@ import msgspec
 from ..conversation import ChatMessage, Conversation, canonical
 from ..status import Discarded, Status, status_of
 from ..trajectory import Trajectory
+from ..trajectory.record import ForkKind
 from .tree import BranchTree
 
 __all__ = ["ConversationSync", "Decision", "Plan"]
@@ -49,8 +50,11 @@ class Decision(msgspec.Struct, frozen=True):
         agree: Leading messages that agree with the consumed ones (the last output counted when it came back).
         same_head: The system prompt and the tools are the branch's (else only a new lineage fits).
         retry: The conversation is the one of the call whose output is pending: that output is discarded.
+        fresh: No message of the conversation is one of the branch's: a new conversation.
         reason: Why the conversation does not extend the branch (None when it does).
-        keep: Where a fork keeps the branch's tokens (None: nothing is consistent; or the call extends).
+        kind: What a fork from the branch would be (None when the call extends it).
+        keep: Where a fork keeps the branch's tokens (None: nothing is consistent); where the branch ends when the
+            call extends it (a call from the same point as one in flight there branches off at it).
     """
 
     extends: bool
@@ -58,7 +62,9 @@ class Decision(msgspec.Struct, frozen=True):
     agree: int
     same_head: bool = True
     retry: bool = False
+    fresh: bool = False
     reason: str | None = None
+    kind: ForkKind | None = None
     keep: _Mark | None = None
 
 
@@ -143,15 +149,14 @@ class ConversationSync:
                 for what, same in (("system prompt", system == self._system), ("tool list", tools == self._tools))
                 if not same
             ]
-            return Decision(
-                extends=False, depth=0, agree=0, same_head=False, reason=f"the {' and the '.join(changed)} changed"
-            )
+            reason = f"the {' and the '.join(changed)} changed"
+            return Decision(extends=False, depth=0, agree=0, same_head=False, reason=reason, kind="new_lineage")
         n = len(self._consumed)
         agree = _common_prefix(messages, self._consumed)
         pending = self._pending
         if pending is not None and agree == n and len(messages) == n:
             reason = f"a retry of the call at turn {len(self._traj.turns) - 1} (its output discarded)"
-            return self._fork_at(messages, n, reason, retry=True)
+            return self._fork_at(messages, n, reason, kind="retry")
         output_back = (
             pending is not None
             and agree == n
@@ -159,6 +164,10 @@ class ConversationSync:
             and _same(messages[n], pending)
         )
         if agree < n or (pending is not None and not output_back):
+            if agree == 0 and messages and self._shares_none(messages):
+                return Decision(
+                    extends=False, depth=0, agree=0, fresh=True, reason="a new conversation", kind="new_lineage"
+                )
             return self._fork_at(messages, agree, f"the conversation history was rewritten at message {agree}")
         if output_back:  # its output came back as the next message
             n += 1
@@ -169,7 +178,19 @@ class ConversationSync:
             # The branch ends with a generation prompt that got no output; messages cannot follow it.
             reason = "messages were added after a prompt that got no output"
             return self._fork_at(messages, n, reason, output_back)
-        return Decision(extends=True, depth=len(self._traj), agree=n)  # no new messages: a retry before any output
+        end = self._fork_at(messages, n, "", output_back).keep  # where a call from the same point would branch off
+        return Decision(extends=True, depth=len(self._traj), agree=n, keep=end)  # no new messages: before any output
+
+    def _shares_none(self, messages: Sequence[ChatMessage]) -> bool:
+        """No message of ``messages`` is one the branch consumed (or its pending output): a new conversation."""
+        seen = self._consumed_with(True)
+        known = {s for s in seen if isinstance(s, bytes)}
+        others = [s for s in seen if not isinstance(s, bytes)]
+        for message in messages:
+            mine = canonical(message)
+            if (mine in known) if isinstance(mine, bytes) else any(_same(message, s) for s in others):
+                return False
+        return True
 
     def _fork_at(
         self,
@@ -178,7 +199,7 @@ class ConversationSync:
         reason: str,
         output_back: bool = False,
         *,
-        retry: bool = False,
+        kind: ForkKind = "rewrite",
     ) -> Decision:
         """Fork at the last mark still consistent with ``messages`` (the output that came back counts)."""
         marks = self._marks_with(output_back)
@@ -192,7 +213,8 @@ class ConversationSync:
             keep = mark
             break
         depth = keep.offset if keep is not None else 0
-        return Decision(extends=False, depth=depth, agree=agree, retry=retry, reason=reason, keep=keep)
+        retry = kind == "retry"
+        return Decision(extends=False, depth=depth, agree=agree, retry=retry, reason=reason, kind=kind, keep=keep)
 
     def _marks_with(self, output_back: bool) -> list[_Mark]:
         if not output_back:
@@ -236,12 +258,12 @@ class ConversationSync:
         reason = decision.reason or "the conversation does not extend the branch"
         status = status_of(Discarded())[0] if decision.retry else None
         if keep is None:
-            self.fork(0, reason, messages=0, status=status)
+            self.fork(0, reason, messages=0, status=status, kind=decision.kind)
             self._system, self._tools = conversation.system, tools
             return Plan(initial=True, count=0, chat=conversation.chat())
         if keep.count > len(self._consumed):
             self._take_back()
-        self.fork(keep.offset, reason, messages=keep.count, status=status)
+        self.fork(keep.offset, reason, messages=keep.count, status=status, kind=decision.kind)
         return _kept_plan(conversation, keep)
 
     def branch(
@@ -250,9 +272,8 @@ class ConversationSync:
         """A new lineage for ``conversation``, branched off this one where ``decision`` forks; this one stays open."""
         keep = decision.keep
         reason = decision.reason or "the conversation does not extend the branch"
-        child = ConversationSync(
-            self._tree.branch_off(self._traj, keep.offset if keep is not None else 0, reason), self._tree
-        )
+        at = keep.offset if keep is not None else 0
+        child = ConversationSync(self._tree.branch_off(self._traj, at, reason, decision.kind), self._tree)
         if keep is None:
             child._system, child._tools = conversation.system, tools
             return child, Plan(initial=True, count=0, chat=conversation.chat())
@@ -262,20 +283,28 @@ class ConversationSync:
         child._system, child._tools = self._system, self._tools
         return child, _kept_plan(conversation, keep)
 
-    def new_lineage(self, reason: str) -> ConversationSync:
+    def new_lineage(self, reason: str, kind: ForkKind = "new_lineage") -> ConversationSync:
         """A new lineage from nothing, on an empty branch (another system prompt or tool list); this one stays open."""
-        return ConversationSync(self._tree.new_lineage(reason, self._traj), self._tree)
+        return ConversationSync(self._tree.new_lineage(reason, self._traj, kind), self._tree)
 
     # ------------------------------------------------------------------------------------------- forking
-    def fork(self, at: int, reason: str, *, messages: int | None = None, status: Status | None = None) -> None:
+    def fork(
+        self,
+        at: int,
+        reason: str,
+        *,
+        messages: int | None = None,
+        status: Status | None = None,
+        kind: ForkKind | None = "render",
+    ) -> None:
         """Start a new branch keeping the first ``at`` tokens (a segment boundary) and, when given, ``messages``.
 
-        The fork that supersedes the branch: a retried call, a full render that differs from the tokens, a server
-        prompt that does not extend them. The old branch is closed (with ``status`` when given) and kept in
+        The fork that supersedes the branch (``kind``): a retried call, a full render that differs from the tokens, a
+        server prompt that does not extend them. The old branch is closed (with ``status`` when given) and kept in
         the new one's history; marks past ``at`` and any pending output are dropped.
         """
         old = self._traj
-        self._traj = self._tree.fork(old, at, reason, status)
+        self._traj = self._tree.fork(old, at, reason, status, kind)
         self._marks = [m for m in self._marks if m.offset <= at]
         if messages is not None:
             del self._consumed[messages:]

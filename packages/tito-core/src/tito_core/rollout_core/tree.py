@@ -10,10 +10,14 @@ number): the record format of one trajectory and its branches.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..status import Status
 from ..trajectory import Trajectory
+from ..trajectory.live import branch_off
+from ..trajectory.record import ForkKind
 
-__all__ = ["BranchTree"]
+__all__ = ["BranchTree", "close_reason", "left_behind"]
 
 
 class BranchTree:
@@ -42,22 +46,46 @@ class BranchTree:
         for other in branch.branches:
             other.branches = []
 
-    def branch_off(self, parent: Trajectory, keep: int, reason: str) -> Trajectory:
+    def branch_off(self, parent: Trajectory, keep: int, reason: str, kind: ForkKind | None) -> Trajectory:
         """A new current branch with ``parent``'s first ``keep`` tokens; ``parent`` stays open."""
-        return self._add(parent.branch_off(keep, reason, branch=len(self._all)))
+        return self._add(branch_off(parent, keep, reason, branch=len(self._all), kind=kind))
 
-    def new_lineage(self, reason: str, like: Trajectory) -> Trajectory:
+    def new_lineage(self, reason: str, like: Trajectory, kind: ForkKind = "new_lineage") -> Trajectory:
         """A new current branch from nothing, with no parent (its metadata copied from ``like``)."""
         branch = Trajectory(like.rollout_id, branch=len(self._all))
-        branch.fork_reason = reason
+        branch.fork_reason, branch.fork_kind = reason, kind
         branch.metadata = dict(like.metadata)
         return self._add(branch)
 
-    def fork(self, parent: Trajectory, keep: int, reason: str, status: Status | None = None) -> Trajectory:
+    def fork(
+        self, parent: Trajectory, keep: int, reason: str, status: Status | None = None, kind: ForkKind | None = None
+    ) -> Trajectory:
         """A new current branch with ``parent``'s first ``keep`` tokens that supersedes it: ``parent`` is closed."""
-        return self._add(parent.fork(keep, reason, status=status, branch=len(self._all)))
+        return self._add(parent.fork(keep, reason, status=status, branch=len(self._all), kind=kind))
 
     def _add(self, branch: Trajectory) -> Trajectory:
         self._all.append(branch)
         self.focus(branch)
         return branch
+
+
+def left_behind(branch: Trajectory, branches: Sequence[Trajectory]) -> str | None:
+    """Why ``branch`` was left behind, when the rollout went on from it (another branch forked off it), else None."""
+    went_on = [b.branch for b in branches if b.parent_branch == branch.branch and b is not branch]
+    if not went_on:
+        return None
+    return f"left behind: the rollout went on in branch {', '.join(map(str, went_on))}, forked from it, and ended there"
+
+
+def close_reason(branch: Trajectory, branches: Sequence[Trajectory]) -> str:
+    """Why ``branch``, still ``running`` (its last output called tools), ends with a rollout its client finished.
+
+    A branch the rollout went on from was left behind (:func:`left_behind`); one with no output of its own got no
+    recorded call; otherwise its last output's tool calls went unanswered.
+    """
+    behind = left_behind(branch, branches)
+    if behind is not None:
+        return behind
+    if branch.first_output_from(branch.fork_at) == len(branch):
+        return "the rollout ended before a call on this branch was recorded"
+    return "the rollout ended with the last output's tool calls unanswered"

@@ -31,6 +31,7 @@ from ..errors import ConfigError, ContextLengthError, ContextWindowFullError, Ti
 from ..grammar import GrammarToolParser
 from ..model_setup import ModelSettings, ModelSetup, call_options
 from ..rollout_core import CallOptions, CallResult
+from ..rollout_core.labels import parse_label
 from ..status import end_with
 from ..tokenizers import aload_tokenizer, is_tokenizer_cached
 from ..tool_parsers.base import ToolParser
@@ -117,7 +118,6 @@ class TitoModel(Model):
         self._rollout = self.setup.rollout(backend, rollout_id)
         self._malformed: dict[str, str] = {}
         self._guarded_agents: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._busy = False
 
     @classmethod
     async def create(
@@ -193,24 +193,22 @@ class TitoModel(Model):
 
         A ``tool_choice`` that forces a call (``{"any": {}}``, ``{"tool": {"name": ...}}``; the model's
         ``tool_choice`` option when Strands passes none) constrains decoding to one call in the tool
-        parser's syntax, on backends that support grammars.
+        parser's syntax, on backends that support grammars. Calls may run at once (parallel sub-agents on one
+        model, each on its own lineage of the rollout). ``invocation_state["tito_lineage"]`` (an agent's
+        ``invoke_async(prompt, tito_lineage="sub-agent")``) labels the call's lineage
+        (:mod:`~tito_core.rollout_core.labels`; a :class:`~tito_core.errors.LineageLabelError` when it is none).
         """
-        if self._busy:
-            raise TitoError("this TitoModel is already generating: use one TitoModel per agent / rollout")
-        self._busy = True
+        label = parse_label((invocation_state or {}).get("tito_lineage"), "invocation_state['tito_lineage']")
+        self._attach_guard(invocation_state)
         try:
-            self._attach_guard(invocation_state)
-            try:
-                conversation = to_conversation(messages, tool_specs, system_prompt, system_prompt_content)
-            except Exception as exc:  # content tito cannot render ends the call like any other failure
-                self._rollout.fail(exc)
-                raise
-            try:
-                result = await self._rollout.call(conversation, self._options, tool_choice=tool_choice)
-            except (ContextLengthError, ContextWindowFullError) as exc:  # the rollout has its status already
-                raise for_strands(exc) from exc
-        finally:
-            self._busy = False
+            conversation = to_conversation(messages, tool_specs, system_prompt, system_prompt_content)
+        except Exception as exc:  # content tito cannot render ends the call like any other failure
+            self._rollout.fail(exc)
+            raise
+        try:
+            result = await self._rollout.call(conversation, self._options, tool_choice=tool_choice, label=label)
+        except (ContextLengthError, ContextWindowFullError) as exc:  # the rollout has its status already
+            raise for_strands(exc) from exc
         for call in result.malformed_calls:
             self._malformed[call.id] = (
                 f"Error: your tool call could not be parsed, so it was not run.\nReason: {call.error}\n"

@@ -26,6 +26,8 @@ from .record import (
     JSON_ENCODER,
     MSGPACK_DECODER,
     MSGPACK_ENCODER,
+    CallRef,
+    ForkKind,
     Segment,
     SegmentKind,
     Status,
@@ -35,14 +37,14 @@ from .record import (
     snapshot,
 )
 
-__all__ = ["Segment", "SegmentKind", "Status", "Trajectory", "TrajectoryRecord", "Turn", "Usage"]
+__all__ = ["Segment", "SegmentKind", "Status", "Trajectory", "TrajectoryRecord", "Turn", "Usage", "branch_off"]
 
 
 class Trajectory(TrajectoryMedia):
     """Token ids, loss mask and logprobs of one rollout, exactly as the engine consumed and produced them.
 
     A live trajectory grows as the model is called; :meth:`close` freezes it. A rollout is a tree of branches:
-    :meth:`branch_off` starts a new branch that shares the rollout id and keeps a copy of the shared token prefix
+    :func:`branch_off` starts a new branch that shares the rollout id and keeps a copy of the shared token prefix
     (this one stays open: another lineage of the rollout), :meth:`fork` does the same and closes this branch (the
     new one supersedes it). The trajectory a rollout hands out is the branch of its last call, with every other
     branch of the rollout in :attr:`branches`.
@@ -58,8 +60,11 @@ class Trajectory(TrajectoryMedia):
         "_turns",
         "branch",
         "branches",
+        "compacted_from",
         "fork_at",
+        "fork_kind",
         "fork_reason",
+        "label",
         "metadata",
         "parent_branch",
         "rollout_id",
@@ -74,6 +79,9 @@ class Trajectory(TrajectoryMedia):
         self.parent_branch: int | None = None
         self.fork_at: int = 0
         self.fork_reason: str | None = None
+        self.fork_kind: ForkKind | None = None
+        self.label: str | None = None
+        self.compacted_from: CallRef | None = None
         self.status: Status = "running"
         self.status_reason: str | None = None
         self.tool_parse_errors: dict[str, int] = {}
@@ -279,42 +287,17 @@ class Trajectory(TrajectoryMedia):
         self._closed = True
         return self
 
-    def branch_off(self, keep: int, reason: str, *, branch: int | None = None) -> Trajectory:
-        """A new branch that starts with this one's first ``keep`` tokens; this branch stays open.
-
-        ``keep`` must fall on a segment boundary. The new branch shares the rollout id, is numbered ``branch``
-        (the rollout hands out the numbers; ``self.branch + 1`` when None) and names this one as its parent; the
-        turns, media and metadata whose tokens lie entirely within the kept prefix are kept too.
-        """
-        bounds = {0, *(s.end for s in self._segments)}
-        if keep not in bounds:
-            raise TrajectoryError(f"cannot fork at token {keep}: not a segment boundary")
-        child = Trajectory(self.rollout_id, branch=self.branch + 1 if branch is None else branch)
-        child.parent_branch = self.branch
-        child.fork_at = keep
-        child.fork_reason = reason
-        child.metadata = dict(self.metadata)
-        child._ids = self._ids[:keep]
-        child._lps = self._lps[:keep]
-        child._segments = [s for s in self._segments if s.end <= keep]
-        child._turns = [t for t in self._turns if t.output_start + t.output_len <= keep]
-        child._media = [s for s in self._media if s.end <= keep]
-        child._image_data = referenced(child._media, self._image_data)
-        child.tool_parse_errors = dict(self.tool_parse_errors)
-        return child
-
-    def fork(self, keep: int, reason: str, *, status: Status | None = None, branch: int | None = None) -> Trajectory:
-        """Close this branch (with ``status``, if given) and start the next one, keeping ``keep`` tokens.
-
-        :meth:`branch_off`, then this branch is closed and kept in the new one's :attr:`branches`: the new branch
-        supersedes it (a retried call, a render that differs from the tokens).
-        """
-        child = self.branch_off(keep, reason, branch=branch)
-        note = f"forked into branch {child.branch}: {reason}"
-        self.close(status, note) if status is not None else self.close(reason=note)
-        child.branches = [*self.branches, self]
-        self.branches = []
-        return child
+    def fork(
+        self,
+        keep: int,
+        reason: str,
+        *,
+        status: Status | None = None,
+        branch: int | None = None,
+        kind: ForkKind | None = None,
+    ) -> Trajectory:
+        """Close this branch (with ``status``, if given) and start the one that supersedes it (:func:`_fork`)."""
+        return _fork(self, keep, reason, status=status, branch=branch, kind=kind)
 
     # -------------------------------------------------------------------------------- serialization
     def to_record(self) -> TrajectoryRecord:
@@ -359,6 +342,9 @@ def _restore(traj: Trajectory, record: TrajectoryRecord) -> Trajectory:
     traj.parent_branch = record.parent_branch
     traj.fork_at = record.fork_at
     traj.fork_reason = record.fork_reason
+    traj.fork_kind = record.fork_kind
+    traj.label = record.label
+    traj.compacted_from = record.compacted_from
     traj.status = record.status
     traj.status_reason = record.status_reason
     traj.tool_parse_errors = dict(record.tool_parse_errors)
@@ -379,3 +365,56 @@ def _restore(traj: Trajectory, record: TrajectoryRecord) -> Trajectory:
     traj.branches = [_restore(Trajectory(b.rollout_id, branch=b.branch), b) for b in record.branches]
     traj._closed = True
     return traj
+
+
+def branch_off(
+    parent: Trajectory, keep: int, reason: str, *, branch: int | None = None, kind: ForkKind | None = None
+) -> Trajectory:
+    """A new branch that starts with ``parent``'s first ``keep`` tokens; ``parent`` stays open.
+
+    ``keep`` must fall on a segment boundary. The new branch shares the rollout id, is numbered ``branch``
+    (``parent.branch + 1`` when None), names ``parent`` as its parent, says why (``reason``, ``kind``) and keeps
+    the turns, media and metadata whose tokens lie entirely within the kept prefix, and ``parent``'s label.
+
+    Raises:
+        TrajectoryError: ``keep`` is not a segment boundary.
+    """
+    bounds = {0, *(s.end for s in parent._segments)}
+    if keep not in bounds:
+        raise TrajectoryError(f"cannot fork at token {keep}: not a segment boundary")
+    child = type(parent)(parent.rollout_id, branch=parent.branch + 1 if branch is None else branch)
+    child.parent_branch = parent.branch
+    child.fork_at = keep
+    child.fork_reason = reason
+    child.fork_kind = kind
+    child.label = parent.label
+    child.metadata = dict(parent.metadata)
+    child._ids = parent._ids[:keep]
+    child._lps = parent._lps[:keep]
+    child._segments = [s for s in parent._segments if s.end <= keep]
+    child._turns = [t for t in parent._turns if t.output_start + t.output_len <= keep]
+    child._media = [s for s in parent._media if s.end <= keep]
+    child._image_data = referenced(child._media, parent._image_data)
+    child.tool_parse_errors = dict(parent.tool_parse_errors)
+    return child
+
+
+def _fork(
+    parent: Trajectory,
+    keep: int,
+    reason: str,
+    *,
+    status: Status | None = None,
+    branch: int | None = None,
+    kind: ForkKind | None = None,
+) -> Trajectory:
+    """:func:`branch_off`, then close ``parent`` (with ``status``, if given): the new branch supersedes it.
+
+    ``parent`` is kept in the new branch's ``branches``.
+    """
+    child = branch_off(parent, keep, reason, branch=branch, kind=kind)
+    note = f"forked into branch {child.branch}: {reason}"
+    parent.close(status, note) if status is not None else parent.close(reason=note)
+    child.branches = [*parent.branches, parent]
+    parent.branches = []
+    return child

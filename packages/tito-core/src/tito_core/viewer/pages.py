@@ -152,6 +152,8 @@ def _branch_view(branch: Trajectory, texts: TokenTexts, image_url: Any, deltas: 
         "parent": branch.parent_branch,
         "fork_at": branch.fork_at,
         "fork_reason": branch.fork_reason,
+        "fork_kind": branch.fork_kind,
+        "label": branch.label,
         "status": branch.status,
         "status_reason": branch.status_reason,
         "ids": ids,

@@ -324,8 +324,8 @@ function branchTree(key, branches, current) {
     (b.fork_at !== b.shared ? ` (forked at token ${b.fork_at})` : "") + `: ${b.fork_reason || "?"}`;
   const node = (b) => el("li", { class: "branch", "data-branch": b.branch },
     el("a", { href: `#/record/${key}/${b.branch}`, class: b.branch === current ? "current" : null, text: `branch ${b.branch}` }),
-    el("span", { class: "muted", text: ` · ${b.status}` + (known.has(b.parent) ? forked(b)
-      : b.fork_reason ? ` · ${b.fork_reason}` : "") }),
+    el("span", { class: "muted", text: ` · ${b.status}` + (b.label ? ` · lineage ${b.label}` : "") +
+      (known.has(b.parent) ? forked(b) : b.fork_reason ? ` · ${b.fork_reason}` : "") }),
     list(b.branch));
   const list = (parent) => {
     const kids = children.get(parent) || [];
