@@ -139,15 +139,7 @@ def superseded_branches(traj: Trajectory) -> set[int]:
     (:mod:`~tito_core.rollout_core.lineages`); the attempt's tokens are still the policy's, so it stays a sample,
     marked ``superseded``: it gets no reward unless one is asked for (docs/rollouts.md, "Rewards per lineage").
     """
-    return {
-        b.parent_branch
-        for b in traj.all_branches
-        if b.parent_branch is not None and (b.fork_reason or "").startswith(RETRY_REASON)
-    }
-
-
-RETRY_REASON = "a retry of the call"
-"""How the fork reason of a retry starts (:meth:`~tito_core.rollout_core.sync.ConversationSync.decide`)."""
+    return {b.parent_branch for b in traj.all_branches if b.parent_branch is not None and b.fork_kind == "retry"}
 
 
 def _length(branches: list[Trajectory], number: int) -> int:
