@@ -1,14 +1,18 @@
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import msgspec
 import pytest
 
 from tito_core import Trajectory
 from tito_core.export import model_request_events, to_slime, to_trl, to_verl, training_branches
+from tito_core.records import RolloutRecord, open_writer, read_records, rollout_record
+from tito_core.runner.samples import packed_trees, training_rows
 from tito_core.trajectory import Turn, Usage
 from tito_core.versions import VersionSpan
+from tito_testing.rollout_trees import SUMMARY, record_compaction
 
 
 def sample_trajectory(with_experts: bool = False) -> Trajectory:
@@ -192,6 +196,9 @@ def test_every_branch_is_a_sample_and_each_generated_token_is_trained_once():
         "shared_prefix": 4,
         "final": False,
         "superseded": False,
+        "fork_kind": None,  # a fork made by hand, of no kind tito names
+        "compacted_from_branch": None,
+        "compacted_from_turn": None,
     }
     assert to_trl(samples[2])["prompt_ids"] == [1, 2, 6] and to_trl(samples[2])["env_mask"] == [1, 1]
 
@@ -319,3 +326,67 @@ def test_verl_carries_the_routed_experts() -> None:
     assert routed.shape == (8, 2, 1) and routed.dtype == np.dtype("<i4")
     assert routed[:5].reshape(-1).tolist() == list(range(10))
     assert "routed_experts" not in to_verl(sample_trajectory())
+
+
+# ------------------------------------------------------------------------------ lineages and compaction (issue 48)
+def _trained(to: str, row: dict[str, Any]) -> list[tuple[int, float]]:
+    """The (token, logprob) of every token ``row`` (a training row in format ``to``) trains."""
+    if to == "verl":
+        ids, mask, lps = row["response_ids"], row["response_mask"], row["response_logprobs"]
+    elif to == "slime":
+        ids, mask, lps = row["tokens"][-row["response_length"] :], row["loss_mask"], row["rollout_log_probs"]
+    elif to == "trl":
+        ids, mask, lps = row["completion_ids"], row["env_mask"], row["logprobs"]
+    else:
+        ids, mask, lps = row["input_ids"], row["loss_mask"], row["logprobs"]
+    return [(token, lp) for token, m, lp in zip(ids, mask, lps, strict=True) if m]
+
+
+def _trained_ids(to: str, row: dict[str, Any]) -> list[int]:
+    return [token for token, _ in _trained(to, row)]
+
+
+def _compaction_record(tok: Any) -> RolloutRecord:
+    return rollout_record(
+        record_compaction(tok), task_id="t", sample=0, group=0, reward=1.0, server=None, started=0.0, wall_s=0.0,
+        agent_s=0.0, tool_calls=0,
+    )  # fmt: skip
+
+
+LINEAGE = {  # branch -> (fork_kind, compacted_from_branch, compacted_from_turn, superseded) of record_compaction
+    0: (None, None, None, False),
+    1: ("new_lineage", None, None, True),
+    2: ("retry", None, None, False),
+    3: ("compaction", 2, 0, False),
+}
+
+
+@pytest.mark.parametrize("to", ["verl", "slime", "trl", "areal"])
+def test_each_generated_token_is_trained_once_across_a_retry_and_a_compaction(qwen25_tokenizer, to: str) -> None:
+    """Every token any branch generated (the retried attempt's, the summary's, the compacted parent's) is trained in
+    exactly one row, with its logprob; each row names its fork kind and, for the compaction, the summary's call."""
+    record = _compaction_record(qwen25_tokenizer)
+    traj = Trajectory.from_record(record.trajectory)
+    generated = sorted(
+        (b.token_ids[i], b.logprobs[i]) for b in traj.all_branches for i in range(b.fork_at, len(b)) if b.loss_mask[i]
+    )
+    rows = list(training_rows([record], to))
+    trained = sorted(pair for row in rows for pair in _trained(to, row))
+    assert len(generated) > 20 and [t for t, _ in trained] == [t for t, _ in generated]
+    assert [lp for _, lp in trained] == pytest.approx([lp for _, lp in generated])
+    columns = ("fork_kind", "compacted_from_branch", "compacted_from_turn", "superseded")
+    assert {row["branch"]: tuple(row[c] for c in columns) for row in rows} == LINEAGE
+    summary = next(r for r in rows if r["branch"] == 2)  # the row the compaction's credit can flow back to
+    assert SUMMARY in qwen25_tokenizer.decode(_trained_ids(to, summary))
+
+
+def test_the_tree_export_and_a_parquet_rollout_file_keep_the_compaction_columns(qwen25_tokenizer, tmp_path) -> None:
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "rollouts.parquet"
+    with open_writer(out) as writer:
+        writer.write(_compaction_record(qwen25_tokenizer))
+    records = list(read_records(out))
+    columns = ("fork_kind", "compacted_from_branch", "compacted_from_turn", "superseded")
+    (tree,) = packed_trees(records, max_tokens=1024)
+    assert {row["branch"]: tuple(row[c] for c in columns) for row in tree.rows} == LINEAGE
+    assert sum(tree.packed["loss_mask"]) == sum(sum(r["loss_mask"]) for r in training_rows(records, "areal"))

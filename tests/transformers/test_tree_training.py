@@ -1,8 +1,9 @@
 """Training on the prefix-tree export gives the flat rows' loss and gradients (issue 48, item 5), on SmolLM2 in
 float32: one forward per tree (each shared prefix once, the tree attention mask, depths as positions) against one
-forward per row, for a GRPO group of 8 sharing one prompt, a rollout with a sub-agent, and a rollout with a retried
-call and an edited history (a fork). Relative difference: the norm of the difference over the norm of the flat
-rows' value (loss; the gradient of every parameter as one vector)."""
+forward per row, for a GRPO group of 8 sharing one prompt, a rollout with a sub-agent, a rollout with a retried
+call and an edited history (a fork), and a rollout with a retried summary call and a compaction going on from it.
+Relative difference: the norm of the difference over the norm of the flat rows' value (loss; the gradient of every
+parameter as one vector)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from tito_core import Trajectory
 from tito_core.export import pack_trees, to_areal, training_branches
-from tito_testing.rollout_trees import record_group, record_sub_agent, record_tree
+from tito_testing.rollout_trees import record_compaction, record_group, record_sub_agent, record_tree
 from tito_testing.tree_training import flat_logprobs, policy_loss, tree_logprobs
 
 pytest.importorskip("gguf")
@@ -41,6 +42,7 @@ CASES: dict[str, Callable[[Any], list[Trajectory]]] = {
     "grpo-group-of-8": lambda tok: record_group(tok, 8),
     "sub-agent": lambda tok: [record_sub_agent(tok)],
     "retry-and-fork": lambda tok: [record_tree(tok)],
+    "compaction-and-retry": lambda tok: [record_compaction(tok)],
 }
 
 

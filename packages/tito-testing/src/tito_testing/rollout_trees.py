@@ -1,6 +1,7 @@
 """Rollouts whose token tree has several lineages, recorded by the rollout core on the scripted backend.
 
-A parent agent and its sub-agent taking turns, a retried call, an edited history, a GRPO group on one prompt.
+A parent agent and its sub-agent taking turns, a retried call, an edited history, a GRPO group on one prompt, a
+compaction (the parent going on from a summary an earlier call wrote).
 
 Shared by the tests of issue 48 (``tests/helpers/lineages.py``) and ``benchmarks/tree.py``.
 """
@@ -20,11 +21,15 @@ from tito_core.rollout_core import CallOptions, Rollout
 from .scripted import ScriptedBackend
 
 __all__ = [
+    "COMPACTION_REPLIES",
     "PARENT",
     "REPLIES",
     "SUB",
+    "SUMMARIZER",
+    "SUMMARY",
     "TREE_REPLIES",
     "interleave",
+    "record_compaction",
     "record_group",
     "record_sub_agent",
     "record_tree",
@@ -76,6 +81,43 @@ def record_tree(tokenizer: Any) -> Trajectory:
         await ask(PARENT, [*parent, _user("part one went wrong")])  # the history after p1, edited
         sub.append(_user("now part two"))
         await ask(SUB, sub)
+
+    asyncio.run(run())
+    return rollout.reset()
+
+
+SUMMARIZER = "You summarize the work so far."
+SUMMARY = "The user asked for a plan; the parent agent wrote three steps and finished the first two of them."
+COMPACTION_REPLIES = ["p1", "p2", "a summary cut short", SUMMARY, "p3", "p4"]
+
+
+def record_compaction(tokenizer: Any) -> Trajectory:
+    """A closed rollout of a compaction after a retried summary call: four branches from six calls.
+
+    The parent (branch 0: p1, p2), the summarizer's first attempt (branch 1, a new lineage, superseded by a retry
+    of the same call), the retry (branch 2, which writes :data:`SUMMARY`) and the parent going on from a new prompt
+    that carries the summary (branch 3: p3, p4), which the rollout core links to the call that wrote it from the
+    tokens alone: its ``fork_kind`` is ``compaction`` and ``compacted_from`` is call 0 of branch 2.
+    """
+    rollout = _rollout(tokenizer, COMPACTION_REPLIES)
+
+    async def ask(system: str, history: list[Any], *, keep: bool = True) -> None:
+        result = await rollout.call(Conversation(messages=list(history), system=system), CallOptions())
+        if keep:
+            history.append(result.reply())
+
+    async def run() -> None:
+        parent = [_user("plan the work")]
+        await ask(PARENT, parent)
+        parent.append(_user("part one is done"))
+        await ask(PARENT, parent)
+        summarize = [_user("summarize: a plan of three steps, two of them done")]
+        await ask(SUMMARIZER, summarize, keep=False)  # its reply is dropped: the client retries the call
+        await ask(SUMMARIZER, summarize)
+        compacted = [_user(f"Summary of the work so far:\n{SUMMARY}"), _user("go on")]
+        await ask(PARENT, compacted)
+        compacted.append(_user("part three is done"))
+        await ask(PARENT, compacted)
 
     asyncio.run(run())
     return rollout.reset()

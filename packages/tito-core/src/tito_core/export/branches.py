@@ -69,8 +69,14 @@ class TrainingBranch(msgspec.Struct, frozen=True, kw_only=True):
         return None if self.superseded and not superseded else rollout
 
     def lineage(self) -> dict[str, Any]:
-        """The sample's lineage as export columns (``rollout_id``, ``branch``, ``parent_branch`` ... ``superseded``)."""
+        """The sample's lineage as export columns (``rollout_id``, ``branch``, ``parent_branch`` ... ``superseded``).
+
+        ``fork_kind`` is how its branch began (:data:`~tito_core.trajectory.record.ForkKind`; None for a root that
+        forked off nothing); ``compacted_from_branch`` and ``compacted_from_turn`` name the call whose output (the
+        summary) a compaction continuation's prompt carries, so credit can flow back to it (None otherwise).
+        """
         traj = self.trajectory
+        source = traj.compacted_from
         return {
             "rollout_id": traj.rollout_id,
             "branch": traj.branch,
@@ -78,6 +84,9 @@ class TrainingBranch(msgspec.Struct, frozen=True, kw_only=True):
             "shared_prefix": self.shared_prefix,
             "final": self.final,
             "superseded": self.superseded,
+            "fork_kind": traj.fork_kind,
+            "compacted_from_branch": None if source is None else source.branch,
+            "compacted_from_turn": None if source is None else source.turn,
         }
 
 

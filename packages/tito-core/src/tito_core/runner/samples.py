@@ -2,7 +2,8 @@
 
 What ``tito export`` writes and ``RolloutBatches(samples=...)`` returns. Each row holds the trainer's fields
 (:mod:`tito_core.export`) of one :class:`~tito_core.export.TrainingBranch`, its lineage (``rollout_id``,
-``branch``, ``parent_branch``, ``shared_prefix``, ``final``, ``superseded``), the rollout's ``task_id``, ``sample``
+``branch``, ``parent_branch``, ``shared_prefix``, ``final``, ``superseded``, ``fork_kind``, and for a compaction
+``compacted_from_branch`` and ``compacted_from_turn``), the rollout's ``task_id``, ``sample``
 and ``group``, and its ``reward`` and ``advantage``: by default the episode's, which the group reward function
 computed over episodes (records), not branches; a branch rewarded on its own (``branch_rewards``) carries its own,
 and a retried call's superseded attempt none (docs/rollouts.md, "Rewards per lineage"). Images are given by their sha256
