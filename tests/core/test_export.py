@@ -390,3 +390,42 @@ def test_the_tree_export_and_a_parquet_rollout_file_keep_the_compaction_columns(
     (tree,) = packed_trees(records, max_tokens=1024)
     assert {row["branch"]: tuple(row[c] for c in columns) for row in tree.rows} == LINEAGE
     assert sum(tree.packed["loss_mask"]) == sum(sum(r["loss_mask"]) for r in training_rows(records, "areal"))
+
+
+def _retried_mid_lineage(tok: Any) -> RolloutRecord:
+    """One lineage of three calls whose third is retried: p1, p2, then an attempt the client drops, then p3."""
+    from tito_core.conversation import Conversation
+    from tito_core.plugins import get_tool_parser
+    from tito_core.render.renderer import ChatRenderer
+    from tito_core.rollout_core import CallOptions, Rollout
+    from tito_testing.scripted import ScriptedBackend
+
+    backend = ScriptedBackend(tok, ["p1 the plan", "p2 step one done", "p3 a dropped attempt", "p3 the kept answer"])
+    rollout = Rollout(backend, ChatRenderer(tok), get_tool_parser("hermes"))
+
+    async def run() -> None:
+        history: list[Any] = [{"role": "user", "content": "plan the work"}]
+        for step, keep in (("go on", True), ("finish", True), ("", False), ("", True)):
+            result = await rollout.call(Conversation(messages=list(history)), CallOptions())
+            if keep:
+                history += [result.reply(), {"role": "user", "content": step}]
+
+    import asyncio
+
+    asyncio.run(run())
+    return rollout_record(
+        rollout.reset(), task_id="t", sample=0, group=0, reward=1.0, server=None, started=0.0, wall_s=0.0,
+        agent_s=0.0, tool_calls=0,
+    )  # fmt: skip
+
+
+def test_a_retry_mid_lineage_leaves_the_lineage_s_earlier_outputs_in_the_rewarded_row(qwen25_tokenizer) -> None:
+    """A superseded attempt gets no reward by default, so it must train only its discarded output: the outputs its
+    lineage made before the retried call are trained (once) in the kept attempt's row, with the rollout's reward."""
+    record = _retried_mid_lineage(qwen25_tokenizer)
+    rows = {row["branch"]: row for row in training_rows([record], "verl")}
+    assert sorted(rows) == [0, 1] and rows[0]["superseded"] and rows[1]["fork_kind"] == "retry"
+    kept, dropped = (qwen25_tokenizer.decode(_trained_ids("verl", rows[b])) for b in (1, 0))
+    assert "p1 the plan" in kept and "p2 step one done" in kept and "p3 the kept answer" in kept
+    assert "p3 a dropped attempt" in dropped and "p1" not in dropped and "p2" not in dropped
+    assert rows[1]["reward"] == 1.0 and rows[0]["reward"] is None

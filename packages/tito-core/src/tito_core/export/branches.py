@@ -8,7 +8,10 @@ exporter takes a trajectory (its tokens from the first prompt on) or one :class:
 A leaf is the end of a branch that no other branch continues whole: a branch another branch forked off at its last
 token is not a leaf, and its tokens are that child's. A sample trains only the tokens its chain of branches
 generated: its prompt is everything before the first of them, the prefix it shares with its parent included, so
-what the parent generated is trained in the parent's sample, and every generated token exactly once.
+what the parent generated is trained in the parent's sample, and every generated token exactly once. One
+exception: a retry's kept attempt trains what its lineage generated before the retried call, and the superseded
+attempt only its discarded output, so the lineage's earlier outputs keep the reward a superseded attempt is not
+given by default.
 """
 
 from __future__ import annotations
@@ -117,6 +120,11 @@ def training_branches(traj: Trajectory, *, branch_reward: BranchReward = "shared
     holds_final = {b.branch: b is traj for b in branches}
     covers: dict[int, tuple[int, ...]] = {b.branch: () for b in branches}
     for branch in branches:  # parents before children: a child takes over what its covered parent trains
+        if branch.fork_kind == "retry" and branch.parent_branch in trained_from:
+            # the kept attempt trains what its lineage generated before the retried call (its copy of it), so a
+            # superseded attempt, rewarded nothing by default, trains only its discarded output
+            attempt = branch.parent_branch
+            trained_from[branch.branch], trained_from[attempt] = trained_from[attempt], branch.fork_at
         child = continued_by.get(branch.branch)
         if child is not None:
             trained_from[child.branch] = trained_from[branch.branch]
