@@ -149,6 +149,10 @@ def test_a_forked_branch_files_only_its_own_tokens() -> None:
     assert report.branches == 2 and scorer.calls == 2
     assert report.all.tokens == 2 + 1 + 2  # the shared first output once, each branch's own after it
     assert report.by["branch"]["0"].tokens == 3 and report.by["branch"]["1"].tokens == 2
+    assert {k: v.tokens for k, v in report.by["lineage"].items()} == {"root": 3, "fork": 2}  # no kind: made by hand
+    child.label = "sub-agent"  # a client's label names the lineage in the breakdown
+    relabelled = asyncio.run(audit([record_of(child)], OffsetScorer(table_of(child), lambda token: 0.0)))
+    assert {k: v.tokens for k, v in relabelled.by["lineage"].items()} == {"root": 3, "sub-agent": 2}
 
 
 def with_an_image() -> Trajectory:

@@ -68,6 +68,7 @@ AXES = (
     "free_turn",
     "constrained_turn",
     "branch",
+    "lineage",
     "weight_version",
     "server",
     "finish_reason",
@@ -75,7 +76,8 @@ AXES = (
     "images",
 )
 """The breakdowns of a report, each a key of :attr:`AuditReport.by` (``free_turn`` and ``constrained_turn``: by turn
-index, the free turns' tokens and the constrained ones' apart)."""
+index, the free turns' tokens and the constrained ones' apart; ``lineage``: a branch's label, else its fork kind,
+``root`` for the first branch)."""
 
 
 class Scorer(Protocol):
@@ -426,6 +428,7 @@ class Ledger:
                 "turn": str(turn_of[i]),
                 "constrained_turn" if forced else "free_turn": str(turn_of[i]),
                 "branch": str(branch.branch),
+                "lineage": branch.label or branch.fork_kind or ("root" if branch.parent_branch is None else "fork"),
                 "weight_version": versions[i] or "unknown",
                 "server": server or "unknown",
                 "finish_reason": turn.finish_reason if turn is not None else "unknown",

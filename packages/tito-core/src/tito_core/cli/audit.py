@@ -37,7 +37,7 @@ def add_audit_command(commands: Any) -> None:
         "audit",
         help="re-score a rollout file's recorded tokens and report the logprob mismatch",
         description="Re-score every trained token of a rollout file with an independent forward pass and report "
-        "mean / max |Δlogprob|, the k3 KL estimate and importance-ratio quantiles, by turn, branch, weight "
+        "mean / max |Δlogprob|, the k3 KL estimate and importance-ratio quantiles, by turn, branch, lineage, weight "
         "version, engine, finish reason, constrained vs free turns and images.",
     )
     audit.add_argument("records", help="a rollout file (.jsonl, .parquet) of `tito rollout` or `tito serve`")
