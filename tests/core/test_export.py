@@ -429,3 +429,46 @@ def test_a_retry_mid_lineage_leaves_the_lineage_s_earlier_outputs_in_the_rewarde
     assert "p1 the plan" in kept and "p2 step one done" in kept and "p3 the kept answer" in kept
     assert "p3 a dropped attempt" in dropped and "p1" not in dropped and "p2" not in dropped
     assert rows[1]["reward"] == 1.0 and rows[0]["reward"] is None
+
+
+def test_a_compaction_continuation_that_is_retried_keeps_its_link_in_the_kept_row(qwen25_tokenizer) -> None:
+    """The compaction link belongs to the lineage: when the continuation's next call is retried, the kept
+    attempt's row (fork kind ``retry``, training the continuation's earlier output too) still names the summary."""
+    from tito_core.conversation import Conversation
+    from tito_core.plugins import get_tool_parser
+    from tito_core.render.renderer import ChatRenderer
+    from tito_core.rollout_core import CallOptions, Rollout
+    from tito_testing.rollout_trees import PARENT, SUMMARIZER
+    from tito_testing.scripted import ScriptedBackend
+
+    replies = ["p1", SUMMARY, "p3 goes on", "p4 a dropped attempt", "p4 the kept answer"]
+    rollout = Rollout(
+        ScriptedBackend(qwen25_tokenizer, replies), ChatRenderer(qwen25_tokenizer), get_tool_parser("hermes")
+    )
+
+    async def ask(system: str, history: list[Any], *, keep: bool = True) -> None:
+        result = await rollout.call(Conversation(messages=list(history), system=system), CallOptions())
+        if keep:
+            history.append(result.reply())
+
+    async def run() -> None:
+        await ask(PARENT, [{"role": "user", "content": "plan the work"}])
+        await ask(SUMMARIZER, [{"role": "user", "content": "summarize the plan"}])
+        compacted = [{"role": "user", "content": f"Summary of the work so far:\n{SUMMARY}"}]
+        await ask(PARENT, compacted)
+        compacted.append({"role": "user", "content": "part three is done"})
+        await ask(PARENT, compacted, keep=False)  # dropped: the client retries the call
+        await ask(PARENT, compacted)
+
+    import asyncio
+
+    asyncio.run(run())
+    record = rollout_record(
+        rollout.reset(), task_id="t", sample=0, group=0, reward=1.0, server=None, started=0.0, wall_s=0.0,
+        agent_s=0.0, tool_calls=0,
+    )  # fmt: skip
+    rows = list(training_rows([record], "verl"))
+    (summary,) = [r for r in rows if SUMMARY in qwen25_tokenizer.decode(_trained_ids("verl", r))]
+    (kept,) = [r for r in rows if "p4 the kept answer" in qwen25_tokenizer.decode(_trained_ids("verl", r))]
+    assert kept["fork_kind"] == "retry" and "p3 goes on" in qwen25_tokenizer.decode(_trained_ids("verl", kept))
+    assert (kept["compacted_from_branch"], kept["compacted_from_turn"]) == (summary["branch"], 0)

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import msgspec
 
 from ..trajectory import Trajectory
+from ..trajectory.record import CallRef
 
 __all__ = ["BranchReward", "TrainingBranch", "response", "superseded_branches", "training_branches"]
 
@@ -44,6 +45,8 @@ class TrainingBranch(msgspec.Struct, frozen=True, kw_only=True):
         final: Whether this is the rollout's last branch (the one the agent finished on), or continues it.
         superseded: Whether the branch is a retried call's abandoned attempt (:func:`superseded_branches`).
         covers: The branches this one continues whole (not leaves: their tokens are this sample's), nearest first.
+        compacted_from: The compaction link of the sample's lineage: its branch's own, else the nearest one of a
+            branch it continues whole or retries (a compaction continuation later retried keeps its link).
     """
 
     trajectory: Trajectory
@@ -52,6 +55,7 @@ class TrainingBranch(msgspec.Struct, frozen=True, kw_only=True):
     final: bool
     superseded: bool = False
     covers: tuple[int, ...] = ()
+    compacted_from: CallRef | None = None
 
     @property
     def prompt_length(self) -> int:
@@ -79,7 +83,7 @@ class TrainingBranch(msgspec.Struct, frozen=True, kw_only=True):
         summary) a compaction continuation's prompt carries, so credit can flow back to it (None otherwise).
         """
         traj = self.trajectory
-        source = traj.compacted_from
+        source = self.compacted_from or traj.compacted_from
         return {
             "rollout_id": traj.rollout_id,
             "branch": traj.branch,
@@ -119,17 +123,20 @@ def training_branches(traj: Trajectory, *, branch_reward: BranchReward = "shared
     trained_from = {b.branch: b.fork_at for b in branches}  # where each branch's chain starts generating
     holds_final = {b.branch: b is traj for b in branches}
     covers: dict[int, tuple[int, ...]] = {b.branch: () for b in branches}
+    link = {b.branch: b.compacted_from for b in branches}  # the compaction link each lineage carries on
     for branch in branches:  # parents before children: a child takes over what its covered parent trains
         if branch.fork_kind == "retry" and branch.parent_branch in trained_from:
             # the kept attempt trains what its lineage generated before the retried call (its copy of it), so a
             # superseded attempt, rewarded nothing by default, trains only its discarded output
             attempt = branch.parent_branch
             trained_from[branch.branch], trained_from[attempt] = trained_from[attempt], branch.fork_at
+            link[branch.branch] = link[branch.branch] or link[attempt]
         child = continued_by.get(branch.branch)
         if child is not None:
             trained_from[child.branch] = trained_from[branch.branch]
             holds_final[child.branch] = holds_final[child.branch] or holds_final[branch.branch]
             covers[child.branch] = (branch.branch, *covers[branch.branch])
+            link[child.branch] = link[child.branch] or link[branch.branch]
     samples = []
     for branch in branches:
         if branch.branch in continued_by:
@@ -144,6 +151,7 @@ def training_branches(traj: Trajectory, *, branch_reward: BranchReward = "shared
                     final=final,
                     superseded=branch.branch in superseded,
                     covers=covers[branch.branch],
+                    compacted_from=link[branch.branch],
                 )
             )
     return samples
