@@ -6,14 +6,12 @@ The pool is :class:`~tito_core.gateway.workers.WorkerPool` (processes) or
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import signal
 import sys
 from typing import Any
 
 from ..config import TitoConfig
 from .ray_workers import RayWorkerPool
+from .server import stop_on_signals
 from .workers import WorkerPool
 
 __all__ = ["serve_workers"]
@@ -31,17 +29,7 @@ async def serve_workers(config: TitoConfig, workers: int, *, host: str = "127.0.
         pool: WorkerPool = RayWorkerPool(config, workers, address=ray, **options)
     else:
         pool = WorkerPool(config, workers, **options)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        if stop.is_set():
-            pool.signal_workers()  # a second signal: the workers stop waiting for their calls
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    try:
+    with stop_on_signals(pool.signal_workers) as stop:  # a second signal: the workers stop waiting for calls
         try:
             base = await pool.start(host, port)
         except BaseException:
@@ -59,8 +47,4 @@ async def serve_workers(config: TitoConfig, workers: int, *, host: str = "127.0.
         print(said, file=sys.stderr, flush=True)
         pool.signal_workers()
         await pool.close()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(Exception):
-                loop.remove_signal_handler(sig)
     return 0

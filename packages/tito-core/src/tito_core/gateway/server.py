@@ -14,14 +14,14 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..config import TitoConfig
 from ..errors import ConfigError
 from .service import Gateway
 
-__all__ = ["api_key_from", "serve"]
+__all__ = ["api_key_from", "serve", "stop_on_signals"]
 
 
 def api_key_from(api_key: str | None, api_key_file: str | None) -> str | None:
@@ -78,17 +78,7 @@ async def serve(
         allow_hosts=allow_hosts,
         allow_origins=allow_origins,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def on_signal() -> None:
-        if stop.is_set():
-            gateway.stop_draining()  # a second signal: stop waiting for the calls in flight
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    try:
+    with stop_on_signals(gateway.stop_draining) as stop:  # a second signal: stop waiting for the calls in flight
         try:
             base = await gateway.start(host, port)
         except BaseException:
@@ -106,8 +96,28 @@ async def serve(
             flush=True,
         )
         await gateway.close(drain_s=drain_s)
+    return 0
+
+
+@contextlib.contextmanager
+def stop_on_signals(on_second: Callable[[], None]) -> Iterator[asyncio.Event]:
+    """An event that SIGINT or SIGTERM sets, in the running loop; a second signal calls ``on_second`` too.
+
+    The handlers are removed on the way out (``tito serve`` and ``tito serve --workers`` share them).
+    """
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            on_second()
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        yield stop
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
-    return 0
