@@ -148,3 +148,50 @@ def test_each_seed_gets_its_own_shade() -> None:
     from train_ab_report import colour
 
     assert len({colour(arm, seed) for arm in ("tito", "text") for seed in range(3)}) == 6
+
+
+def test_kept_sets_follow_the_loss_tokens_through_turns_with_and_without_a_mask() -> None:
+    from tito_core.sampling_mask import SamplingMask
+
+    turns = [
+        SimpleNamespace(output_start=2, output_len=2, sampling_mask=SamplingMask.from_rows([[5, 7], [7]])),
+        SimpleNamespace(output_start=6, output_len=1, sampling_mask=None),  # a call that did not truncate
+    ]
+    ids, offsets = ab.kept_sets(SimpleNamespace(turns=turns), [2, 3, 6])
+    assert (ids, offsets) == ([5, 7, 7], [0, 2, 3, 3])
+
+
+def truncated_rows(model: Any, k: int) -> list[ab.Row]:
+    """:func:`group` rows whose kept sets are each token's own id and the model's top ``k`` at T 0.8, with the
+    sampler's old logprobs: the renormalised ones (what the engine records under truncation)."""
+    from tito_core.kept_logprobs import kept_logprobs
+
+    rows = group([1.0, -1.0])
+    with torch.no_grad():
+        for row, (logits, targets) in zip(rows, demo.group_token_logits(model, rows), strict=True):  # type: ignore[arg-type]
+            top = torch.topk(logits, k).indices.tolist()
+            kept = [sorted({*t, int(target)}) for t, target in zip(top, targets.tolist(), strict=True)]
+            row.kept = ([i for r in kept for i in r], [0, *torch.tensor([len(r) for r in kept]).cumsum(0).tolist()])
+            row.old = kept_logprobs(logits, targets, row.kept, temperature=0.8).tolist()
+            row.sampled = list(row.old)
+    return rows
+
+
+def scored(model: Any, rows: list[ab.Row], use_kept: bool) -> dict[str, Any]:
+    """``ppo_step``'s figures for ``rows`` at T 0.8 (on a copy of ``model``: the step does not change it)."""
+    model = copy.deepcopy(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return ab.ppo_step(model, torch.optim.SGD(params, lr=0.0), rows, max_grad_norm=1e9,
+                       scoring=ab.Scoring(0.8, use_kept=use_kept))  # fmt: skip
+
+
+def test_over_the_kept_sets_the_ratio_is_one_over_the_vocabulary_it_is_the_kept_mass(policy: Any) -> None:
+    rows = truncated_rows(policy, 5)
+    mask, full = scored(policy, rows, use_kept=True), scored(policy, rows, use_kept=False)
+    assert abs(mask["ratio_p1"] - 1) < 1e-5 and abs(mask["ratio_p99"] - 1) < 1e-5
+    assert mask["k3"] < 1e-9 and mask["clipped_share"] == 0
+    # the closed form: a full-vocabulary logprob falls short of the renormalised one by log S, in both arms alike
+    assert mask["log_s_mean"] == pytest.approx(full["log_s_mean"], abs=1e-6)
+    assert full["log_s_mean"] < -0.05
+    assert full["ratio_p50"] < 1 and full["ratio_p99"] <= 1 + 1e-6
+    assert full["k3"] > 1e-3

@@ -48,7 +48,9 @@ sys.path.insert(0, str(ROOT / "examples" / "train_reinforce"))  # the demo's pol
 
 import train_reinforce as demo  # noqa: E402  (after the path above; it adds examples/arithmetic: arith.py)
 
-ARMS = ("tito", "text")
+PAIRS = {"drift": ("tito", "text"), "truncated": ("mask", "full")}
+"""The arm pairs: recorded ids vs a text stack's; under top-p/top-k, the kept sets used by the trainer vs not."""
+ARMS = tuple(arm for arms in PAIRS.values() for arm in arms)
 CLIP = 0.2
 
 
@@ -88,6 +90,7 @@ class Row:
     group: int
     old: list[float | None]  # the ratio's old logprob; None: the trainer's own (detached)
     sampled: list[float | None]  # the sampler's logprob of this very token, where the arm still has it
+    kept: tuple[list[int], list[int]] | None = None  # each loss token's kept set (CSR ids, offsets); [] = all
 
 
 @dataclass
@@ -119,12 +122,33 @@ def free_logprobs(traj: Any) -> list[float | None]:
     return lps
 
 
-def tito_row(record: Any, traj: Any) -> Row:
-    """The recorded ids and mask; the recorded logprobs as the old ones, except in constrained turns."""
+def tito_row(record: Any, traj: Any, *, kept: bool = False) -> Row:
+    """The recorded ids and mask; the recorded logprobs as the old ones, except in constrained turns.
+
+    ``kept``: with each loss token's recorded kept set (an empty row where its call did not truncate).
+    """
     free = free_logprobs(traj)
     positions = loss_positions(traj.loss_mask)
     picked = [free[i] for i in positions]
-    return Row(list(traj.token_ids), list(traj.loss_mask), float(record.advantage), record.group, picked, picked)
+    row = Row(list(traj.token_ids), list(traj.loss_mask), float(record.advantage), record.group, picked, picked)
+    if kept:
+        row.kept = kept_sets(traj, positions)
+    return row
+
+
+def kept_sets(traj: Any, positions: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The kept sets of the tokens at ``positions`` as CSR (ids, offsets), from their turns' sampling masks."""
+    rows: dict[int, list[int]] = {}
+    for turn in traj.turns:
+        if turn.sampling_mask is not None:
+            for j, kept in enumerate(turn.sampling_mask.to_lists()):
+                rows[turn.output_start + j] = kept
+    ids: list[int] = []
+    offsets = [0]
+    for i in positions:
+        ids.extend(rows.get(i, ()))
+        offsets.append(len(ids))
+    return ids, offsets
 
 
 def text_row(record: Any, traj: Any, view: Any) -> Row:
@@ -194,8 +218,8 @@ def rows_of(arm: str, records: Sequence[Any], stack: Stack) -> tuple[list[Row], 
             view = None
         if view is not None:
             stack.compare(traj, view, drift)
-        if arm == "tito":
-            rows.append(tito_row(record, traj))
+        if arm != "text":
+            rows.append(tito_row(record, traj, kept=arm in PAIRS["truncated"]))
         elif view is not None:
             rows.append(text_row(record, traj, view))
         else:
@@ -214,8 +238,47 @@ def quantile(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def ppo_step(model: Any, optimizer: Any, rows: Sequence[Row], *, max_grad_norm: float) -> dict[str, Any]:
-    """One PPO-clip update on ``rows``; groups without a reward spread are scored (no grad) for the figures."""
+@dataclass(frozen=True)
+class Scoring:
+    """How the trainer scores rows with kept sets: ``softmax(logits / temperature)`` over each token's kept set.
+
+    ``use_kept`` False: over the whole vocabulary instead (the common mistake), off by ``log S`` per token.
+    """
+
+    temperature: float
+    use_kept: bool
+
+
+def score_group(model: Any, members: Sequence[Row], scoring: Scoring | None) -> tuple[list[Any], list[Any]]:
+    """Per row: the trainer's logprobs of its loss tokens (with grad), and their ``log S`` (detached).
+
+    ``log S``: the log of the mass each kept set holds, by which a full-vocabulary logprob falls short (empty
+    without ``scoring``).
+    """
+    import torch
+
+    from tito_core.kept_logprobs import kept_logprobs
+
+    if scoring is None:
+        return demo.group_token_logprobs(model, members), [torch.zeros(0)] * len(members)  # type: ignore[arg-type]
+    used, log_s = [], []
+    for row, (logits, targets) in zip(members, demo.group_token_logits(model, members), strict=True):  # type: ignore[arg-type]
+        if row.kept is None:
+            raise SystemExit("a row without kept sets in the truncated pair")
+        kept = kept_logprobs(logits, targets, row.kept, temperature=scoring.temperature)
+        full = torch.log_softmax(logits / scoring.temperature, dim=-1).gather(1, targets[:, None])[:, 0]
+        used.append(kept if scoring.use_kept else full)
+        log_s.append((full - kept).detach())
+    return used, log_s
+
+
+def ppo_step(
+    model: Any, optimizer: Any, rows: Sequence[Row], *, max_grad_norm: float, scoring: Scoring | None = None
+) -> dict[str, Any]:
+    """One PPO-clip update on ``rows``; groups without a reward spread are scored (no grad) for the figures.
+
+    ``scoring``: how to score rows with kept sets (the truncated pair); None: ``log_softmax(logits)``.
+    """
     import torch
 
     model.train()
@@ -227,13 +290,15 @@ def ppo_step(model: Any, optimizer: Any, rows: Sequence[Row], *, max_grad_norm: 
             groups[row.group].append(row)
     ratios: list[float] = []
     k3: list[float] = []
+    log_masses: list[float] = []
     total, signal = 0.0, 0
     for members in groups.values():
         learns = any(r.advantage != 0.0 for r in members)
         with torch.set_grad_enabled(learns):
-            logps = demo.group_token_logprobs(model, members)  # type: ignore[arg-type]
+            logps, log_s = score_group(model, members, scoring)
             loss = torch.zeros(())
-            for row, lp in zip(members, logps, strict=True):
+            for row, lp, mass in zip(members, logps, log_s, strict=True):
+                log_masses.extend(m for m, o in zip(mass.tolist(), row.old, strict=False) if o is not None)
                 if len(lp) != len(row.old):
                     raise SystemExit(f"scored {len(lp)} tokens for a row of {len(row.old)} loss tokens")
                 detached = lp.detach()
@@ -263,6 +328,8 @@ def ppo_step(model: Any, optimizer: Any, rows: Sequence[Row], *, max_grad_norm: 
         "ratio_p1": quantile(ratios, 0.01),
         "ratio_p50": quantile(ratios, 0.5),
         "ratio_p99": quantile(ratios, 0.99),
+        "clipped_share": sum(not 1 - CLIP <= r <= 1 + CLIP for r in ratios) / len(ratios) if ratios else None,
+        "log_s_mean": sum(log_masses) / len(log_masses) if log_masses else None,  # over the free tokens
         "k3": sum(k3) / len(k3) if k3 else None,
         "k3_tokens": len(k3),
     }
@@ -298,6 +365,9 @@ async def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
     model, model_dir = demo.build_policy(demo_args)
     config = demo.rollout_config(demo_args, model, model_dir)
     stack = Stack(config)
+    truncated = arm in PAIRS["truncated"]
+    scoring = Scoring(args.temperature, use_kept=arm == "mask") if truncated else None
+    truncation = {"top_p": args.top_p, "top_k": args.top_k} if truncated else {}
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -312,7 +382,7 @@ async def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
         tasks = rng.sample(train_pool, min(args.tasks_per_step, len(train_pool)))
         path = out / f"rollouts_s{step:03d}.jsonl"
         seeded = demo.at_version(config, step - 1)
-        seeded["sampling"] = {**seeded["sampling"], "seed": step_seed(args.seed, step)}
+        seeded["sampling"] = {**seeded["sampling"], **truncation, "seed": step_seed(args.seed, step)}
         await arollout(seeded, tasks, path)
         records = list(read_records(path))
         collect_s = time.perf_counter() - t0
@@ -320,7 +390,7 @@ async def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
         if not train_rows:
             raise SystemExit(f"{arm} step {step}: nothing to train on ({skipped})")
         t1 = time.perf_counter()
-        stats = ppo_step(model, optimizer, train_rows, max_grad_norm=args.max_grad_norm)
+        stats = ppo_step(model, optimizer, train_rows, max_grad_norm=args.max_grad_norm, scoring=scoring)
         train_s = time.perf_counter() - t1
         if not (math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])):
             raise SystemExit(f"{arm} step {step}: the loss is {stats['loss']}, the gradient norm {stats['grad_norm']}")
@@ -361,6 +431,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--out", type=Path, default=Path("runs/train_ab"), help="output directory")
+    parser.add_argument(
+        "--pair", choices=tuple(PAIRS), default="drift",
+        help="drift: recorded ids (tito) vs a text stack's (text); truncated: top-p/top-k sampling, the trainer "
+        "renormalising over the recorded kept sets (mask) or over the whole vocabulary (full)",
+    )  # fmt: skip
     parser.add_argument("--arm", choices=ARMS, help="run one arm in this process (default: both, in parallel)")
     parser.add_argument("--serial", action="store_true", help="run the two arms one after the other")
     parser.add_argument("--steps", type=int, default=50)
@@ -373,6 +448,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--max-new-tokens", type=int, default=48, help="per model call")
+    parser.add_argument("--top-p", type=float, default=0.9, help="the truncated pair's top_p")
+    parser.add_argument("--top-k", type=int, default=50, help="the truncated pair's top_k")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--lora-rank", type=int, default=8)
     parser.add_argument("--max-grad-norm", type=float, default=1.0)
@@ -402,14 +479,15 @@ def run_both(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
     seed_out = args.out / f"seed{args.seed}"
     command = [sys.executable, __file__, *base, "--out", str(seed_out), "--seed", str(args.seed)]
     procs = []
-    for arm in ARMS:
+    arms = PAIRS[args.pair]
+    for arm in arms:
         procs.append(subprocess.Popen([*command, "--arm", arm]))
         if args.serial and procs[-1].wait():
             break
     codes = [p.wait() for p in procs]
     if any(codes):
-        raise SystemExit(f"an arm failed (exit codes {dict(zip(ARMS, codes, strict=False))})")
-    return {arm: json.loads((seed_out / arm / "result.json").read_text()) for arm in ARMS}
+        raise SystemExit(f"an arm failed (exit codes {dict(zip(arms, codes, strict=False))})")
+    return {arm: json.loads((seed_out / arm / "result.json").read_text()) for arm in arms}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -417,6 +495,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.arm and args.arm not in PAIRS[args.pair]:
+        raise SystemExit(f"--arm {args.arm} is not an arm of --pair {args.pair} {PAIRS[args.pair]}")
     if args.arm:
         result = asyncio.run(run_arm(args.arm, args))
         (args.out / args.arm / "result.json").write_text(json.dumps(result))

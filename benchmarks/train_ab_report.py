@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 # one colour family per arm, one shade per seed (darker = later seed), so seeds can be told apart
-COLOURS = {"tito": ("#9ecae1", "#4292c6", "#08519c"), "text": ("#fdae6b", "#f16913", "#a63603")}
+BLUES, ORANGES = ("#9ecae1", "#4292c6", "#08519c"), ("#fdae6b", "#f16913", "#a63603")
+COLOURS = {"tito": BLUES, "text": ORANGES, "mask": BLUES, "full": ORANGES}
 STYLES = ("-", "--", ":")
 PANELS = (
     ("reward", "train reward (mean of the step's rollouts)"),
@@ -17,6 +18,17 @@ PANELS = (
     ("ratio_p99", "importance ratio - 1: p1, p50, p99"),
     ("grad_norm", "gradient norm (before clipping)"),
 )
+TRUNCATED_PANELS = (
+    *PANELS[:2],
+    ("log_s_mean", "mean log S (kept mass, trainer's logits)"),
+    *PANELS[3:5],
+    ("clipped_share", "share of ratios outside [0.8, 1.2]"),
+)
+TITLES = {
+    "drift": "SmolLM2-135M + LoRA, PPO-clip: trained on tito's recorded ids vs a text stack's",
+    "truncated": "SmolLM2-135M + LoRA, PPO-clip, top-p/top-k sampling: the trainer over the kept sets (mask) vs the "
+    "whole vocabulary (full)",
+}
 
 
 def smooth(values: Sequence[float | None], width: int = 5) -> list[float | None]:
@@ -52,8 +64,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    pair = result["settings"].get("pair", "drift")
     fig, axes = plt.subplots(2, 3, figsize=(13.5, 6.6), dpi=100)
-    for ax, (key, title) in zip(axes.flat, PANELS, strict=True):
+    for ax, (key, title) in zip(axes.flat, TRUNCATED_PANELS if pair == "truncated" else PANELS, strict=True):
         for index, run in enumerate(result["runs"]):
             for arm, data in run["arms"].items():
                 rows, shade, line = data["rows"], colour(arm, index), STYLES[index % len(STYLES)]
@@ -76,13 +89,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
         if key == "k3":
             ax.set_yscale("symlog", linthresh=1e-10)
         if key == "ratio_p99":
-            ax.set_yscale("symlog", linthresh=1e-6)
+            ax.set_yscale("symlog", linthresh=1e-6 if pair == "drift" else 1e-3)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=7, ncol=2)
-    fig.suptitle("SmolLM2-135M + LoRA, PPO-clip: trained on tito's recorded ids vs a text stack's", fontsize=10)
+    fig.suptitle(TITLES[pair], fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -118,6 +131,8 @@ def arm_summary(data: dict[str, Any]) -> dict[str, Any]:
         "drift_changed_share": _mean([r["drift_changed_share"] for r in rows]),
         "drift_added_share": _mean([r["drift_added_share"] for r in rows]),
         "k3": _mean([r["k3"] for r in rows]),
+        "log_s_mean": _mean([r.get("log_s_mean") for r in rows]),
+        "clipped_share": _mean([r.get("clipped_share") for r in rows]),
         "ratio_p1": min((r["ratio_p1"] for r in rows if r["ratio_p1"] is not None), default=None),
         "ratio_p99": max((r["ratio_p99"] for r in rows if r["ratio_p99"] is not None), default=None),
         "grad_norm": _mean([r["grad_norm"] for r in rows if r["groups_with_signal"]]),
@@ -127,20 +142,25 @@ def arm_summary(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def summary_table(result: dict[str, Any]) -> str:
-    """A Markdown table, one line per arm and seed."""
+    """A Markdown table, one line per arm and seed (the truncated pair: log S and the clipped share for the drift)."""
+    truncated = result["settings"].get("pair") == "truncated"
+    middle = "mean log S / ratios clipped" if truncated else "ids changed / added"
     lines = [
-        "| seed | arm | reward, first fifth -> last fifth | held-out before -> after (best) | ids changed / added "
+        f"| seed | arm | reward, first fifth -> last fifth | held-out before -> after (best) | {middle} "
         "| k3 (mean per step) | ratio - 1, p1 .. p99 (all steps) | grad norm | trained tokens / step | minutes |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for run in result["runs"]:
         for arm, data in run["arms"].items():
             s = arm_summary(data)
+            if truncated:
+                middle = f"{_fmt(s['log_s_mean'], '.3f')} / {_fmt(s['clipped_share'], '.1%')}"
+            else:
+                middle = f"{_fmt(s['drift_changed_share'], '.1%')} / {_fmt(s['drift_added_share'], '.1%')}"
             lines.append(
                 f"| {run['seed']} | {arm} | {_fmt(s['reward_first'], '.3f')} -> {_fmt(s['reward_last'], '.3f')} "
                 f"| {_fmt(s['eval_before'], '.3f')} -> {_fmt(s['eval_after'], '.3f')} ({_fmt(s['eval_best'], '.3f')}) "
-                f"| {_fmt(s['drift_changed_share'], '.1%')} / {_fmt(s['drift_added_share'], '.1%')} "
-                f"| {_fmt(s['k3'], '.2e')} | {_deviation(s['ratio_p1'])} .. {_deviation(s['ratio_p99'])} "
+                f"| {middle} | {_fmt(s['k3'], '.2e')} | {_deviation(s['ratio_p1'])} .. {_deviation(s['ratio_p99'])} "
                 f"| {_fmt(s['grad_norm'], '.3f')} | {_fmt(s['trained_tokens'], '.0f')} | {s['minutes']:.1f} |"
             )
     return "\n".join(lines)

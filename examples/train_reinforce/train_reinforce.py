@@ -155,7 +155,17 @@ def off_policy_tokens(records: Sequence[Any], trained_version: int) -> OffPolicy
 
 
 def group_token_logprobs(model: Any, rollouts: Sequence[Rollout]) -> list[Any]:
-    """Log-probabilities (with grad) of each rollout's loss tokens under ``model``, teacher-forced on its ids.
+    """Log-probabilities (with grad) of each rollout's loss tokens under ``model``, teacher-forced on its ids."""
+    import torch
+
+    return [
+        torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
+        for logits, targets in group_token_logits(model, rollouts)
+    ]
+
+
+def group_token_logits(model: Any, rollouts: Sequence[Rollout]) -> list[tuple[Any, Any]]:
+    """Per rollout: the float32 logits (with grad) predicting each loss token, and those tokens' ids.
 
     The members of a group share their first prompt (system, tools, question), so it is run once: its KV
     cache (with grad) is expanded to the group and the members' own tokens are run on top of it, right-padded
@@ -190,8 +200,7 @@ def group_token_logprobs(model: Any, rollouts: Sequence[Rollout]) -> list[Any]:
         # hidden[row, j] predicts token_ids[cut + j + 1]: scored where that token has loss mask 1
         positions = [j for j in range(len(tails[row]) - 1) if rollout.loss_mask[cut + j + 1]]
         targets = torch.tensor([rollout.token_ids[cut + j + 1] for j in positions], device=device)
-        logits = head(hidden[row, positions]).float()
-        results.append(torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0])
+        results.append((head(hidden[row, positions]).float(), targets))
     return results
 
 
