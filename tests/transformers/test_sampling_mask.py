@@ -101,3 +101,35 @@ async def test_the_closed_form_holds_with_and_without_the_mask(backend32: Any, t
     scored.sum().backward()
     assert np.abs(scored.detach().numpy() - recorded).max() < 1e-4
     assert tensor.grad is not None and torch.isfinite(tensor.grad).all()
+
+
+def test_a_generation_config_that_truncates_by_default_records_its_kept_sets(
+    tiny_model_dir: Path, tmp_path: Path, qwen3_tokenizer: Any
+) -> None:
+    """Unset top_k / top_p take the model's generation_config defaults; the core sees them and records the sets."""
+    import asyncio
+    import json
+    import shutil
+
+    from tito_core.conversation import Conversation
+    from tito_core.plugins import get_tool_parser
+    from tito_core.render.renderer import ChatRenderer
+    from tito_core.rollout_core import CallOptions, Rollout
+    from tito_transformers import TransformersBackend
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(
+        json.dumps({**config, "do_sample": True, "temperature": TEMPERATURE, "top_k": 20, "top_p": 0.9})
+    )
+    backend = TransformersBackend(folder, dtype="float32", num_threads=1)
+    try:
+        rollout = Rollout(backend, ChatRenderer(qwen3_tokenizer), get_tool_parser("hermes"))
+        options = CallOptions(sampling=SamplingParams(max_new_tokens=12, seed=5, ignore_eos=True))
+        asyncio.run(rollout.call(Conversation(messages=[{"role": "user", "content": "hi"}]), options))
+    finally:
+        backend.close()
+    (turn,) = rollout.trajectory.turns
+    assert turn.sampling_mask is not None and turn.sampling_mask.rows == 12
+    assert all(1 <= len(row) <= 20 for row in turn.sampling_mask.to_lists())

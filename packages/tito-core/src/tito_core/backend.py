@@ -72,6 +72,15 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     def __post_init__(self) -> None:
         _check_sampling(self)
 
+    def with_defaults(self, defaults: Mapping[str, Any]) -> SamplingParams:
+        """These parameters with their unset ``temperature``, ``top_p`` and ``top_k`` taken from ``defaults``."""
+        unset = {
+            name: defaults[name]
+            for name in ("temperature", "top_p", "top_k")
+            if getattr(self, name) is None and defaults.get(name) is not None
+        }
+        return msgspec.structs.replace(self, **unset) if unset else self
+
     def engine_fields(self, **names: str) -> dict[str, Any]:
         """The parameters that are set, keyed by the engine's names (``extra`` not included).
 
@@ -95,9 +104,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         """Whether these parameters sample from a truncated distribution (its kept sets are then recorded).
 
         ``top_k`` below the vocabulary, ``top_p`` < 1 or ``extra["min_p"]`` > 0, at a temperature other than 0
-        (greedy decoding samples nothing: it records no mask). Unset fields count as the engine's defaults of no
-        truncation: a model's ``generation_config`` defaults that truncate are not seen here, so set them on the
-        request.
+        (greedy decoding samples nothing: it records no mask). Unset fields count as no truncation: the core
+        first fills them from the backend's :meth:`Backend.sampling_defaults` (a model's ``generation_config``, where
+        the backend knows that the engine applies it).
         """
         if self.temperature == 0:
             return False
@@ -354,6 +363,15 @@ class Backend(abc.ABC):
     """True for backends whose engine can freeze the requests in flight and go on with them later
     (:meth:`pause_generation`, :meth:`resume_generation`), and relabel its weights (:meth:`set_weight_version`):
     what :func:`tito_core.weights.weight_update` needs."""
+
+    def sampling_defaults(self) -> Mapping[str, Any]:
+        """What the engine gives the ``temperature``, ``top_p`` and ``top_k`` a request leaves unset, where known.
+
+        The core fills a call's unset fields from it before it decides whether the call truncates, so that a model
+        whose ``generation_config`` truncates by default (Qwen3: ``top_k`` 20) records its kept sets, and the
+        request states what the engine applies. Empty (the default): the engine's own "no truncation", or unknown.
+        """
+        return {}
 
     async def max_context_length(self) -> int | None:
         """The engine's context window in tokens, or None when unknown.

@@ -222,6 +222,10 @@ class TransformersBackend(Backend):
             raise
         return result
 
+    def sampling_defaults(self) -> dict[str, Any]:
+        """The model's ``generation_config`` sampling defaults (temperature, top_p, top_k), which unset fields take."""
+        return dict(self._preparer.defaults)
+
     async def max_context_length(self) -> int | None:
         """The context window: ``max_context_length`` if given, else the config's ``max_position_embeddings``."""
         return int(self._preparer.context) if self._preparer.context else None

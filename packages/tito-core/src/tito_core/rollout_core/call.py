@@ -247,7 +247,7 @@ class Rollout:
     ) -> GenerateRequest:
         traj = lineage.trajectory
         prefix_len = len(traj)
-        sampling = options.sampling
+        sampling = options.sampling.with_defaults(self.backend.sampling_defaults())
         if sampling.seed is not None and traj.turns:  # call k samples with seed + k: no two calls share a stream
             sampling = msgspec.structs.replace(sampling, seed=(sampling.seed + len(traj.turns)) % 2**63)
         limit = options.context_window_limit or await self._context_limit()
