@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import re
 import struct
+from array import array
+from itertools import pairwise
+from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
@@ -378,6 +382,49 @@ def test_tito_export_kept_sets_flag(tmp_path, capsys) -> None:
     assert main(["export", "--to", "slime", "--kept-sets", "tito", str(out), str(tmp_path / "slime.jsonl")]) == 0
     (row,) = [msgspec.json.decode(line) for line in (tmp_path / "slime.jsonl").read_bytes().splitlines()]
     assert row["sampling_mask_ids"] == FIRST_KEPT["ids"] and row["sampling_mask_missing"] is False
+
+
+def _doc_snippet(defines: str) -> dict[str, Any]:
+    """Run the docs/exports.md code block that defines ``defines`` and return what it defines (the doc's own code)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "exports.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    (block,) = [b for b in blocks if f"def {defines}(" in b]
+    namespace: dict[str, Any] = {}
+    exec(compile(block, "docs/exports.md", "exec"), namespace)
+    return namespace
+
+
+def _int32(data: bytes) -> list[int]:
+    return list(array("i", data))
+
+
+def test_the_documented_prime_rl_conversion() -> None:
+    """prime-rl's TrainingSample.sampling_mask (#3431): int32 ids, and an int32 count per token of the whole sequence
+    (prompt included), 0 = no replay (the whole vocabulary: right for a call that did not truncate)."""
+    convert = _doc_snippet("prime_rl_sampling_mask")["prime_rl_sampling_mask"]
+    row = to_trl(masked_trajectory("none"))
+    mask = convert(row)
+    assert _int32(mask["counts"]) == [0, 0, 0, 2, 1, 0, 0, 0, 0]  # one per prompt_ids + completion_ids token
+    assert len(_int32(mask["counts"])) == len(row["prompt_ids"]) + len(row["completion_ids"])
+    assert _int32(mask["ids"]) == FIRST_KEPT["ids"]
+    assert _int32(convert(to_trl(masked_trajectory("mask")))["counts"]) == [0, 0, 0, 2, 1, 0, 0, 0, 2]
+    with pytest.raises(ValueError, match="without kept sets"):
+        convert(to_trl(masked_trajectory("missing")))
+    assert convert(to_trl(sample_trajectory())) is None
+
+
+def test_the_documented_miles_conversion() -> None:
+    """Miles' Sample.rollout_sampling_mask (RolloutSamplingMask, #2595): CSR over the response, no empty row; a loss-0
+    token keeps its own id, as Miles' rollout records tool tokens."""
+    convert = _doc_snippet("miles_sampling_mask")["miles_sampling_mask"]
+    ids, offsets = convert(to_slime(masked_trajectory("mask"), kept_sets="tito"))
+    assert ids == [4, 11, 5, 6, 7, 8, 9, 12] and offsets == [0, 2, 3, 4, 5, 6, 8]
+    assert all(a < b for a, b in pairwise(offsets))  # Miles' RolloutSamplingMask check
+    with pytest.raises(ValueError, match="response token 5 is trained but its call did not truncate"):
+        convert(to_slime(masked_trajectory("none"), kept_sets="tito"))
+    with pytest.raises(ValueError, match="without kept sets"):
+        convert(to_slime(masked_trajectory("missing"), kept_sets="tito"))
+    assert convert(to_slime(sample_trajectory(), kept_sets="tito")) is None
 
 
 def test_verl_carries_the_routed_experts() -> None:
