@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib.util
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,35 @@ def check_like_slime(sample: Sample, *, layers: int | None = None, top_k: int | 
         # rollout_data_utils.validate_rollout_routed_experts_for_replay: (len(tokens) - 1, layers, top_k) int32
         assert sample.rollout_routed_experts.shape == (len(sample.tokens) - 1, layers, top_k)
         assert str(sample.rollout_routed_experts.dtype) == "int32"
+    # top-p replay (types.Sample._validate_response_metadata_lengths; ray/rollout.py when rollout_top_p != 1.0):
+    # both fields or neither, response_length + 1 offsets from 0 that end at the number of ids
+    ids, offsets = sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets
+    assert (ids is None) == (offsets is None)
+    if offsets is not None:
+        assert len(offsets) == sample.response_length + 1 and offsets[0] == 0 and offsets[-1] == len(ids)
+        assert all(a <= b for a, b in pairwise(offsets))
+
+
+def slime_top_p_logprobs(logits: Any, sample: Sample) -> Any:
+    """The response's logprobs as slime's loss computes them over ``rollout_top_p_token_ids`` (slime 624b824a).
+
+    ``logits`` are ``(response_length, vocab)``, row ``i`` predicting response token ``i``. slime's rule
+    (backends/megatron_utils/loss.py ``_fill_topp_mask_rows``, utils/ppo_utils.py ``_VocabParallelLogProbEntropy``):
+    each response row keeps only its recorded ids, the sampled token's logit is put back whatever the row holds,
+    and the log-softmax runs over what is kept. An empty row so keeps the sampled token alone: log-probability 0.
+    """
+    import numpy as np
+
+    ids, offsets = sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets
+    response = sample.tokens[len(sample.tokens) - sample.response_length :]
+    keep = np.zeros(logits.shape, dtype=bool)
+    for i, token in enumerate(response):
+        keep[i, ids[offsets[i] : offsets[i + 1]]] = True
+        keep[i, token] = True
+    masked = np.where(keep, logits, -np.inf)
+    top = masked.max(axis=-1, keepdims=True)
+    log_z = top[:, 0] + np.log(np.exp(masked - top).sum(axis=-1))
+    return masked[np.arange(len(response)), response] - log_z
 
 
 def load_slime_example(monkeypatch: Any, backend: Any, tokenizer: Any) -> Any:

@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import re
 import struct
-from typing import Any
+from array import array
+from itertools import pairwise
+from pathlib import Path
+from typing import Any, Literal
 
 import msgspec
 import pytest
 
 from tito_core import Trajectory
+from tito_core.errors import ConfigError, KeptSetLayoutError
 from tito_core.export import model_request_events, to_slime, to_trl, to_verl, training_branches
 from tito_core.records import RolloutRecord, open_writer, read_records, rollout_record
 from tito_core.runner.samples import packed_trees, training_rows
@@ -279,8 +284,9 @@ def test_a_branch_sample_carries_the_versions_of_the_tokens_it_trains() -> None:
     assert [e["model_version"] for e in model_request_events(second)] == [3]
 
 
-def masked_trajectory(second_missing: bool = False) -> Trajectory:
-    """sample_trajectory's tokens; the first call truncated with kept sets, the second without them when asked."""
+def masked_trajectory(second: Literal["mask", "none", "missing"] = "mask") -> Trajectory:
+    """sample_trajectory's tokens; the first call truncated with kept sets, the second too ("mask"), did not truncate
+    ("none"), or truncated without kept sets ("missing")."""
     from tito_core.sampling_mask import SamplingMask
 
     traj = Trajectory("r1")
@@ -289,35 +295,136 @@ def masked_trajectory(second_missing: bool = False) -> Trajectory:
     traj.append("boundary", [6], turn=1)
     traj.append("prompt", [7, 8], turn=1)
     traj.append("output", [9], [-1.0], turn=1)
-    rows = struct.pack("<16i", *range(16))
+    masks = [SamplingMask.from_rows([[4, 11], [5]]), SamplingMask.from_rows([[9, 12]]) if second == "mask" else None]
     for i, (start, plen, olen) in enumerate([(0, 3, 2), (5, 3, 1)]):
         traj.add_turn(
             Turn(
                 index=i, rid="x", prompt_start=start, prompt_len=plen, output_len=olen, finish_reason="stop",
-                stop_reason="end_turn", usage=Usage(prompt_tokens=plen, completion_tokens=olen),
-                routed_experts=rows if i == 0 else None, routed_experts_shape=(2, 1) if i == 0 else None,
-                sampling_mask=SamplingMask.from_rows([[4, 11], [5]]) if i == 0 else None,
-                sampling_mask_missing="no kept set: test" if i == 1 and second_missing else None,
+                stop_reason="end_turn", usage=Usage(prompt_tokens=plen, completion_tokens=olen), sampling_mask=masks[i],
+                sampling_mask_missing="no kept set: test" if i == 1 and second == "missing" else None,
             )
         )  # fmt: skip
     traj.set_status("completed")
     return traj
 
 
-def test_each_export_carries_the_kept_sets_in_the_tito_layout() -> None:
-    expected = {"sampling_mask_ids": [4, 11, 5], "sampling_mask_offsets": [0, 2, 3, 3, 3, 3, 3]}
-    slime = to_slime(masked_trajectory())
-    verl = to_verl(masked_trajectory())
-    trl = to_trl(masked_trajectory())
-    for fields in (slime, verl["extra_fields"], trl):
-        assert {k: fields[k] for k in expected} == expected and fields["sampling_mask_missing"] is False
-    assert len(slime["sampling_mask_offsets"]) == slime["response_length"] + 1
-    assert to_slime(masked_trajectory(second_missing=True))["sampling_mask_missing"] is True
-    batch = to_trl([masked_trajectory(), sample_trajectory()])
-    assert batch["sampling_mask_ids"] == [[4, 11, 5], None]
+# The response of masked_trajectory is [4, 5, 6, 7, 8, 9], trained [1, 1, 0, 0, 0, 1]; rows of the loss-0 tokens are
+# empty (the prompt of the second call, a template boundary).
+ALL_KEPT = {"ids": [4, 11, 5, 9, 12], "offsets": [0, 2, 3, 3, 3, 3, 5]}
+FIRST_KEPT = {"ids": [4, 11, 5], "offsets": [0, 2, 3, 3, 3, 3, 3]}  # the second call's row empty: the whole vocabulary
+
+
+@pytest.mark.parametrize("second", ["mask", "none", "missing"])
+def test_verl_and_trl_carry_the_kept_sets_in_the_tito_layout(second: str) -> None:
+    expected = ALL_KEPT if second == "mask" else FIRST_KEPT
+    for fields in (to_verl(masked_trajectory(second))["extra_fields"], to_trl(masked_trajectory(second))):
+        assert fields["sampling_mask_ids"] == expected["ids"]
+        assert fields["sampling_mask_offsets"] == expected["offsets"]
+        assert fields["sampling_mask_missing"] is (second == "missing")
+    batch = to_trl([masked_trajectory(second), sample_trajectory()])
+    assert batch["sampling_mask_ids"] == [expected["ids"], None]
+    assert batch["sampling_mask_missing"] == [second == "missing", None]
     for fields in (to_slime(sample_trajectory()), to_trl(sample_trajectory()), to_verl(sample_trajectory())):
-        assert not any(key.startswith("sampling_mask") for key in fields)  # no truncation: nothing extra
+        assert not any(key.startswith(("sampling_mask", "rollout_top_p")) for key in fields)  # no truncation: nothing
         assert "sampling_mask_ids" not in fields.get("extra_fields", {})
+
+
+def test_slime_gets_the_kept_sets_in_its_own_top_p_fields() -> None:
+    """slime's Sample.rollout_top_p_token_ids / _offsets (THUDM/slime 8f5e2151): tito's CSR over the response."""
+    fields = to_slime(masked_trajectory("mask"))
+    assert fields["rollout_top_p_token_ids"] == ALL_KEPT["ids"]
+    assert fields["rollout_top_p_token_offsets"] == ALL_KEPT["offsets"]
+    assert len(fields["rollout_top_p_token_offsets"]) == fields["response_length"] + 1
+    assert not any(key.startswith("sampling_mask") for key in fields)  # no field slime's Sample lacks
+    tito = to_slime(masked_trajectory("mask"), kept_sets="tito")
+    assert (tito["sampling_mask_ids"], tito["sampling_mask_offsets"]) == (ALL_KEPT["ids"], ALL_KEPT["offsets"])
+    assert tito["sampling_mask_missing"] is False and "rollout_top_p_token_ids" not in tito
+    with pytest.raises(ConfigError, match="kept_sets"):
+        to_slime(sample_trajectory(), kept_sets="slime")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("second", "why"),
+    [("none", "turn 1 did not truncate sampling"), ("missing", r"turn 1 truncated .*\(no kept set: test\)")],
+)
+def test_slime_refuses_a_trained_token_without_a_kept_set(second: str, why: str) -> None:
+    """slime reads an empty row as the sampled token alone (log-probability 0): the second call's token 9 (response
+    token 5, trained) has no kept set, so slime's fields would train it wrong; tito's layout says it."""
+    with pytest.raises(KeptSetLayoutError, match=f"rollout 'r1': response token 5 is trained but {why}"):
+        to_slime(masked_trajectory(second))
+    fields = to_slime(masked_trajectory(second), kept_sets="tito")
+    assert (fields["sampling_mask_ids"], fields["sampling_mask_offsets"]) == (FIRST_KEPT["ids"], FIRST_KEPT["offsets"])
+    assert fields["sampling_mask_missing"] is (second == "missing")
+    record = rollout_record(
+        masked_trajectory(second), task_id="t", sample=0, group=0, reward=1.0, server=None, started=0.0, wall_s=0.0,
+        agent_s=0.0, tool_calls=0,
+    )  # fmt: skip
+    with pytest.raises(KeptSetLayoutError):
+        list(training_rows([record], "slime"))
+    (row,) = training_rows([record], "slime", kept_sets="tito")
+    assert row["sampling_mask_offsets"] == FIRST_KEPT["offsets"]
+    assert row["sampling_mask_missing"] is (second == "missing")
+
+
+def test_tito_export_kept_sets_flag(tmp_path, capsys) -> None:
+    from tito_core.cli import main
+
+    out = tmp_path / "rollouts.jsonl"
+    with open_writer(out) as writer:
+        writer.write(
+            rollout_record(
+                masked_trajectory("none"), task_id="t", sample=0, group=0, reward=1.0, server=None, started=0.0,
+                wall_s=0.0, agent_s=0.0, tool_calls=0,
+            )
+        )  # fmt: skip
+    assert main(["export", "--to", "slime", str(out), str(tmp_path / "slime.jsonl")]) == 2
+    assert "response token 5 is trained but turn 1 did not truncate" in capsys.readouterr().err
+    assert main(["export", "--to", "slime", "--kept-sets", "tito", str(out), str(tmp_path / "slime.jsonl")]) == 0
+    (row,) = [msgspec.json.decode(line) for line in (tmp_path / "slime.jsonl").read_bytes().splitlines()]
+    assert row["sampling_mask_ids"] == FIRST_KEPT["ids"] and row["sampling_mask_missing"] is False
+
+
+def _doc_snippet(defines: str) -> dict[str, Any]:
+    """Run the docs/exports.md code block that defines ``defines`` and return what it defines (the doc's own code)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "exports.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    (block,) = [b for b in blocks if f"def {defines}(" in b]
+    namespace: dict[str, Any] = {}
+    exec(compile(block, "docs/exports.md", "exec"), namespace)
+    return namespace
+
+
+def _int32(data: bytes) -> list[int]:
+    return list(array("i", data))
+
+
+def test_the_documented_prime_rl_conversion() -> None:
+    """prime-rl's TrainingSample.sampling_mask (#3431): int32 ids, and an int32 count per token of the whole sequence
+    (prompt included), 0 = no replay (the whole vocabulary: right for a call that did not truncate)."""
+    convert = _doc_snippet("prime_rl_sampling_mask")["prime_rl_sampling_mask"]
+    row = to_trl(masked_trajectory("none"))
+    mask = convert(row)
+    assert _int32(mask["counts"]) == [0, 0, 0, 2, 1, 0, 0, 0, 0]  # one per prompt_ids + completion_ids token
+    assert len(_int32(mask["counts"])) == len(row["prompt_ids"]) + len(row["completion_ids"])
+    assert _int32(mask["ids"]) == FIRST_KEPT["ids"]
+    assert _int32(convert(to_trl(masked_trajectory("mask")))["counts"]) == [0, 0, 0, 2, 1, 0, 0, 0, 2]
+    with pytest.raises(ValueError, match="without kept sets"):
+        convert(to_trl(masked_trajectory("missing")))
+    assert convert(to_trl(sample_trajectory())) is None
+
+
+def test_the_documented_miles_conversion() -> None:
+    """Miles' Sample.rollout_sampling_mask (RolloutSamplingMask, #2595): CSR over the response, no empty row; a loss-0
+    token keeps its own id, as Miles' rollout records tool tokens."""
+    convert = _doc_snippet("miles_sampling_mask")["miles_sampling_mask"]
+    ids, offsets = convert(to_slime(masked_trajectory("mask"), kept_sets="tito"))
+    assert ids == [4, 11, 5, 6, 7, 8, 9, 12] and offsets == [0, 2, 3, 4, 5, 6, 8]
+    assert all(a < b for a, b in pairwise(offsets))  # Miles' RolloutSamplingMask check
+    with pytest.raises(ValueError, match="response token 5 is trained but its call did not truncate"):
+        convert(to_slime(masked_trajectory("none"), kept_sets="tito"))
+    with pytest.raises(ValueError, match="without kept sets"):
+        convert(to_slime(masked_trajectory("missing"), kept_sets="tito"))
+    assert convert(to_slime(sample_trajectory(), kept_sets="tito")) is None
 
 
 def test_verl_carries_the_routed_experts() -> None:

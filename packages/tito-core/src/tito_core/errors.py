@@ -57,6 +57,15 @@ class LineageLabelError(TitoError, ValueError):
     """A lineage label (``X-Tito-Lineage``, Strands' ``tito_lineage``) tito does not take (length, characters)."""
 
 
+class KeptSetLayoutError(TitoError, ValueError):
+    """A sample's kept sets cannot be written in a trainer's layout without changing what it trains.
+
+    slime's rows, for one, cannot say "the whole vocabulary": a trained token whose call did not truncate, or whose
+    kept set is missing, has no row slime reads right. Export the sample in tito's layout instead
+    (``kept_sets="tito"``).
+    """
+
+
 class TemplateError(TitoError):
     """The chat template rendered something tito cannot use safely.
 

@@ -1,7 +1,8 @@
 """``tito export``: a rollout file converted to a trainer's format (JSON lines), an ATIF file or prefix trees.
 
 Usage: ``tito export --to FORMAT rollouts.jsonl -o out.jsonl``, with ``--branch-reward``, ``--max-staleness`` /
-``--current-version``, ``--baseline``, ``--reward-superseded`` and ``--max-tokens`` (docs/exports.md).
+``--current-version``, ``--baseline``, ``--reward-superseded``, ``--kept-sets`` and ``--max-tokens``
+(docs/exports.md).
 """
 
 from __future__ import annotations
@@ -58,6 +59,15 @@ def add_export_command(commands: Any) -> None:
         "over all its rows (default: the record's advantage)",
     )
     export.add_argument(
+        "--kept-sets",
+        choices=["trainer", "tito"],
+        default="trainer",
+        help="where the kept sets of truncated sampling go: the trainer's own fields where it has them (slime's "
+        "rollout_top_p_token_ids/offsets), else tito's layout (trainer, default); tito: tito's layout "
+        "(sampling_mask_ids/offsets/missing) for every format, also for a slime row that trains a token without "
+        "a kept set",
+    )
+    export.add_argument(
         "--max-tokens",
         type=int,
         default=32768,
@@ -93,6 +103,7 @@ def run_export(args: argparse.Namespace) -> int:
         max_staleness=args.max_staleness,
         reward_superseded=args.reward_superseded,
         baseline=args.baseline,
+        kept_sets=args.kept_sets,
     )
     with open(target, "w", encoding="utf-8") as out:
         for row in rows:

@@ -21,7 +21,8 @@ Modules, one job each (their public names are importable from here):
   :mod:`~tito_core.export.agentlightning`, :mod:`~tito_core.export.areal`: one trainer's format each;
 * :mod:`~tito_core.export.tree`: rows packed into prefix trees, each shared prefix once (AReaL's tree training);
 * :mod:`~tito_core.export.media`: a sample's images and videos in the forms trainers take;
-* :mod:`~tito_core.export.kept_sets`: a sample's sampling masks (kept sets), in tito's layout.
+* :mod:`~tito_core.export.kept_sets`: a sample's sampling masks (kept sets), in tito's layout (verl, TRL) and in
+  slime's own fields.
 
 Running rollouts inside a trainer (TRL's ``rollout_func``, verl's agent loop, slime's generate hook, Agent
 Lightning's runner) is :mod:`tito_core.trainers`'; it uses these.
@@ -32,6 +33,7 @@ from __future__ import annotations
 from .agentlightning import model_request_events
 from .areal import to_areal
 from .branches import BranchReward, TrainingBranch, superseded_branches, training_branches
+from .kept_sets import KeptSetLayout
 from .slime import to_slime
 from .tree import PackedTree, TreeNode, pack_trees
 from .trl import to_trl
@@ -40,6 +42,7 @@ from .verl import VERL_METRICS, to_verl, turn_token_scores, verl_multi_modal_inp
 __all__ = [
     "VERL_METRICS",
     "BranchReward",
+    "KeptSetLayout",
     "PackedTree",
     "TrainingBranch",
     "TreeNode",

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
+from ..errors import ConfigError
 from ..trajectory import Trajectory
 from .branches import TrainingBranch, response
-from .kept_sets import kept_set_fields
+from .kept_sets import KeptSetLayout, kept_set_fields, slime_kept_set_fields
 from .media import ImageForm, media_data, pixel_inputs
 
 __all__ = ["to_slime"]
@@ -21,7 +22,12 @@ _SLIME_STATUS = {
 
 
 def to_slime(
-    item: Trajectory | TrainingBranch, *, tokenizer: Any = None, processor: Any = None, images: ImageForm = "pil"
+    item: Trajectory | TrainingBranch,
+    *,
+    tokenizer: Any = None,
+    processor: Any = None,
+    images: ImageForm = "pil",
+    kept_sets: KeptSetLayout = "trainer",
 ) -> dict[str, Any]:
     """Fields of slime's ``Sample``: assign them onto the sample (``status`` names a ``Sample.Status`` member).
 
@@ -30,13 +36,22 @@ def to_slime(
     ``response`` (text) is filled when a tokenizer is given. ``weight_versions`` is set when the versions of
     the tokens the sample trains are known: one per model call, as slime's own rollout records them (a call
     generated across a weight update adds one per version, oldest first). When a call truncated sampling, the
-    response's kept sets in tito's layout (:func:`~tito_core.export.kept_sets.kept_set_fields`).
+    response's kept sets: in slime's own ``rollout_top_p_token_ids`` and ``rollout_top_p_token_offsets``
+    (:func:`~tito_core.export.kept_sets.slime_kept_set_fields`), or with ``kept_sets="tito"`` in tito's layout
+    (:func:`~tito_core.export.kept_sets.kept_set_fields`, with its ``sampling_mask_missing`` flag).
 
     With images or videos: ``multimodal_inputs`` is ``{"images": [...], "videos": [...]}`` (slime's raw form, what
     its processor takes; a video is ``(frames, {"fps", "total_num_frames"})``), and, when ``processor`` (the model's
     directory or processor) is given, ``multimodal_train_inputs`` is ``{"pixel_values", "image_grid_thw"}`` and
     ``{"pixel_values_videos", "video_grid_thw"}`` as torch tensors (what slime's training forward concatenates).
+
+    Raises:
+        KeptSetLayoutError: ``kept_sets="trainer"`` and a token the sample trains has no kept set although another
+            call truncated (slime would train it at log-probability 0).
+        ConfigError: ``kept_sets`` is neither ``"trainer"`` nor ``"tito"``.
     """
+    if kept_sets not in get_args(KeptSetLayout):
+        raise ConfigError(f"kept_sets must be one of {list(get_args(KeptSetLayout))}, not {kept_sets!r}")
     traj, start, ids, mask, logprobs = response(item)
     fields: dict[str, Any] = {
         "tokens": ids,
@@ -57,7 +72,10 @@ def to_slime(
 
         data, (layers, top_k) = routed
         fields["rollout_routed_experts"] = np.frombuffer(data, dtype="<i4").reshape(-1, layers, top_k)
-    fields.update(kept_set_fields(traj, start))
+    if kept_sets == "trainer":
+        fields.update(slime_kept_set_fields(traj, start, mask))
+    else:
+        fields.update(kept_set_fields(traj, start))
     if traj.media:  # slime's own fields: the raw images and videos, and the processed ones when a processor is given
         fields["multimodal_inputs"] = media_data(traj, images)
         if processor is not None:

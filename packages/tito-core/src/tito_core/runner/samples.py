@@ -20,7 +20,7 @@ import msgspec
 
 from .. import export
 from ..errors import ConfigError
-from ..export import BranchReward, TrainingBranch, training_branches
+from ..export import BranchReward, KeptSetLayout, TrainingBranch, training_branches
 from ..records import RolloutRecord
 from ..trajectory import Trajectory
 from .staleness import is_stale
@@ -32,18 +32,18 @@ ExportFormat = Literal["slime", "verl", "trl", "agl", "areal"]
 (Agent Lightning v1 ``model_request`` events), ``areal`` (a row of AReaL's batch dict; :func:`packed_trees` packs
 such rows into prefix trees)."""
 
-Converter = Callable[[TrainingBranch, RolloutRecord], dict[str, Any]]
+Converter = Callable[[TrainingBranch, RolloutRecord, KeptSetLayout], dict[str, Any]]
 
 
-def _slime(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
-    fields = export.to_slime(branch, images="sha256")
+def _slime(branch: TrainingBranch, record: RolloutRecord, kept_sets: KeptSetLayout) -> dict[str, Any]:
+    fields = export.to_slime(branch, images="sha256", kept_sets=kept_sets)
     experts = fields.get("rollout_routed_experts")
     if experts is not None:
         fields["rollout_routed_experts"] = experts.tolist()  # a numpy array: rows are plain data
     return fields
 
 
-def _verl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
+def _verl(branch: TrainingBranch, record: RolloutRecord, kept_sets: KeptSetLayout) -> dict[str, Any]:
     final = branch.final
     fields = export.to_verl(
         branch,
@@ -57,16 +57,16 @@ def _verl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
     return fields
 
 
-def _agl(branch: TrainingBranch, record: RolloutRecord) -> dict[str, Any]:
+def _agl(branch: TrainingBranch, record: RolloutRecord, kept_sets: KeptSetLayout) -> dict[str, Any]:
     return {"model_request_events": export.model_request_events(branch, images="sha256")}
 
 
 _CONVERTERS: dict[str, Converter] = {
     "slime": _slime,
     "verl": _verl,
-    "trl": lambda branch, _: export.to_trl(branch, images="sha256"),
+    "trl": lambda branch, _, __: export.to_trl(branch, images="sha256"),
     "agl": _agl,
-    "areal": lambda branch, _: export.to_areal(branch),
+    "areal": lambda branch, _, __: export.to_areal(branch),
 }
 
 
@@ -84,6 +84,7 @@ def training_rows(
     max_staleness: int | None = None,
     reward_superseded: bool = False,
     baseline: Baseline | None = None,
+    kept_sets: KeptSetLayout = "trainer",
 ) -> Iterator[dict[str, Any]]:
     """The training rows of ``records``, in order: one per training branch of each (see the module doc).
 
@@ -97,9 +98,14 @@ def training_rows(
     standard deviation taken over its group's rollouts (``"rollouts"``) or over all its rows (``"branches"``); the
     records are then read whole first.
 
+    ``kept_sets`` says where the kept sets of a truncating call go: the trainer's own fields where it has them
+    (slime's), else tito's layout (``"trainer"``); or tito's layout for every format (``"tito"``).
+
     Raises:
-        ConfigError: An unknown format, ``branch_reward`` or ``baseline``; ``max_staleness`` without
+        ConfigError: An unknown format, ``branch_reward``, ``baseline`` or ``kept_sets``; ``max_staleness`` without
             ``current_version``.
+        KeptSetLayoutError: A slime row trains a token without a kept set while another call truncated
+            (:func:`~tito_core.export.to_slime`); ``kept_sets="tito"`` writes it in tito's layout.
     """
     if max_staleness is not None and current_version is None:
         raise ConfigError("max_staleness needs current_version: staleness is counted from the current version")
@@ -109,25 +115,31 @@ def training_rows(
         raise ConfigError(f"branch_reward must be one of {list(get_args(BranchReward))}, not {branch_reward!r}")
     if baseline is not None and baseline not in get_args(Baseline):
         raise ConfigError(f"baseline must be one of {list(get_args(Baseline))}, not {baseline!r}")
+    if kept_sets not in get_args(KeptSetLayout):
+        raise ConfigError(f"kept_sets must be one of {list(get_args(KeptSetLayout))}, not {kept_sets!r}")
     kept = (r for r in records if not is_stale(r, current_version, max_staleness))
     if baseline is not None:
-        yield from _with_baseline(list(kept), to, branch_reward, reward_superseded, baseline)
+        yield from _with_baseline(list(kept), to, branch_reward, reward_superseded, baseline, kept_sets)
         return
     for record in kept:
-        for fields in _rows(record, to, branch_reward, reward_superseded):
+        for fields in _rows(record, to, branch_reward, reward_superseded, kept_sets):
             if record.advantage is not None and fields["reward"] is not None:
                 fields["advantage"] = record.advantage
             yield fields
 
 
 def _rows(
-    record: RolloutRecord, to: ExportFormat, branch_reward: BranchReward, reward_superseded: bool
+    record: RolloutRecord,
+    to: ExportFormat,
+    branch_reward: BranchReward,
+    reward_superseded: bool,
+    kept_sets: KeptSetLayout,
 ) -> Iterator[dict[str, Any]]:
     """One record's rows, without their advantage."""
     convert = _CONVERTERS[to]
     traj = Trajectory.from_record(record.trajectory)
     for branch in training_branches(traj, branch_reward=branch_reward):
-        fields = convert(branch, record)
+        fields = convert(branch, record, kept_sets)
         fields.update(branch.lineage())
         reward = branch.reward(record.reward, record.branch_rewards, superseded=reward_superseded)
         fields.update(task_id=record.task_id, sample=record.sample, group=record.group, reward=reward)
@@ -142,9 +154,14 @@ def _with_baseline(
     branch_reward: BranchReward,
     reward_superseded: bool,
     baseline: Baseline,
+    kept_sets: KeptSetLayout,
 ) -> Iterator[dict[str, Any]]:
     """The rows of ``records``, each with its GRPO advantage against its group's baseline."""
-    rows = [(record, fields) for record in records for fields in _rows(record, to, branch_reward, reward_superseded)]
+    rows = [
+        (record, fields)
+        for record in records
+        for fields in _rows(record, to, branch_reward, reward_superseded, kept_sets)
+    ]
     pool: dict[int, list[float]] = {}  # per group, the rewards the baseline is taken over
     if baseline == "rollouts":
         for record in records:
