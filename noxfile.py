@@ -627,6 +627,7 @@ def bench_smoke(session: nox.Session) -> None:
                 "--fault-rollouts", "20", "--fault-rate", "0.3", "--fault-size", "300", "--calls", "2",
                 "--scale-workers", "2", "--scale-sessions", "2", "--scale-turns", "3",
                 "--scale-rollouts", "4")  # fmt: skip
+    session.run("python", "benchmarks/journal.py", "--sizes", "1000,16000", "--repeats", "1", "--fsync")
     session.install("-e", f"{CORE}[vision]")  # Pillow, for images.py (~10 s: an agent with pictures vs without)
     session.run("python", "benchmarks/images.py", "--calls", "3", "--repeats", "1", "--size", "112", "--no-profile")
 
@@ -677,6 +678,8 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/long_agent.py", *peer_args, real)
     # the gateway (tito serve) against TitoModel direct and strands-sglang; 1,000 rollouts at 10 % engine faults
     session.run("python", "benchmarks/gateway.py", *peer_args, "--scale-workers", "1,2")  # + Miles #1660's shape
+    session.run("python", "benchmarks/journal.py")  # a gateway worker's journal line per call, 1k to 137k tokens
+    session.run("python", "benchmarks/journal.py", "--fsync")  # the same, each line synced (--journal-fsync)
     session.run("python", "benchmarks/rollouts.py")  # the rollout runner at 64 and 512 concurrent rollouts
     session.run("python", "benchmarks/weight_update.py")  # pause -> relabel -> resume with 256 rollouts in flight
     session.install("-e", f"{CORE}[vision]")

@@ -254,9 +254,43 @@ async def test_journals_of_a_killed_supervisor_are_written_by_the_next(serve: An
         assert recorded[o["id"]] == [answer["tito"]["output_ids"]]
 
 
+async def test_rewards_answered_before_a_worker_is_killed_are_in_its_record(serve: Any, tmp_path: Path) -> None:
+    """With --journal-fsync: a call answered, then a reward for it and one for its branch answered, then its worker
+    SIGKILLed: the supervisor's record of the rollout is `failed` ("gateway worker lost") and holds the output and
+    both rewards."""
+    gate = FileGate(tmp_path / "gate")
+    gate.open()
+    out = tmp_path / "out.jsonl"
+    served = await serve(_config(tmp_path, gate, 4), out, 1, "--journal-fsync")
+    async with aiohttp.ClientSession() as session:
+        opened = (await _post(session, f"{served.base}/rollouts", {"task_id": "t"}))[1]
+        status, answer = await _call(session, opened)
+        assert status == 200
+        url, token = opened["base_url"].removesuffix("/v1"), opened["token"]
+        assert await _post(session, f"{url}/reward", {"value": 0.75}, token) == (200, {"turn": 0, "value": 0.75})
+        assert await _post(session, f"{url}/reward", {"value": 1, "branch": 0}, token) == (
+            200,
+            {"branch": 0, "value": 1},
+        )
+    (pid,) = served.workers.values()
+    os.kill(pid, signal.SIGKILL)
+    said = await served.stderr_line("rollouts written as failed")
+    served.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(served.proc.wait(), GUARD_S) == 0
+    assert "; 1 rollouts written as failed" in said, said
+    (record,) = read_records(out)
+    assert record.status == "failed" and (record.status_reason or "").startswith("gateway worker lost")
+    assert (record.turn_rewards, record.branch_rewards) == ([0.75], [1.0])
+    assert _outputs(out) == {opened["id"]: [answer["tito"]["output_ids"]]}
+
+
 @pytest.mark.parametrize(
     ("flags", "said"),
-    [(["--ray", "auto"], "--ray runs the gateway's workers on Ray"), (["--workers", "0"], "--workers must be 1")],
+    [
+        (["--ray", "auto"], "--ray runs the gateway's workers on Ray"),
+        (["--workers", "0"], "--workers must be 1"),
+        (["--journal-fsync"], "--journal-fsync syncs the journals of --workers N"),
+    ],
 )
 def test_bad_worker_flags_are_an_error_before_any_work(tmp_path: Path, flags: list[str], said: str) -> None:
     import subprocess

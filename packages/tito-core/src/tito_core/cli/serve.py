@@ -56,6 +56,12 @@ def add_serve_command(commands: Any) -> None:
         help="run the --workers as Ray actors on this Ray cluster ('auto': the one this machine runs; needs "
         'pip install "tito-core[ray]"; docs/scaling.md)',
     )
+    serve.add_argument(
+        "--journal-fsync",
+        action="store_true",
+        help="with --workers: sync each worker's journal line to the disk before its answer goes out (answered calls "
+        "then survive a power cut too, not only a killed process; one disk flush per call, docs/scaling.md)",
+    )
     serve.add_argument("--idle-timeout", type=float, default=600.0, help="seconds before an idle rollout ends")
     serve.add_argument(
         "--drain-s",
@@ -79,6 +85,8 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--workers must be 1 or more, got {args.workers}")
     if args.ray is not None and args.workers is None:
         raise ConfigError("--ray runs the gateway's workers on Ray: give how many with --workers N")
+    if args.journal_fsync and args.workers is None:
+        raise ConfigError("--journal-fsync syncs the journals of --workers N; one gateway process keeps no journal")
 
     async def prepared_then_served() -> int:
         # as `tito rollout` does: the config's `rollout.prepare` hook (which may build the model and set
@@ -95,6 +103,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.workers is not None:
             from ..gateway.scale_out import serve_workers
 
+            options["journal_fsync"] = args.journal_fsync
             return await serve_workers(config, args.workers, host=args.host, port=args.port, ray=args.ray, **options)
         return await serve(config, host=args.host, port=args.port, **options)
 

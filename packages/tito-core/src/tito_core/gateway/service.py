@@ -229,7 +229,7 @@ class Gateway:
         core.trajectory.metadata.update({**rollout.metadata, "task_id": task})
         rollout.sample = self.writer.next_sample(task)
         if self.journal is not None:
-            _journaled(self.journal.opened, rollout, self.base_url)
+            _journaled(self.journal.opened, rollout, self.base_url, what="the rollout was opened")
         return rollout
 
     def authorize(self, rollout_id: str, credential: str | None) -> None:
@@ -267,9 +267,19 @@ class Gateway:
     def reward(self, rollout_id: str, value: Any, turn: Any = None, branch: Any = None) -> int:
         """Reward call ``turn`` (None: the last so far) or branch ``branch`` of an open rollout; return which one."""
         rollout = self.get(rollout_id)
+        rewards, traj = rollout.rewards, rollout.core.trajectory
         if branch is not None:
-            return rollout.rewards.give_branch(value, branch, len(rollout.core.trajectory.all_branches))
-        return rollout.rewards.give(value, turn, len(rollout.core.trajectory.turns))
+            given, kept = rewards.give_branch(value, branch, len(traj.all_branches)), rewards.by_branch
+        else:
+            given, kept = rewards.give(value, turn, len(traj.turns)), rewards.by_turn
+        if self.journal is not None:  # on disk before the answer goes out
+            where = {"branch": given} if branch is not None else {"turn": given}
+            try:
+                _journaled(self.journal.rewarded, rollout_id, kept[given], **where, what="the reward was valid")
+            except GatewayError:
+                del kept[given]  # not answered: not given
+                raise
+        return given
 
     async def finish(
         self,
@@ -286,6 +296,9 @@ class Gateway:
         """
         rollout = self.get(rollout_id)  # a finished one: 409, not 404
         total, per_turn = rollout.rewards.final(reward, turn_rewards, len(rollout.core.trajectory.turns))
+        if self.journal is not None and not rollout.busy:  # busy: refused below (409), nothing to journal
+            ended = "the rollout could be finished"
+            _journaled(self.journal.finished, rollout_id, total, per_turn, metadata, what=ended)
         self.registry.remove(rollout_id)
         rollout.metadata.update(metadata or {})
         traj = self._end(rollout, "finish", None)
@@ -367,12 +380,12 @@ def _decode(rollout: GatewayRollout, front: Front, body: Any, context: Context) 
         raise
 
 
-def _journaled(append: Callable[..., None], *args: Any) -> None:
-    """Append to the journal; an answer it cannot hold is not sent (507)."""
+def _journaled(append: Callable[..., None], *args: Any, what: str = "the call was recorded", **kwargs: Any) -> None:
+    """Append to the journal; an answer it cannot hold is not sent (507, saying ``what`` happened then)."""
     try:
-        append(*args)
+        append(*args, **kwargs)
     except OSError as exc:
-        message = f"the call was recorded, but the gateway's journal could not be written ({exc}): not answered"
+        message = f"{what}, but the gateway's journal could not be written ({exc}): not answered"
         raise GatewayError(507, message, code="journal_not_written") from exc
 
 

@@ -120,6 +120,10 @@ class Trajectory(TrajectoryMedia):
         """Per-token logprob (None where the engine gave none); aligned with :attr:`token_ids`."""
         return [None if math.isnan(x) else x for x in self._lps]
 
+    def logprobs_from(self, start: int) -> list[float | None]:
+        """The logprobs from token ``start`` on (None where none), without building the whole :attr:`logprobs`."""
+        return [None if math.isnan(x) else x for x in self._lps[start:]]
+
     @property
     def segments(self) -> tuple[Segment, ...]:
         """The segments, in order; they tile the whole trajectory."""
