@@ -212,12 +212,8 @@ class Gateway:
         """
         if self.setup is None:
             raise ConfigError("the gateway is not prepared: await start() (or prepare()) first")
-        self._refuse_if_closing()
-        rid = rollout_id or self.registry.new_id()
-        if rid in (".", ".."):
-            raise GatewayError(400, f"id: {rid!r} cannot be a rollout id (a URL path segment)", param="id")
-        if self.registry.finished(rid) is not None:
-            raise GatewayError(409, f"rollout {rid!r} was finished already", code="rollout_exists")
+        _refuse_if_closing(self._closing)
+        rid = _new_id(self.registry, rollout_id)
         core = self.setup.rollout(self.backend, rid)
         task = task_id if task_id is not None else rid
         url = f"{self.base_url}/rollouts/{quote(rid, safe=':@')}/v1"  # the routes match the id back unquoted
@@ -237,10 +233,6 @@ class Gateway:
         if self.registry.finished(rollout_id) is None:
             self.registry.get(rollout_id)
         self.access.authorize(rollout_id, credential)
-
-    def _refuse_if_closing(self) -> None:
-        if self._closing:
-            raise GatewayError(503, _CLOSING, code="shutting_down")
 
     def get(self, rollout_id: str) -> GatewayRollout:
         """The open rollout ``rollout_id`` (404, or 409 when it was finished)."""
@@ -269,16 +261,11 @@ class Gateway:
         rollout = self.get(rollout_id)
         rewards, traj = rollout.rewards, rollout.core.trajectory
         if branch is not None:
-            given, kept = rewards.give_branch(value, branch, len(traj.all_branches)), rewards.by_branch
+            given = rewards.give_branch(value, branch, len(traj.all_branches))
         else:
-            given, kept = rewards.give(value, turn, len(traj.turns)), rewards.by_turn
+            given = rewards.give(value, turn, len(traj.turns))
         if self.journal is not None:  # on disk before the answer goes out
-            where = {"branch": given} if branch is not None else {"turn": given}
-            try:
-                _journaled(self.journal.rewarded, rollout_id, kept[given], **where, what="the reward was valid")
-            except GatewayError:
-                del kept[given]  # not answered: not given
-                raise
+            _journal_reward(self.journal, rollout, given, by_branch=branch is not None)
         return given
 
     async def finish(
@@ -297,8 +284,7 @@ class Gateway:
         rollout = self.get(rollout_id)  # a finished one: 409, not 404
         total, per_turn = rollout.rewards.final(reward, turn_rewards, len(rollout.core.trajectory.turns))
         if self.journal is not None and not rollout.busy:  # busy: refused below (409), nothing to journal
-            ended = "the rollout could be finished"
-            _journaled(self.journal.finished, rollout_id, total, per_turn, metadata, what=ended)
+            _journaled(self.journal.finished, rollout_id, total, per_turn, metadata, what="the rollout could end")
         self.registry.remove(rollout_id)
         rollout.metadata.update(metadata or {})
         traj = self._end(rollout, "finish", None)
@@ -342,7 +328,7 @@ class Gateway:
                 (shutting down), or a failed call's (:func:`~tito_core.gateway.errors.error_of`; it has a status).
         """
         rollout = self.get(rollout_id)
-        self._refuse_if_closing()
+        _refuse_if_closing(self._closing)
         route = route or front.routes[0]
         with rollout.claim():
             context = _context(rollout, front, route, path, rollout.images)
@@ -377,6 +363,32 @@ def _decode(rollout: GatewayRollout, front: Front, body: Any, context: Context) 
         return front.decode(body, context)
     except GatewayError as exc:
         rollout.core.fail(exc)
+        raise
+
+
+def _refuse_if_closing(closing: bool) -> None:
+    if closing:
+        raise GatewayError(503, _CLOSING, code="shutting_down")
+
+
+def _new_id(registry: Registry, rollout_id: str | None) -> str:
+    """``rollout_id``, or a fresh one; 400 for ``.`` and ``..``, 409 for the id of a finished rollout."""
+    rid = rollout_id or registry.new_id()
+    if rid in (".", ".."):
+        raise GatewayError(400, f"id: {rid!r} cannot be a rollout id (a URL path segment)", param="id")
+    if registry.finished(rid) is not None:
+        raise GatewayError(409, f"rollout {rid!r} was finished already", code="rollout_exists")
+    return rid
+
+
+def _journal_reward(journal: Journal, rollout: GatewayRollout, given: int, *, by_branch: bool) -> None:
+    """Put a reward on disk before its answer; one the journal cannot hold is taken back (not answered: not given)."""
+    kept = rollout.rewards.by_branch if by_branch else rollout.rewards.by_turn
+    where = {"branch": given} if by_branch else {"turn": given}
+    try:
+        _journaled(journal.rewarded, rollout.id, kept[given], **where, what="the reward was valid")
+    except GatewayError:
+        del kept[given]
         raise
 
 
