@@ -30,6 +30,7 @@ from ._job import _deliver, _Job
 from ._load import _load, _placement
 from ._prepare import _Preparer
 from ._vision import _vision_of
+from .routing import routers
 
 __all__ = ["LogprobsMode", "TransformersBackend"]
 
@@ -169,6 +170,7 @@ class TransformersBackend(Backend):
             self.name, self.model_path, self.device, loaded.vocab, loaded.context, loaded.defaults, self.eos_token_ids
         )
         self._vision = _vision_of(self.name, self.model_path, self.model)
+        self._routers = routers(self.model)  # MoE routers: a request's routed experts are captured from them
         self._lock = threading.Condition()
         self._queue: collections.deque[_Job] = collections.deque()
         self._closed = False
