@@ -111,7 +111,7 @@ def test_a_rollout_records_the_experts_of_every_token_it_fed(moe_backend: Any, t
     agent("And a few more.")
     traj = model.trajectory
     assert traj.status == "completed" and len(traj.turns) == 2
-    for turn in traj.turns:  # each call's rows: from the last token the previous call left unfed to its own last-but-one
+    for turn in traj.turns:  # each call's rows: from the token the previous call left unfed to its own last but one
         assert turn.routed_experts is not None and turn.routed_experts_missing is None
         assert turn.routed_experts_shape == (LAYERS, TOP_K)
         assert turn.routed_experts_start == max(turn.prompt_start - 1, 0)
@@ -151,7 +151,8 @@ def test_the_replay_routes_to_the_recorded_experts_whatever_the_router_says(samp
     # Replayed, every expert block gets the recorded experts, weighted by the router's softmax over them alone.
     seen: list[tuple[Any, Any]] = []
     logits: list[Any] = []
-    hooks = [layer.mlp.experts.register_forward_pre_hook(lambda _, args: seen.append(args[1:3])) for layer in perturbed.model.layers]
+    experts = [layer.mlp.experts for layer in perturbed.model.layers]
+    hooks = [block.register_forward_pre_hook(lambda _, args: seen.append(args[1:3])) for block in experts]
     hooks += [router.register_forward_hook(lambda _, __, out: logits.append(out[0])) for router in routers(perturbed)]
     try:
         token_logprobs(perturbed, ids, routed_experts=rows)
@@ -159,9 +160,9 @@ def test_the_replay_routes_to_the_recorded_experts_whatever_the_router_says(samp
         for hook in hooks:
             hook.remove()
     assert len(seen) == len(logits) == LAYERS
-    for layer, ((experts, weights), router_logits) in enumerate(zip(seen, logits, strict=True)):
-        assert np.array_equal(experts[:-1].numpy(), rows[:, layer])  # the last token's row routes nothing read
-        expected = torch.softmax(router_logits.float().gather(1, experts), dim=-1)
+    for layer, ((chosen, weights), router_logits) in enumerate(zip(seen, logits, strict=True)):
+        assert np.array_equal(chosen[:-1].numpy(), rows[:, layer])  # the last token's row routes nothing read
+        expected = torch.softmax(router_logits.float().gather(1, chosen), dim=-1)
         assert torch.allclose(weights.float(), expected, atol=1e-6)
 
     # The rows drive the logprobs: the right ones reproduce the recording, the perturbed router's choice does not.

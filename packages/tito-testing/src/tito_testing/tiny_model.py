@@ -105,7 +105,8 @@ def _publish(staging: Path, target: Path) -> None:
 def _build(out: Path, tokenizer_dir: Path, seed: int) -> None:
     from transformers import Qwen3Config
 
-    _write_model(out, Qwen3Config(**TINY_QWEN3, **_text_settings(out, tokenizer_dir, Qwen3Config)), seed)
+    settings: dict[str, Any] = {**TINY_QWEN3, **_text_settings(out, tokenizer_dir, Qwen3Config)}
+    _write_model(out, Qwen3Config(**settings), seed)
 
 
 def _text_settings(out: Path, tokenizer_dir: Path, config_class: Any) -> dict[str, Any]:

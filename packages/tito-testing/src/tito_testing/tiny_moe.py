@@ -76,8 +76,8 @@ def build_tiny_qwen3_moe(out_dir: str | os.PathLike[str] | None = None, *, seed:
 def _build(out: Path, tokenizer_dir: Path, seed: int) -> None:
     from transformers import Qwen3MoeConfig
 
-    settings = _text_settings(out, tokenizer_dir, Qwen3MoeConfig)
-    _write_model(out, Qwen3MoeConfig(**TINY_QWEN3_MOE, **settings), seed)
+    settings: dict[str, Any] = {**TINY_QWEN3_MOE, **_text_settings(out, tokenizer_dir, Qwen3MoeConfig)}
+    _write_model(out, Qwen3MoeConfig(**settings), seed)
 
 
 def main(argv: list[str] | None = None) -> None:

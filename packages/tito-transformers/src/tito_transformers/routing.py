@@ -113,8 +113,6 @@ def replay_routing(model: Any, experts: Any) -> Iterator[None]:
             router).
 
     """
-    import torch
-
     modules = routers(model)
     if not modules:
         raise ValueError(f"{type(model).__name__} has no MoE routers: there is no routing to replay")
