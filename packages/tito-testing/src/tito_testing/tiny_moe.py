@@ -1,12 +1,13 @@
 """A tiny random-weight Qwen3-MoE model for routing-replay tests, built offline and cached on disk.
 
 The model is a ``Qwen3MoeForCausalLM`` with hidden size 16, 4 layers (every one a sparse MoE block), 2 attention
-heads, 1 KV head, 8 experts of intermediate size 32 with 2 routed per token (``norm_topk_prob``: the two gate
-weights renormalised to sum to 1, as Qwen3-30B-A3B does), tied embeddings and a vocabulary exactly as long as the
-offline Qwen3 tokenizer (151,669 ids). Weights are bf16 (about 5 MB, nearly all of it the embeddings) and seeded: a
-rebuild with the same torch / transformers versions is byte-identical. Its output is gibberish and it rarely stops,
-so tests bound ``max_new_tokens``. Weights are drawn ten times wider than transformers' default, so that the
-experts a token is routed to change its logprobs (see :data:`TINY_QWEN3_MOE`).
+heads, 1 KV head, 8 experts of intermediate size 32 with 2 routed per token (``norm_topk_prob``: the two gate weights
+renormalised to sum to 1, as Qwen3-30B-A3B does) and a vocabulary exactly as long as the offline Qwen3 tokenizer
+(151,669 ids). The output head is not tied to the embeddings, as in the real Qwen3-MoE models (SGLang's Qwen3-MoE
+ignores ``tie_word_embeddings`` and would leave a tied head unloaded). Weights are bf16 (about 10 MB, nearly all of it
+the embeddings and the head), drawn ten times wider than transformers' default so that the experts a token goes to
+change its logprobs (:data:`TINY_QWEN3_MOE`), and seeded: a rebuild with the same torch / transformers versions is
+byte-identical. Its output is gibberish and it rarely stops, so tests bound ``max_new_tokens``.
 
 Building needs ``torch`` and ``transformers``; they are imported inside :func:`build_tiny_qwen3_moe`. Command
 line::
@@ -39,14 +40,16 @@ TINY_QWEN3_MOE: dict[str, Any] = {
     "decoder_sparse_step": 1,
     "max_position_embeddings": 4096,
     "initializer_range": 0.2,
+    "tie_word_embeddings": False,
 }
 """Architecture of the tiny MoE (the vocabulary size comes from the tokenizer): routing rows are ``4 x 2``.
 
-Weights are drawn with std 0.2 (transformers' default is 0.02) so that routing matters: at 0.02 the experts barely
-touch the residual stream (routing every token elsewhere moves its logprob by 0.002 nats on average) and the router's
-second and third choices come within 3e-6 of each other on 40 tokens; at 0.2 another routing moves logprobs by 0.6 nats
-on average (up to 3) and the closest such gap was 3e-4.
+Weights are drawn with std 0.2 (transformers' default is 0.02) so that routing matters. At 0.02 the experts barely
+touch the residual stream: sending every token to other experts moves its logprob by 0.002 nats on average, and the
+router's second and third choices came within 3e-6 of each other on 40 tokens. At 0.2 other experts move logprobs by
+0.8 nats on average (up to 3.1), and the closest such gap was 3e-4.
 """
+
 
 _SEED = 0
 _BUILD_VERSION = "1"
@@ -76,7 +79,7 @@ def build_tiny_qwen3_moe(out_dir: str | os.PathLike[str] | None = None, *, seed:
 def _build(out: Path, tokenizer_dir: Path, seed: int) -> None:
     from transformers import Qwen3MoeConfig
 
-    settings: dict[str, Any] = {**TINY_QWEN3_MOE, **_text_settings(out, tokenizer_dir, Qwen3MoeConfig)}
+    settings: dict[str, Any] = {**_text_settings(out, tokenizer_dir, Qwen3MoeConfig), **TINY_QWEN3_MOE}
     _write_model(out, Qwen3MoeConfig(**settings), seed)
 
 
