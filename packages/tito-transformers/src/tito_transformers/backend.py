@@ -98,6 +98,11 @@ class TransformersBackend(Backend):
     Do not update the weights while requests are in flight, and call ``model.eval()`` again (or build a new
     backend, as each ``tito_core.rollout`` call does) after training put it in train mode.
 
+    MoE routing: a request with ``return_routed_experts`` gets the experts every token it fed was routed to, captured
+    by forward hooks on the model's routers (:mod:`tito_transformers.routing`): int32 rows of ``layers x top_k`` from
+    position ``prefix_len - 1`` to the last token but one. A model without MoE layers (or whose routers do not return
+    their expert ids) answers without them, and the core records the routing as missing.
+
     Weight versions: the backend cannot tell weights apart, so its caller labels them: ``weight_version`` (an
     option, and an attribute the trainer can set after each update) is recorded with every token sampled while
     it is set, as spans on the result (:attr:`~tito_core.backend.GenerateResult.weight_versions`; an int is

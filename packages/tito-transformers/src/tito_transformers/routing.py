@@ -102,9 +102,10 @@ def replay_routing(model: Any, experts: Any) -> Iterator[None]:
     """Inside the block, ``model``'s forward passes route each token to the recorded ``experts``.
 
     ``experts``: the expert ids of every token the next forward pass feeds, ``(tokens, layers, top_k)`` ints (numpy,
-    torch or nested lists; tokens in batch-major order), e.g. :meth:`Trajectory.routed_experts` reshaped, or verl's
-    ``routed_experts`` / slime's ``rollout_routed_experts`` export field without its last row (a sequence of N tokens
-    has N - 1 rows: feed ``ids[:-1]``). Each forward pass in the block must feed exactly ``tokens`` tokens.
+    torch or nested lists; tokens in batch-major order). A recorded sequence of N tokens has N - 1 rows
+    (:meth:`tito_core.trajectory.Trajectory.routed_experts`, verl's ``routed_experts``, slime's
+    ``rollout_routed_experts``): feed its ``ids[:-1]``. Each forward pass in the block must feed exactly ``tokens``
+    tokens.
 
     Raises:
         ValueError: The model has no routers, or ``experts`` does not fit them (its layers, top-k, or expert ids out
