@@ -1,4 +1,5 @@
-"""Fixtures of the embedded backend's suite: the tiny random Qwen3 and Qwen2.5-VL (built offline, cached) and backends.
+"""Fixtures of the embedded backend's suite: the tiny random Qwen3, Qwen3-MoE and Qwen2.5-VL (built offline, cached)
+and backends.
 
 Model loading is the slow part, so backends are shared per module; each test module that needs a different
 configuration (float32 for exact comparisons, processed logprobs, a small batch bound) builds its own.
@@ -25,6 +26,13 @@ def tiny_model_dir() -> Path:
     from tito_testing.tiny_model import build_tiny_qwen3
 
     return build_tiny_qwen3()
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_dir() -> Path:
+    from tito_testing.tiny_moe import build_tiny_qwen3_moe
+
+    return build_tiny_qwen3_moe()
 
 
 @pytest.fixture(scope="session")

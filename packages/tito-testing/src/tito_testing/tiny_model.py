@@ -19,6 +19,7 @@ import inspect
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,13 +65,22 @@ def build_tiny_qwen3(out_dir: str | os.PathLike[str] | None = None, *, seed: int
     """
     name = f"tiny-qwen3-v{_BUILD_VERSION}" + ("" if seed == _SEED else f"-seed{seed}")
     target = Path(out_dir) if out_dir is not None else cache_root() / "models" / name
+    return _build_once(target, lambda staging, tokenizer_dir: _build(staging, tokenizer_dir, seed))
+
+
+def _build_once(target: Path, build: Callable[[Path, Path], None]) -> Path:
+    """Return ``target`` once it holds a model: reuse a complete build, else ``build(staging, tokenizer_dir)`` it.
+
+    The build writes into a staging directory beside ``target`` (the offline Qwen3 tokenizer directory is given
+    to copy from), which is then published whole (:func:`_publish`), so readers never see a half-written model.
+    """
     if (target / _MARKER).is_file():
         return target
     tokenizer_dir = qwen_tokenizer_dir("qwen3")  # outside the staging dir: it has its own cache
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        _build(staging, tokenizer_dir, seed)
+        build(staging, tokenizer_dir)
         _publish(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -93,16 +103,23 @@ def _publish(staging: Path, target: Path) -> None:
 
 
 def _build(out: Path, tokenizer_dir: Path, seed: int) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig, Qwen3Config
+    from transformers import Qwen3Config
 
+    settings: dict[str, Any] = {**TINY_QWEN3, **_text_settings(out, tokenizer_dir, Qwen3Config)}
+    _write_model(out, Qwen3Config(**settings), seed)
+
+
+def _text_settings(out: Path, tokenizer_dir: Path, config_class: Any) -> dict[str, Any]:
+    """Copy the offline Qwen3 tokenizer into ``out``; the config settings every tiny Qwen3-family model shares.
+
+    The vocabulary is the tokenizer's length, the embeddings tied, the special ids Qwen3's, RoPE Qwen3's (under the
+    argument name ``config_class`` takes).
+    """
     for path in sorted(tokenizer_dir.iterdir()):
         if path.is_file():
             shutil.copyfile(path, out / path.name)
-    vocab_size = _tokenizer_length(out)
     settings: dict[str, Any] = {
-        **TINY_QWEN3,
-        "vocab_size": vocab_size,
+        "vocab_size": _tokenizer_length(out),
         "rms_norm_eps": 1e-6,
         "tie_word_embeddings": True,
         "bos_token_id": _ENDOFTEXT,
@@ -110,11 +127,18 @@ def _build(out: Path, tokenizer_dir: Path, seed: int) -> None:
         "pad_token_id": _ENDOFTEXT,
         "use_sliding_window": False,
     }
-    if "rope_parameters" in inspect.signature(Qwen3Config.__init__).parameters:  # transformers >= 5
+    if "rope_parameters" in inspect.signature(config_class.__init__).parameters:  # transformers >= 5
         settings["rope_parameters"] = {"rope_type": "default", "rope_theta": _ROPE_THETA}
     else:
         settings["rope_theta"] = _ROPE_THETA
-    config = Qwen3Config(**settings)
+    return settings
+
+
+def _write_model(out: Path, config: Any, seed: int) -> None:
+    """Seeded random weights for ``config``, saved to ``out`` in bf16 with a generation config of eos/pad ids only."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     model.save_pretrained(str(out), safe_serialization=True)

@@ -8,16 +8,19 @@ through :class:`_Host`, the few settings it needs, read live (``weight_version``
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import logging
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tito_core.errors import BackendError
 
-from ._job import _deliver, _finish, _Job
+from ._job import _deliver, _finish, _Job, routing_start
 from ._vision import _rope_positions
+from .routing import RoutingCapture
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +28,8 @@ if TYPE_CHECKING:
     from ._vision import _Vision
 
 _PROMPT_LOGPROB_CHUNK = 256  # positions whose log-softmax is taken at once (bounds the float32 copy)
+
+logger = logging.getLogger("tito")
 
 
 class _Host(Protocol):
@@ -48,6 +53,8 @@ class _Host(Protocol):
     def _tokenizer(self) -> Any: ...  # loaded before a request with stop strings is queued
     @property
     def _vision(self) -> _Vision | None: ...  # a vision model's image side (requests with images)
+    @property
+    def _routers(self) -> tuple[Any, ...]: ...  # the model's MoE routers (empty: no routing to capture)
 
 
 class _Batch:
@@ -59,6 +66,7 @@ class _Batch:
         self.cache: Any = None
         self.mask: torch.Tensor | None = None  # [rows, cache length], 0 on left padding
         self.pending: list[int] = []  # the last sampled token of each row, not yet in the cache
+        self.capture = RoutingCapture(backend._routers) if backend._routers else None
 
     def admit(self, jobs: list[_Job]) -> None:
         """Prefill each new request, sample its first token, and stack the unfinished ones onto the batch."""
@@ -95,13 +103,16 @@ class _Batch:
         keep = max(len(ids) - first_scored + 1, 1) if want_prompt else 1
         cache = DynamicCache(config=backend.model.config)
         input_ids = torch.tensor([ids], device=backend.device)
-        out = backend.model(
-            input_ids=input_ids,
-            use_cache=True,
-            logits_to_keep=keep,
-            **{_cache_keyword(backend.model): cache},
-            **(self._vision_inputs(job, input_ids) if job.pixels is not None else {}),
-        )
+        with self._capturing([job]) as capture:
+            out = backend.model(
+                input_ids=input_ids,
+                use_cache=True,
+                logits_to_keep=keep,
+                **{_cache_keyword(backend.model): cache},
+                **(self._vision_inputs(job, input_ids) if job.pixels is not None else {}),
+            )
+        if capture is not None:
+            self._routed([job], capture, first=routing_start(job))
         logits = out.logits[0]  # [keep, vocab]: positions len(ids) - keep ... len(ids) - 1
         job.position = len(ids)
         if want_prompt:
@@ -133,14 +144,17 @@ class _Batch:
             return
         device = backend.device
         mask = torch.cat([self.mask, torch.ones(len(self.rows), 1, dtype=torch.long, device=device)], dim=1)
-        out = backend.model(
-            input_ids=torch.tensor([[t] for t in self.pending], device=device),
-            attention_mask=mask,
-            position_ids=torch.tensor([[job.position + job.rope_delta] for job in self.rows], device=device),
-            use_cache=True,
-            logits_to_keep=1,
-            **{_cache_keyword(backend.model): self.cache},
-        )
+        with self._capturing(self.rows) as capture:
+            out = backend.model(
+                input_ids=torch.tensor([[t] for t in self.pending], device=device),
+                attention_mask=mask,
+                position_ids=torch.tensor([[job.position + job.rope_delta] for job in self.rows], device=device),
+                use_cache=True,
+                logits_to_keep=1,
+                **{_cache_keyword(backend.model): self.cache},
+            )
+        if capture is not None:
+            self._routed(self.rows, capture)
         self.cache, self.mask = _cache_of(out), mask
         logits = out.logits[:, -1]
         ended: list[int] = []
@@ -150,6 +164,31 @@ class _Batch:
             if self._ended(job):
                 ended.append(i)
         self._drop(ended)
+
+    @contextlib.contextmanager
+    def _capturing(self, jobs: list[_Job]) -> Any:
+        """Hook the routers for one forward pass when one of ``jobs`` records routing; yields the capture or None."""
+        capture = self.capture
+        if capture is None or capture.unsupported is not None or all(job.routing is None for job in jobs):
+            yield None  # nothing captured: a result asked for routing then has none (the core records it missing)
+            return
+        with capture:
+            yield capture
+
+    def _routed(self, jobs: list[_Job], capture: RoutingCapture, first: int = 0) -> None:
+        """Give each job that records routing its rows of the pass just run (one row per job in a decoding step)."""
+        rows = capture.take()
+        if rows is None:
+            logger.warning("transformers: routing not recorded: %s", capture.unsupported or "a router did not run")
+            for job in jobs:
+                job.routing = None
+            return
+        per_job = rows.shape[0] // len(jobs)
+        shape = (int(rows.shape[1]), int(rows.shape[2]))
+        for i, job in enumerate(jobs):
+            if job.routing is not None:
+                job.routing_shape = shape
+                job.routing.append(rows[i * per_job + first : (i + 1) * per_job].numpy().astype("<i4").tobytes())
 
     def _drop(self, indices: list[int]) -> None:
         import torch

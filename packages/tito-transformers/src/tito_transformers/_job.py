@@ -44,6 +44,8 @@ class _Job:
         "prompt_logprobs",
         "request",
         "rope_delta",
+        "routing",
+        "routing_shape",
         "stop_ids",
         "stop_strings",
         "temperature",
@@ -76,6 +78,9 @@ class _Job:
         self.logprobs: list[float] = []
         self.kept: list[list[int]] | None = [] if request.return_sampling_mask else None  # each token's kept set
         self.prompt_logprobs: list[float | None] | None = None
+        # routing rows (int32 bytes) from position routing_start() on, while the request asks and capture works
+        self.routing: list[bytes] | None = [] if request.return_routed_experts else None
+        self.routing_shape: tuple[int, int] | None = None  # (layers, top_k) once a row was captured
         self.position = 0  # tokens of this row already in the KV cache
         self.versions: list[tuple[str | None, int]] = []  # (weight version, first output index) at each change
 
@@ -93,8 +98,31 @@ def _finish(job: _Job, reason: FinishReason, matched: str | int | None = None) -
         cached_tokens=0,
         weight_versions=_spans(job),
         sampling_mask=SamplingMask.from_rows(job.kept) if job.kept is not None else None,
+        **_routed_experts(job),
     )
     _deliver(job, result)
+
+
+def routing_start(job: _Job) -> int:
+    """The first routing row a request gets: the previous call returned the rows before it (as SGLang's adapter asks).
+
+    A sequence of N tokens has N - 1 rows (its last token was never fed to the model): after a call that ended at N1
+    tokens, rows ``0 .. N1 - 2`` are recorded, and the next call (``prefix_len == N1``) starts at row N1 - 1.
+    """
+    return max(job.prefix_len - 1, 0)
+
+
+def _routed_experts(job: _Job) -> dict[str, Any]:
+    """The result's routing fields: rows ``routing_start .. len(input_ids) + len(output_ids) - 2``, or none."""
+    shape = job.routing_shape
+    if job.routing is None or shape is None:
+        return {}
+    start = routing_start(job)
+    rows = max(len(job.input_ids) + len(job.output_ids) - 1 - start, 0)
+    data = b"".join(job.routing)[: rows * shape[0] * shape[1] * 4]  # a prompt-only call fed its last token too
+    if len(data) != rows * shape[0] * shape[1] * 4:  # a row was not captured: none rather than rows out of place
+        return {}
+    return {"routed_experts": data, "routed_experts_start": start, "routed_experts_shape": shape}
 
 
 def _spans(job: _Job) -> tuple[VersionSpan, ...] | None:

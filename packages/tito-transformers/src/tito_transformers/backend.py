@@ -30,6 +30,7 @@ from ._job import _deliver, _Job
 from ._load import _load, _placement
 from ._prepare import _Preparer
 from ._vision import _vision_of
+from .routing import routers
 
 __all__ = ["LogprobsMode", "TransformersBackend"]
 
@@ -96,6 +97,11 @@ class TransformersBackend(Backend):
     cache, finished rows leave the batch), so a request queued after an update sees only the new weights.
     Do not update the weights while requests are in flight, and call ``model.eval()`` again (or build a new
     backend, as each ``tito_core.rollout`` call does) after training put it in train mode.
+
+    MoE routing: a request with ``return_routed_experts`` gets the experts every token it fed was routed to, captured
+    by forward hooks on the model's routers (:mod:`tito_transformers.routing`): int32 rows of ``layers x top_k`` from
+    position ``prefix_len - 1`` to the last token but one. A model without MoE layers (or whose routers do not return
+    their expert ids) answers without them, and the core records the routing as missing.
 
     Weight versions: the backend cannot tell weights apart, so its caller labels them: ``weight_version`` (an
     option, and an attribute the trainer can set after each update) is recorded with every token sampled while
@@ -169,6 +175,7 @@ class TransformersBackend(Backend):
             self.name, self.model_path, self.device, loaded.vocab, loaded.context, loaded.defaults, self.eos_token_ids
         )
         self._vision = _vision_of(self.name, self.model_path, self.model)
+        self._routers = routers(self.model)  # MoE routers: a request's routed experts are captured from them
         self._lock = threading.Condition()
         self._queue: collections.deque[_Job] = collections.deque()
         self._closed = False

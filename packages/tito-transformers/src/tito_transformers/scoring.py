@@ -8,12 +8,19 @@ A vision-language model (Qwen2.5-VL and its kin) scores a sequence with images o
 trajectory's :meth:`~tito_core.trajectory.Trajectory.prompt_media`) and its :func:`vision_of`. Their pixel inputs
 and 3-D positions are made as the embedded backend makes them when it samples (the model directory's processors,
 each span checked against its placeholders).
+
+A mixture-of-experts model scores a sequence under the routing it was sampled with (routing replay, R3): give
+``routed_experts``, the recorded experts of every token but the last (:meth:`~tito_core.trajectory.Trajectory.
+routed_experts`, or verl's / slime's export field), and each token is routed to them, the gate weights recomputed
+from the model's router logits (:func:`tito_transformers.routing.replay_routing`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from .routing import expert_ids, replay_routing
 
 if TYPE_CHECKING:
     from tito_core.media import PromptMedia
@@ -60,14 +67,18 @@ def token_logprobs(
     temperature: float = 1.0,
     media: Sequence[PromptMedia] = (),
     vision: Any = None,
+    routed_experts: Any = None,
 ) -> list[float | None]:
     """``log p(token_ids[i] | token_ids[:i])`` for every position, None at position 0 (no context).
 
     Computed in float32 from the model's logits, whatever the model's dtype. ``temperature`` divides the
     logits first (the distribution a sampler at that temperature draws from, without top-k / top-p). ``media``:
-    the images and videos among ``token_ids``, seen through ``vision`` (:func:`vision_of`).
+    the images and videos among ``token_ids``, seen through ``vision`` (:func:`vision_of`). ``routed_experts``: the
+    recorded routing to replay, ``(len(token_ids) - 1, layers, top_k)`` expert ids (numpy, torch or lists).
     """
-    return token_logprobs_at(model, token_ids, (temperature,), media=media, vision=vision)[0]
+    return token_logprobs_at(
+        model, token_ids, (temperature,), media=media, vision=vision, routed_experts=routed_experts
+    )[0]
 
 
 def token_logprobs_at(
@@ -77,11 +88,13 @@ def token_logprobs_at(
     *,
     media: Sequence[PromptMedia] = (),
     vision: Any = None,
+    routed_experts: Any = None,
 ) -> list[list[float | None]]:
     """:func:`token_logprobs` at several temperatures from one forward pass (one list per temperature).
 
     Raises:
-        ValueError: ``media`` without a ``vision`` to see it.
+        ValueError: ``media`` without a ``vision`` to see it; ``routed_experts`` that do not fit the sequence or the
+            model (:func:`tito_transformers.routing.replay_routing`).
         tito_core.errors.BackendRequestError: An item does not fit its span (its grid, its placeholder count).
     """
     import torch
@@ -92,7 +105,7 @@ def token_logprobs_at(
         return [[] for _ in temperatures]
     out: list[list[float | None]] = []
     with torch.inference_mode():
-        logits = _logits(model, token_ids, media, vision)
+        logits = _logits(model, token_ids, media, vision, routed_experts)
         targets = logits.new_tensor(list(token_ids[1:]), dtype=torch.long)
         for temperature in temperatures:
             scaled = logits if temperature == 1.0 else logits / temperature
@@ -110,12 +123,13 @@ def kept_token_logprobs(
     *,
     media: Sequence[PromptMedia] = (),
     vision: Any = None,
+    routed_experts: Any = None,
 ) -> tuple[list[float | None], list[float | None]]:
     """Logprobs of the positions of ``kept`` (position -> its kept set and temperature) from one forward pass.
 
     Returns the logprobs over each kept set (:func:`tito_core.kept_logprobs.kept_logprobs`: what the engine sampled
     from) and over the whole vocabulary at the same temperature (the common mistake, off by ``log S``); None at every
-    other position.
+    other position. ``routed_experts``: the routing to replay, as for :func:`token_logprobs`.
     """
     import torch
 
@@ -128,7 +142,7 @@ def kept_token_logprobs(
     if not positions:
         return masked, full
     with torch.inference_mode():
-        logits = _logits(model, token_ids, media, vision)
+        logits = _logits(model, token_ids, media, vision, routed_experts)
         for temperature in sorted({kept[p][1] for p in positions}):
             at = [p for p in positions if kept[p][1] == temperature]
             rows = logits[[p - 1 for p in at]]
@@ -145,9 +159,15 @@ def kept_token_logprobs(
     return masked, full
 
 
-def _logits(model: Any, token_ids: Sequence[int], media: Sequence[PromptMedia], vision: Any) -> Any:
+def _logits(
+    model: Any, token_ids: Sequence[int], media: Sequence[PromptMedia], vision: Any, routed_experts: Any = None
+) -> Any:
     """The float32 logits predicting ``token_ids[1:]`` (one teacher-forced forward pass; inside inference mode)."""
     import torch
+
+    if routed_experts is not None and len(token_ids) > 1:  # one token: no logits are read, nothing to route
+        with replay_routing(model, _every_token(routed_experts, len(token_ids))):
+            return _logits(model, token_ids, media, vision)
 
     if media and vision is None:
         raise ValueError("a sequence with images or videos needs the model's `vision` (vision_of): a text-only model")
@@ -165,3 +185,20 @@ def _logits(model: Any, token_ids: Sequence[int], media: Sequence[PromptMedia], 
         positions, _ = _rope_positions(model, ids, pixels, vision)
         inputs = {**pixels.forward_inputs(device, model.dtype), "position_ids": positions}
     return model(input_ids=ids, **inputs).logits[0, :-1].float()
+
+
+def _every_token(routed_experts: Any, length: int) -> Any:
+    """The recorded rows of a sequence of ``length`` tokens (``length - 1``), plus one for its last token.
+
+    The last token was never fed when it was sampled, so it has no routing; its row (a copy of the one before) only
+    routes the logits after the sequence, which nothing reads.
+    """
+    import torch
+
+    rows = expert_ids(routed_experts)
+    if rows.dim() != 3 or rows.shape[0] != length - 1:
+        raise ValueError(
+            f"routed_experts must hold one (layers, top_k) row per token but the last: {length - 1} rows for "
+            f"{length} tokens, got shape {tuple(rows.shape)}"
+        )
+    return torch.cat([rows, rows[-1:]])
