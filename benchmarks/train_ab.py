@@ -18,8 +18,14 @@ KL(sampler || trainer) on sampled tokens (the text arm: on the sampled tokens it
 importance-ratio p1 / p50 / p99 the trainer used, the gradient norm and the trained tokens; every
 ``--eval-every`` steps the greedy accuracy on a fixed held-out set.
 
+The off-policy settings (``--old trainer``, ``--tis C``, ``--ppo-epochs``, ``--minibatches``; ``train_ab_step``) and
+the engine path (``--engine-url``: sampling on an SGLang server, the trainer's weights pushed to it every step,
+``--staleness``; ``train_ab_engine``) are off by default; ``--preset qwen3-gpu`` bundles them into the run
+docs/training-ab.md calls the decisive one (later flags override a preset's values).
+
     python benchmarks/train_ab.py --out runs/train_ab                 # both arms in parallel, 50 steps each
     python benchmarks/train_ab.py --steps 2 --tasks-per-step 1 ...    # the smoke size (nox -s train_demo)
+    python benchmarks/train_ab.py --preset qwen3-gpu --model-dir ~/Qwen3-0.6B --engine-url http://127.0.0.1:30000
 
 Writes ``train_ab.json`` (settings, both arms' rows, run times) and ``train_ab.png`` in ``--out``.
 """
@@ -47,11 +53,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "train_reinforce"))  # the demo's policy, config and grouped forward
 
 import train_reinforce as demo  # noqa: E402  (after the path above; it adds examples/arithmetic: arith.py)
+from train_ab_options import (  # noqa: E402
+    PAIRS,
+    PRESETS,
+    arms_of,
+    base_arm,
+    check_args,
+    engine_url_of,
+    parse_args,
+    tis_of,
+    without_option,
+)
+from train_ab_step import CLIP, Row, Scoring, loss_positions, ppo_step, score_group, train_batch  # noqa: E402
 
-PAIRS = {"drift": ("tito", "text"), "truncated": ("mask", "full")}
-"""The arm pairs: recorded ids vs a text stack's; under top-p/top-k, the kept sets used by the trainer vs not."""
-ARMS = tuple(arm for arms in PAIRS.values() for arm in arms)
-CLIP = 0.2
+__all__ = [
+    "CLIP", "PAIRS", "PRESETS", "Row", "Scoring", "arms_of", "loss_positions", "parse_args", "ppo_step", "score_group",
+    "train_batch", "without_option",
+]  # fmt: skip
 
 
 # --- tasks --------------------------------------------------------------------------------------------
@@ -81,19 +99,6 @@ def make_tasks(count: int, seed: int) -> list[dict[str, Any]]:
 
 
 @dataclass
-class Row:
-    """One rollout as an arm's trainer takes it; the lists run over the loss tokens, in order."""
-
-    token_ids: list[int]
-    loss_mask: list[int]
-    advantage: float
-    group: int
-    old: list[float | None]  # the ratio's old logprob; None: the trainer's own (detached)
-    sampled: list[float | None]  # the sampler's logprob of this very token, where the arm still has it
-    kept: tuple[list[int], list[int]] | None = None  # each loss token's kept set (CSR ids, offsets); [] = all
-
-
-@dataclass
 class Drift:
     """The text stack against the recorded ids, summed over a step's rollouts."""
 
@@ -104,11 +109,6 @@ class Drift:
     different: int = 0  # rollouts whose ids differ
     compared: int = 0
     not_rebuilt: int = 0  # rollouts the text stack could not rebuild (left out of the text arm)
-
-
-def loss_positions(mask: Sequence[int]) -> list[int]:
-    """The positions the grouped forward scores: mask 1, never position 0 (nothing predicts it)."""
-    return [i for i in range(1, len(mask)) if mask[i]]
 
 
 def free_logprobs(traj: Any) -> list[float | None]:
@@ -122,18 +122,38 @@ def free_logprobs(traj: Any) -> list[float | None]:
     return lps
 
 
-def tito_row(record: Any, traj: Any, *, kept: bool = False) -> Row:
+def tito_row(record: Any, traj: Any, *, kept: bool = False, trained_from: int = 0) -> Row:
     """The recorded ids and mask; the recorded logprobs as the old ones, except in constrained turns.
 
     ``kept``: with each loss token's recorded kept set (an empty row where its call did not truncate).
+    ``trained_from``: the first token the row trains (a leaf's prompt length; earlier tokens are its parent's).
     """
     free = free_logprobs(traj)
-    positions = loss_positions(traj.loss_mask)
+    mask = [0] * trained_from + list(traj.loss_mask[trained_from:])
+    positions = loss_positions(mask)
     picked = [free[i] for i in positions]
-    row = Row(list(traj.token_ids), list(traj.loss_mask), float(record.advantage), record.group, picked, picked)
+    row = Row(list(traj.token_ids), mask, float(record.advantage), record.group, picked, picked)
     if kept:
         row.kept = kept_sets(traj, positions)
     return row
+
+
+def tito_rows(record: Any, traj: Any, *, kept: bool, branches: str) -> list[Row]:
+    """A rollout's rows: ``final``, one, its last branch whole; ``leaves``, one per leaf of its token tree.
+
+    Leaves train each generated token once, in the context it was generated in
+    (:func:`tito_core.export.training_branches`); a retried call's superseded attempt, which gets no reward, is left
+    out.
+    """
+    if branches == "final":
+        return [tito_row(record, traj, kept=kept)]
+    from tito_core.export import training_branches
+
+    return [
+        tito_row(record, sample.trajectory, kept=kept, trained_from=sample.prompt_length)
+        for sample in training_branches(traj)
+        if sample.reward(record.reward, record.branch_rewards) is not None
+    ]
 
 
 def kept_sets(traj: Any, positions: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -198,8 +218,14 @@ class Stack:
         drift.stack_trained += sum(view.loss_mask)
 
 
-def rows_of(arm: str, records: Sequence[Any], stack: Stack) -> tuple[list[Row], Drift, dict[str, int]]:
-    """What ``arm`` trains on from a step's records (failed / aborted ones skipped, as the demo does)."""
+def rows_of(
+    arm: str, records: Sequence[Any], stack: Stack, *, branches: str = "final"
+) -> tuple[list[Row], Drift, dict[str, int]]:
+    """What ``arm`` trains on from a step's records (failed / aborted ones skipped, as the demo does).
+
+    ``branches``: how a tito arm turns a rollout into rows (:func:`tito_rows`); the text arm re-renders the final
+    branch's conversation, as a text stack does.
+    """
     from tito_core import Trajectory
     from tito_core.errors import TitoError
 
@@ -219,7 +245,7 @@ def rows_of(arm: str, records: Sequence[Any], stack: Stack) -> tuple[list[Row], 
         if view is not None:
             stack.compare(traj, view, drift)
         if arm != "text":
-            rows.append(tito_row(record, traj, kept=arm in PAIRS["truncated"]))
+            rows.extend(tito_rows(record, traj, kept=arm in PAIRS["truncated"], branches=branches))
         elif view is not None:
             rows.append(text_row(record, traj, view))
         else:
@@ -227,120 +253,48 @@ def rows_of(arm: str, records: Sequence[Any], stack: Stack) -> tuple[list[Row], 
     return rows, drift, dict(skipped)
 
 
-# --- the step ---------------------------------------------------------------------------------------
-
-
-def quantile(values: Sequence[float], q: float) -> float | None:
-    """The nearest-rank ``q`` quantile; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-@dataclass(frozen=True)
-class Scoring:
-    """How the trainer scores rows with kept sets: ``softmax(logits / temperature)`` over each token's kept set.
-
-    ``use_kept`` False: over the whole vocabulary instead (the common mistake), off by ``log S`` per token.
-    """
-
-    temperature: float
-    use_kept: bool
-
-
-def score_group(model: Any, members: Sequence[Row], scoring: Scoring | None) -> tuple[list[Any], list[Any]]:
-    """Per row: the trainer's logprobs of its loss tokens (with grad), and their ``log S`` (detached).
-
-    ``log S``: the log of the mass each kept set holds, by which a full-vocabulary logprob falls short (empty
-    without ``scoring``).
-    """
-    import torch
-
-    from tito_core.kept_logprobs import kept_logprobs
-
-    if scoring is None:
-        return demo.group_token_logprobs(model, members), [torch.zeros(0)] * len(members)  # type: ignore[arg-type]
-    used, log_s = [], []
-    for row, (logits, targets) in zip(members, demo.group_token_logits(model, members), strict=True):  # type: ignore[arg-type]
-        if row.kept is None:
-            raise SystemExit("a row without kept sets in the truncated pair")
-        kept = kept_logprobs(logits, targets, row.kept, temperature=scoring.temperature)
-        full = torch.log_softmax(logits / scoring.temperature, dim=-1).gather(1, targets[:, None])[:, 0]
-        used.append(kept if scoring.use_kept else full)
-        log_s.append((full - kept).detach())
-    return used, log_s
-
-
-def ppo_step(
-    model: Any, optimizer: Any, rows: Sequence[Row], *, max_grad_norm: float, scoring: Scoring | None = None
-) -> dict[str, Any]:
-    """One PPO-clip update on ``rows``; groups without a reward spread are scored (no grad) for the figures.
-
-    ``scoring``: how to score rows with kept sets (the truncated pair); None: ``log_softmax(logits)``.
-    """
-    import torch
-
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    normaliser = sum(len(loss_positions(r.loss_mask)) for r in rows)
-    groups: dict[int, list[Row]] = defaultdict(list)
-    for row in rows:
-        if loss_positions(row.loss_mask):
-            groups[row.group].append(row)
-    ratios: list[float] = []
-    k3: list[float] = []
-    log_masses: list[float] = []
-    total, signal = 0.0, 0
-    for members in groups.values():
-        learns = any(r.advantage != 0.0 for r in members)
-        with torch.set_grad_enabled(learns):
-            logps, log_s = score_group(model, members, scoring)
-            loss = torch.zeros(())
-            for row, lp, mass in zip(members, logps, log_s, strict=True):
-                log_masses.extend(m for m, o in zip(mass.tolist(), row.old, strict=False) if o is not None)
-                if len(lp) != len(row.old):
-                    raise SystemExit(f"scored {len(lp)} tokens for a row of {len(row.old)} loss tokens")
-                detached = lp.detach()
-                old = torch.tensor([d if o is None else o for o, d in zip(row.old, detached.tolist(), strict=True)])
-                ratio = torch.exp(lp - old)
-                clipped = torch.clamp(ratio, 1 - CLIP, 1 + CLIP)
-                loss = loss - torch.minimum(ratio * row.advantage, clipped * row.advantage).sum() / normaliser
-                ratios.extend(ratio.detach().tolist())
-                for s, t in zip(row.sampled, detached.tolist(), strict=True):
-                    if s is not None:
-                        r = t - s
-                        k3.append(math.expm1(r) - r)
-        if learns:
-            loss.backward()
-            total += float(loss.detach())
-            signal += 1
-    params = [p for p in model.parameters() if p.requires_grad]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm)) if signal else 0.0
-    if signal:
-        optimizer.step()
-    model.eval()
-    return {
-        "loss": total,
-        "trained_tokens": normaliser,
-        "groups_with_signal": signal,
-        "grad_norm": grad_norm,
-        "ratio_p1": quantile(ratios, 0.01),
-        "ratio_p50": quantile(ratios, 0.5),
-        "ratio_p99": quantile(ratios, 0.99),
-        "clipped_share": sum(not 1 - CLIP <= r <= 1 + CLIP for r in ratios) / len(ratios) if ratios else None,
-        "log_s_mean": sum(log_masses) / len(log_masses) if log_masses else None,  # over the free tokens
-        "k3": sum(k3) / len(k3) if k3 else None,
-        "k3_tokens": len(k3),
-    }
-
-
 # --- one arm ----------------------------------------------------------------------------------------
+
+
+def versions_of(records: Sequence[Any]) -> list[str]:
+    """The weight versions a step's rollouts were sampled with (their oldest and newest, over every rollout)."""
+    return sorted({v for r in records for v in (r.weight_version_min, r.weight_version_max) if v is not None})
 
 
 def step_seed(seed: int, step: int) -> int:
     """The sampling seed of a step, the same in both arms (the runner derives each rollout's from it)."""
     return seed * 1_000_003 + step
+
+
+def policy(args: argparse.Namespace) -> tuple[Any, str, dict[str, Any]]:
+    """The policy (LoRA, or every weight with ``--lora-rank 0``) on ``--device``, its folder and the runner's config."""
+    import torch
+
+    demo_args = argparse.Namespace(
+        seed=args.seed, lora_rank=args.lora_rank, model_dir=args.model_dir, threads=args.threads,
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens, group_size=args.group_size,
+    )  # fmt: skip
+    if args.lora_rank:
+        model, model_dir = demo.build_policy(demo_args)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        model_dir = args.model_dir
+        if model_dir is None:
+            from tito_transformers.models import build_smollm2
+
+            model_dir = str(build_smollm2())
+        torch.manual_seed(args.seed)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model.eval()
+    model.to(args.device)
+    config = demo.rollout_config(demo_args, model, model_dir)
+    rollout = config["rollout"]
+    if args.forced_tool_calls is not None:
+        rollout["forced_tool_calls"] = args.forced_tool_calls
+    if args.reward is not None:
+        rollout["reward"] = args.reward
+    return model, model_dir, config
 
 
 async def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -358,145 +312,127 @@ async def run_arm(arm: str, args: argparse.Namespace) -> dict[str, Any]:
     pool = make_tasks(args.train_tasks + args.eval_tasks, args.seed)
     train_pool, held_out = pool[: args.train_tasks], pool[args.train_tasks :]
     rng = random.Random(args.seed + 1)
-    demo_args = argparse.Namespace(
-        seed=args.seed, lora_rank=args.lora_rank, model_dir=args.model_dir, threads=args.threads,
-        temperature=args.temperature, max_new_tokens=args.max_new_tokens, group_size=args.group_size,
-    )  # fmt: skip
-    model, model_dir = demo.build_policy(demo_args)
-    config = demo.rollout_config(demo_args, model, model_dir)
+    model, model_dir, config = policy(args)
+    engine = None
+    if args.engine_url:
+        from train_ab_engine import Engine, engine_config
+
+        url = engine_url_of(args, arm)
+        config = engine_config(config, url, model_dir, thinking=args.thinking, timeout=args.engine_timeout)
+        folder = Path(args.checkpoint_dir) / f"seed{args.seed}" / arm if args.checkpoint_dir else out / "weights"
+        engine = Engine(url, model_dir, folder, staleness=args.staleness, tolerance=args.probe_tolerance)
     stack = Stack(config)
-    truncated = arm in PAIRS["truncated"]
-    scoring = Scoring(args.temperature, use_kept=arm == "mask") if truncated else None
+    pair_arm = base_arm(arm)
+    truncated = pair_arm in PAIRS["truncated"]
+    scoring = Scoring(args.temperature, use_kept=pair_arm == "mask") if truncated else None
     truncation = {"top_p": args.top_p, "top_k": args.top_k} if truncated else {}
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=0.0)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
 
+    def versioned(version: int) -> dict[str, Any]:  # the embedded backend labels its weights; an engine is labelled
+        return demo.at_version(config, version) if engine is None else config  # by the push
+
     async def evaluate(step: int) -> float:
         path = out / f"eval_s{step:03d}.jsonl"
-        return await demo.evaluate(demo.at_version(config, step), held_out, path, args.max_new_tokens)
+        return await demo.evaluate(versioned(step), held_out, path, args.max_new_tokens)
 
-    evals = {0: await evaluate(0)}
-    for step in range(1, args.steps + 1):
-        t0 = time.perf_counter()
-        tasks = rng.sample(train_pool, min(args.tasks_per_step, len(train_pool)))
-        path = out / f"rollouts_s{step:03d}.jsonl"
-        seeded = demo.at_version(config, step - 1)
-        seeded["sampling"] = {**seeded["sampling"], **truncation, "seed": step_seed(args.seed, step)}
-        await arollout(seeded, tasks, path)
-        records = list(read_records(path))
-        collect_s = time.perf_counter() - t0
-        train_rows, drift, skipped = rows_of(arm, records, stack)
-        if not train_rows:
-            raise SystemExit(f"{arm} step {step}: nothing to train on ({skipped})")
-        t1 = time.perf_counter()
-        stats = ppo_step(model, optimizer, train_rows, max_grad_norm=args.max_grad_norm, scoring=scoring)
-        train_s = time.perf_counter() - t1
-        if not (math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])):
-            raise SystemExit(f"{arm} step {step}: the loss is {stats['loss']}, the gradient norm {stats['grad_norm']}")
-        if step % args.eval_every == 0 or step == args.steps:
-            evals[step] = await evaluate(step)
-        rewards = [r.reward or 0.0 for r in records]
-        row = {
-            "step": step,
-            "reward": sum(rewards) / len(rewards),
-            "eval_accuracy": evals.get(step),
-            **stats,
-            "drift_changed_share": drift.changed / drift.trained if drift.trained else None,
-            "drift_added_share": drift.added / drift.stack_trained if drift.stack_trained else None,
-            "drift_rollouts": drift.different,
-            "compared": drift.compared,
-            "not_rebuilt": drift.not_rebuilt,
-            "rollouts": len(records),
-            "statuses": dict(Counter(r.status for r in records)),
-            "skipped": skipped,
-            "collect_s": collect_s,
-            "train_s": train_s,
-            "seconds": time.perf_counter() - t0,
-        }
-        rows.append(row)
-        with (out / "steps.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        acc = "" if row["eval_accuracy"] is None else f" | held-out {row['eval_accuracy']:.3f}"
-        k3 = "-" if row["k3"] is None else f"{row['k3']:.2e}"
-        print(f"[{arm}] step {step:3d} | reward {row['reward']:.3f}{acc} | k3 {k3} | grad {row['grad_norm']:.3f} | "
-              f"{row['seconds']:5.1f} s", flush=True)  # fmt: skip
-    return {"arm": arm, "eval_0": evals[0], "rows": rows, "wall_s": time.perf_counter() - started}
+    try:
+        first_push = await engine.start(model) if engine is not None else None
+        evals = {0: await evaluate(0)}
+        for step in range(1, args.steps + 1):
+            t0 = time.perf_counter()
+            tasks = rng.sample(train_pool, min(args.tasks_per_step, len(train_pool)))
+            path = out / f"rollouts_s{step:03d}.jsonl"
+            seeded = versioned(step - 1)
+            seeded["sampling"] = {**seeded["sampling"], **truncation, "seed": step_seed(args.seed, step)}
+            seeded["rollout"] = {**seeded["rollout"], "current_version": step - 1}  # the trainer's weights now
+            await arollout(seeded, tasks, path)
+            records = list(read_records(path))
+            collect_s = time.perf_counter() - t0
+            train_rows, drift, skipped = rows_of(pair_arm, records, stack, branches=args.branches)
+            if not train_rows:
+                raise SystemExit(f"{arm} step {step}: nothing to train on ({skipped})")
+            t1 = time.perf_counter()
+            stats = train_batch(
+                model, optimizer, train_rows, max_grad_norm=args.max_grad_norm, scoring=scoring, old=args.old,
+                tis=tis_of(args, arm), epochs=args.ppo_epochs, minibatches_per_epoch=args.minibatches,
+                seed=step_seed(args.seed, step),
+            )  # fmt: skip
+            train_s = time.perf_counter() - t1
+            if not (math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])):
+                raise SystemExit(
+                    f"{arm} step {step}: the loss is {stats['loss']}, the gradient norm {stats['grad_norm']}"
+                )
+            served = engine.served if engine is not None else step - 1  # the weights this step's rollouts came from
+            push = await engine.after_step(model, step) if engine is not None else None
+            if step % args.eval_every == 0 or step == args.steps:
+                evals[step] = await evaluate(step)
+            rewards = [r.reward or 0.0 for r in records]
+            row = {
+                "step": step,
+                "reward": sum(rewards) / len(rewards),
+                "eval_accuracy": evals.get(step),
+                **stats,
+                "drift_changed_share": drift.changed / drift.trained if drift.trained else None,
+                "drift_added_share": drift.added / drift.stack_trained if drift.stack_trained else None,
+                "drift_rollouts": drift.different,
+                "compared": drift.compared,
+                "not_rebuilt": drift.not_rebuilt,
+                "rollouts": len(records),
+                "rows": len(train_rows),
+                "statuses": dict(Counter(r.status for r in records)),
+                "skipped": skipped,
+                "sampled_version": served,
+                "weight_versions": versions_of(records),
+                "push": push,
+                "collect_s": collect_s,
+                "train_s": train_s,
+                "seconds": time.perf_counter() - t0,
+            }
+            rows.append(row)
+            with (out / "steps.jsonl").open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            acc = "" if row["eval_accuracy"] is None else f" | held-out {row['eval_accuracy']:.3f}"
+            k3 = "-" if row["k3"] is None else f"{row['k3']:.2e}"
+            print(f"[{arm}] step {step:3d} | reward {row['reward']:.3f}{acc} | k3 {k3} | grad {row['grad_norm']:.3f} | "
+                  f"{row['seconds']:5.1f} s", flush=True)  # fmt: skip
+    finally:
+        if engine is not None:
+            await engine.close()
+    result = {"arm": arm, "eval_0": evals[0], "rows": rows, "wall_s": time.perf_counter() - started}
+    if first_push is not None:
+        result["engine_start"] = first_push
+    return result
 
 
 # --- both arms --------------------------------------------------------------------------------------
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--out", type=Path, default=Path("runs/train_ab"), help="output directory")
-    parser.add_argument(
-        "--pair", choices=tuple(PAIRS), default="drift",
-        help="drift: recorded ids (tito) vs a text stack's (text); truncated: top-p/top-k sampling, the trainer "
-        "renormalising over the recorded kept sets (mask) or over the whole vocabulary (full)",
-    )  # fmt: skip
-    parser.add_argument("--arm", choices=ARMS, help="run one arm in this process (default: both, in parallel)")
-    parser.add_argument("--serial", action="store_true", help="run the two arms one after the other")
-    parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one A/B per seed, one after the other")
-    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)  # set per run from --seeds
-    parser.add_argument("--train-tasks", type=int, default=64, help="size of the training task pool")
-    parser.add_argument("--tasks-per-step", type=int, default=2)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--eval-tasks", type=int, default=8, help="held-out tasks (half word problems), greedy")
-    parser.add_argument("--eval-every", type=int, default=10)
-    parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--max-new-tokens", type=int, default=48, help="per model call")
-    parser.add_argument("--top-p", type=float, default=0.9, help="the truncated pair's top_p")
-    parser.add_argument("--top-k", type=int, default=50, help="the truncated pair's top_k")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--lora-rank", type=int, default=8)
-    parser.add_argument("--max-grad-norm", type=float, default=1.0)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per arm")
-    parser.add_argument("--model-dir", default=None, help="a SmolLM2-135M-Instruct folder (default: built offline)")
-    return parser.parse_args(argv)
-
-
-def without_option(argv: Sequence[str], name: str) -> list[str]:
-    """``argv`` less ``name`` and its values (``--seeds 0 1`` or ``--seeds=0``)."""
-    kept: list[str] = []
-    skipping = False
-    for arg in argv:
-        if arg == name or arg.startswith(name + "="):
-            skipping = arg == name
-            continue
-        if skipping and not arg.startswith("--"):
-            continue
-        skipping = False
-        kept.append(arg)
-    return kept
-
-
 def run_both(args: argparse.Namespace, argv: Sequence[str]) -> dict[str, Any]:
-    """Each arm in its own process (in parallel unless ``--serial``); their results, read back."""
+    """Each arm in its own process, in parallel unless ``--serial`` or one engine serves them all; their results."""
     base = [a for a in argv if a != "--serial"]
     seed_out = args.out / f"seed{args.seed}"
     command = [sys.executable, __file__, *base, "--out", str(seed_out), "--seed", str(args.seed)]
+    arms = arms_of(args)
+    serial = args.serial or bool(args.engine_url and len(args.engine_url) == 1)  # each arm pushes its own weights
     procs = []
-    arms = PAIRS[args.pair]
     for arm in arms:
         procs.append(subprocess.Popen([*command, "--arm", arm]))
-        if args.serial and procs[-1].wait():
+        if serial and procs[-1].wait():
             break
     codes = [p.wait() for p in procs]
-    if any(codes):
+    if any(codes) or len(procs) < len(arms):
         raise SystemExit(f"an arm failed (exit codes {dict(zip(arms, codes, strict=False))})")
     return {arm: json.loads((seed_out / arm / "result.json").read_text()) for arm in arms}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """One arm (``--arm``), or both for every seed, then the JSON, the plot and the table."""
+    """One arm (``--arm``), or every arm for every seed, then the JSON, the plot and the table."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    check_args(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.arm and args.arm not in PAIRS[args.pair]:
-        raise SystemExit(f"--arm {args.arm} is not an arm of --pair {args.pair} {PAIRS[args.pair]}")
     if args.arm:
         result = asyncio.run(run_arm(args.arm, args))
         (args.out / args.arm / "result.json").write_text(json.dumps(result))

@@ -8,7 +8,9 @@ from typing import Any
 
 # one colour family per arm, one shade per seed (darker = later seed), so seeds can be told apart
 BLUES, ORANGES = ("#9ecae1", "#4292c6", "#08519c"), ("#fdae6b", "#f16913", "#a63603")
+GREENS, PURPLES = ("#a1d99b", "#41ab5d", "#006d2c"), ("#bcbddc", "#807dba", "#54278f")  # the arms with TIS
 COLOURS = {"tito": BLUES, "text": ORANGES, "mask": BLUES, "full": ORANGES}
+COLOURS.update({"tito+tis": GREENS, "text+tis": PURPLES, "mask+tis": GREENS, "full+tis": PURPLES})
 STYLES = ("-", "--", ":")
 PANELS = (
     ("reward", "train reward (mean of the step's rollouts)"),
@@ -29,6 +31,22 @@ TITLES = {
     "truncated": "SmolLM2-135M + LoRA, PPO-clip, top-p/top-k sampling: the trainer over the kept sets (mask) vs the "
     "whole vocabulary (full)",
 }
+
+
+def figure_title(settings: dict[str, Any]) -> str:
+    """The figure's title: the pair's, or for a run on an engine what it trained and how (the decisive run's)."""
+    pair = settings.get("pair", "drift")
+    if not settings.get("engine_url"):
+        return TITLES[pair]
+    model = Path(str(settings.get("model_dir"))).name
+    how = "full fine-tuning" if not settings.get("lora_rank") else f"LoRA rank {settings['lora_rank']}"
+    off = (
+        f"{settings.get('ppo_epochs', 1)} epochs x {settings.get('minibatches', 1)} minibatches, "
+        f"{settings.get('staleness', 0)} step(s) stale"
+    )
+    arms = "kept sets (mask) vs whole vocabulary (full)" if pair == "truncated" else "tito vs a text stack"
+    tis = f", TIS cap {settings['tis']}" if settings.get("tis") else ""
+    return f"{model}, {how}, sampled on SGLang: {arms}; {off}{tis}"
 
 
 def smooth(values: Sequence[float | None], width: int = 5) -> list[float | None]:
@@ -95,7 +113,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=7, ncol=2)
-    fig.suptitle(TITLES[pair], fontsize=10)
+    fig.suptitle(figure_title(result["settings"]), fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

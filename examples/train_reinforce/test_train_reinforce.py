@@ -61,7 +61,15 @@ def rollouts(advantages: list[float]) -> list[demo.Rollout]:
     return made
 
 
-def test_the_grouped_forward_scores_each_loss_token_as_a_full_forward_does(policy: Any) -> None:
+@pytest.mark.parametrize("adapter", [True, False], ids=["lora", "full fine-tuning"])
+def test_the_grouped_forward_scores_each_loss_token_as_a_full_forward_does(policy: Any, adapter: bool) -> None:
+    """With a LoRA adapter, and on a plain model (every weight trained: benchmarks/train_ab.py --lora-rank 0)."""
+    if not adapter:
+        from transformers import AutoModelForCausalLM
+
+        from tito_testing.tiny_model import build_tiny_qwen3
+
+        policy = AutoModelForCausalLM.from_pretrained(build_tiny_qwen3(), dtype=torch.float32)
     group = rollouts([1.0, -1.0, 0.5])
     policy.eval()
     with torch.no_grad():

@@ -175,7 +175,8 @@ def group_token_logits(model: Any, rollouts: Sequence[Rollout]) -> list[tuple[An
     import torch
     from transformers import DynamicCache
 
-    body, head = model.get_base_model().model, model.get_base_model().lm_head
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a LoRA adapter, or every weight
+    body, head = base.model, base.lm_head
     first_loss = min(r.loss_mask.index(1) for r in rollouts)
     shared = _common_prefix([r.token_ids for r in rollouts])
     cut = min(shared, first_loss) - 1  # the prefix ends one token before the first scored position
