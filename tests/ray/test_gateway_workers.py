@@ -4,14 +4,17 @@ rollouts written ``failed`` from its journal with every call it answered."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tito_core.config import TitoConfig
 from tito_core.gateway.ray_workers import RayWorkerPool
 from tito_core.records import read_records
+from tito_core.tokenizers import load_tokenizer
 from tito_testing.gate import FileGate
 from tito_testing.tokenizers import qwen_tokenizer_dir
 
@@ -93,3 +96,39 @@ async def test_a_killed_gateway_actor_loses_no_answered_call(ray_cluster: Any, t
         else:
             assert status == 200
             assert outputs == [answer["tito"]["output_ids"], later["tito"]["output_ids"]]
+
+
+async def test_a_run_puts_its_agents_gateway_workers_on_ray(ray_cluster: Any, tmp_path: Path) -> None:
+    """`[rollout.gateway] ray`: the runner's gateway workers are two Ray actors; each rollout's calls all go to one
+    of them, both serve, and the run writes one record per rollout."""
+    from tests.runner.helpers import pid_of
+    from tests.runner.test_gateway_pool import pool_config
+    from tito_core import Trajectory, arollout
+
+    config = pool_config(group_size=2)
+    config["rollout"]["gateway"] = {"workers": 2, "ray": "auto", "num_cpus": 0.25}
+    tasks = [{"id": f"t{i}", "prompt": f"What is 2 + {i}?"} for i in range(2)]
+    out = tmp_path / "out.jsonl"
+    summary = await asyncio.wait_for(arollout(config, tasks, out), GUARD_S)
+    assert summary.written == 4 and summary.statuses == {"completed": 4}
+    records = list(read_records(out))
+    assert sorted(r.key for r in records) == [(f"t{i}", s) for i in range(2) for s in range(2)]
+    pids: set[int] = set()
+    for record in records:
+        traj = Trajectory.from_record(record.trajectory)
+        tokenizer = load_tokenizer(str(qwen_tokenizer_dir("qwen3")))
+        texts = [tokenizer.decode(traj.token_ids[s.start : s.end]) for s in traj.segments if s.kind == "output"]
+        (pid,) = {pid_of(text) for text in texts}  # one actor per rollout
+        pids.add(pid)
+    assert len(pids) == 2 and os.getpid() not in pids
+
+
+def test_the_ray_executor_refuses_a_gateway_pool() -> None:
+    from tests.runner.test_gateway_pool import pool_config
+    from tito_core.config import load_config
+    from tito_core.errors import ConfigError
+    from tito_core.runner.ray_executor import RayExecutor
+
+    settings = load_config(pool_config()).rollout
+    with pytest.raises(ConfigError, match=r"`\[rollout.gateway\]` with Ray workers"):
+        RayExecutor(1).prestart(settings)

@@ -5,9 +5,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
+
+import aiohttp
 
 from tests.helpers import add as add  # the runner suite's configs name it tests.runner.helpers:add
 from tito_core.backend import GenerateRequest
@@ -138,3 +142,56 @@ def per_turn(sample: Any) -> Any:
 
 def one_turn_short(sample: Any) -> Any:
     return [1.0] * (len(sample.trajectory.turns) - 1)
+
+
+# ------------------------------------------------------------------------- agents through gateway workers
+def served_by(request: GenerateRequest) -> str:
+    """A scripted reply naming the process that generated it: a gateway worker's pid."""
+    return f"served by {os.getpid()}"
+
+
+def pid_of(answer: str) -> int:
+    """The pid a :func:`served_by` reply names."""
+    return int(re.findall(r"served by (\d+)", answer)[-1])
+
+
+async def chat(session: aiohttp.ClientSession, base_url: str, token: str, messages: list[dict[str, Any]]) -> str:
+    """One chat call on a rollout's endpoint; the answer is appended to ``messages`` and returned."""
+    body = {"model": "m", "messages": messages}
+    headers = {"Authorization": f"Bearer {token}"}
+    async with session.post(f"{base_url}/chat/completions", json=body, headers=headers) as answer:
+        answer.raise_for_status()
+        content = str((await answer.json())["choices"][0]["message"]["content"])
+    messages.append({"role": "assistant", "content": content})
+    return content
+
+
+class Hold:
+    """Where :func:`held_agent` waits after its first call: ``arrived`` (task id, the pid that served it) until
+    ``release`` is set; ``all_in`` is set once ``expected`` agents arrived."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.arrived: list[tuple[str, int]] = []
+        self.all_in = asyncio.Event()
+        self.release = asyncio.Event()
+
+
+HOLD = Hold(0)
+
+
+async def two_calls_agent(task: Any, base_url: str, api_key: str) -> str:
+    """A callable agent: a call, then another after a user turn (held at :data:`HOLD` in between); a task with
+    ``metadata.fail`` raises after its first call. Its answer is the last reply."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task.prompt}]
+    async with aiohttp.ClientSession() as session:
+        first = await chat(session, base_url, api_key, messages)
+        if task.metadata.get("fail"):
+            raise LookupError(f"no such tool for {task.id}")
+        if task.metadata.get("hold"):
+            HOLD.arrived.append((task.id, pid_of(first)))
+            if len(HOLD.arrived) == HOLD.expected:
+                HOLD.all_in.set()
+            await HOLD.release.wait()
+        messages.append({"role": "user", "content": "and again"})
+        return await chat(session, base_url, api_key, messages)

@@ -33,13 +33,13 @@ from tito_core.backend import Backend, SamplingParams, sampling_params
 from tito_core.errors import ConfigError, at_key
 from tito_core.model_setup import ModelSettings, ModelSetup
 from tito_core.plugins import get_backend
-from tito_core.rollout_settings import AgentSettings, RolloutSettings, TaskSource
+from tito_core.rollout_settings import AgentSettings, GatewaySettings, RolloutSettings, TaskSource
 from tito_core.tokenizers import load_tokenizer
 
 if TYPE_CHECKING:
     from tito_core.strands_front.model import TitoModel
 
-__all__ = ["AgentSettings", "RolloutSettings", "TitoConfig", "load_config", "with_overrides"]
+__all__ = ["AgentSettings", "GatewaySettings", "RolloutSettings", "TitoConfig", "load_config", "with_overrides"]
 
 
 class TitoConfig(ModelSettings, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -194,10 +194,10 @@ def with_overrides(config: TitoConfig, overrides: Mapping[str, Any], *, origin: 
     """
     data = msgspec.structs.asdict(config)  # not to_builtins: backend options may hold Python objects
     data["rollout"] = msgspec.structs.asdict(config.rollout)
-    if config.rollout.agent is not None:
-        data["rollout"]["agent"] = msgspec.structs.asdict(config.rollout.agent)
-    if config.rollout.tasks is not None:
-        data["rollout"]["tasks"] = msgspec.structs.asdict(config.rollout.tasks)
+    for name in _ROLLOUT_TABLES:
+        table = getattr(config.rollout, name)
+        if table is not None:
+            data["rollout"][name] = msgspec.structs.asdict(table)
     rollout_keys = RolloutSettings.__struct_fields__
     for key, value in overrides.items():
         if value is None:
@@ -215,6 +215,14 @@ def with_overrides(config: TitoConfig, overrides: Mapping[str, Any], *, origin: 
         else:
             data[key] = value
     return _build(data, origin, "")
+
+
+_ROLLOUT_TABLES: dict[str, type[msgspec.Struct]] = {
+    "agent": AgentSettings,
+    "tasks": TaskSource,
+    "gateway": GatewaySettings,
+}
+"""The tables inside ``[rollout]``, by key."""
 
 
 def _set_in(table: dict[str, Any], path: list[str], value: Any, key: str, origin: str) -> dict[str, Any]:
@@ -261,18 +269,13 @@ def _build(data: dict[str, Any], origin: str, prefix: str) -> TitoConfig:
             if key not in known:
                 hint = did_you_mean(str(key), known)
                 raise ConfigError(f"{origin}: unknown key `{prefix}rollout.{key}`{hint}")
-        agent = rollout.get("agent")
-        if isinstance(agent, Mapping):
-            for key in agent:
-                if key not in AgentSettings.__struct_fields__:
-                    hint = did_you_mean(str(key), AgentSettings.__struct_fields__)
-                    raise ConfigError(f"{origin}: unknown key `{prefix}rollout.agent.{key}`{hint}")
-        tasks = rollout.get("tasks")
-        if isinstance(tasks, Mapping):
-            for key in tasks:
-                if key not in TaskSource.__struct_fields__:
-                    hint = did_you_mean(str(key), TaskSource.__struct_fields__)
-                    raise ConfigError(f"{origin}: unknown key `{prefix}rollout.tasks.{key}`{hint}")
+        for name, kind in _ROLLOUT_TABLES.items():
+            table = rollout.get(name)
+            if isinstance(table, Mapping):
+                for key in table:
+                    if key not in kind.__struct_fields__:
+                        hint = did_you_mean(str(key), kind.__struct_fields__)
+                        raise ConfigError(f"{origin}: unknown key `{prefix}rollout.{name}.{key}`{hint}")
     if "backend" not in data:
         raise ConfigError(f"{origin}: missing required key `{prefix}backend` (or set TITO_BACKEND)")
     try:

@@ -12,7 +12,7 @@ import msgspec
 
 from tito_core.errors import ConfigError
 
-__all__ = ["CONVERSATION_MANAGERS", "AgentSettings", "RolloutSettings", "TaskSource"]
+__all__ = ["CONVERSATION_MANAGERS", "AgentSettings", "GatewaySettings", "RolloutSettings", "TaskSource"]
 
 
 CONVERSATION_MANAGERS = ("null", "sliding_window", "summarizing")
@@ -79,6 +79,37 @@ class TaskSource(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ConfigError("`rollout.tasks` needs `harbor` (the path of a Harbor task folder or dataset)")
 
 
+class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where the ``[rollout.agent]`` rollouts' gateway runs: a pool of gateway worker processes (``[rollout.gateway]``).
+
+    Without this table each runner process serves its agents from one in-process gateway per server. With it, the
+    runner starts a :class:`~tito_core.gateway.workers.WorkerPool` per server (the processes of ``tito serve
+    --workers``; Ray actors with ``ray``), opens each rollout on one worker and gives its agent that worker's
+    endpoint (:mod:`tito_core.runner.gateway_pool`, docs/scaling.md).
+
+    Attributes:
+        workers: Gateway worker processes (per server the run uses), at least 1.
+        ray: The Ray cluster to start the workers on as actors (``"auto"``: the one this machine runs, or an
+            address ``HOST:PORT``); None starts them as local processes.
+        num_cpus: The CPUs Ray reserves for each worker actor (only with ``ray``).
+    """
+
+    workers: int
+    ray: str | None = None
+    num_cpus: float | None = None
+
+    def __post_init__(self) -> None:
+        workers = self.workers
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ConfigError(f"`rollout.gateway.workers` must be an integer of at least 1, got {workers!r}")
+        if self.ray is not None and not self.ray.strip():
+            raise ConfigError('`rollout.gateway.ray` must be a Ray address ("auto" or HOST:PORT), not an empty string')
+        if self.num_cpus is not None and self.ray is None:
+            raise ConfigError("`rollout.gateway.num_cpus` is the CPUs Ray reserves per worker actor: it needs `ray`")
+        if self.num_cpus is not None and not self.num_cpus > 0:
+            raise ConfigError(f"`rollout.gateway.num_cpus` must be positive, got {self.num_cpus}")
+
+
 _STRANDS_ONLY = ("tools", "forced_tool_calls", "system_prompt", "max_model_calls", "max_tool_calls", "max_messages")
 """``[rollout]`` keys a Strands agent uses and an ``[agent]`` (which brings its own loop and tools) cannot."""
 
@@ -137,6 +168,8 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         agent: An agent of any framework, run per rollout against tito's gateway instead of a Strands agent
             (:class:`AgentSettings`); it brings its own tools and loop, so the Strands-only keys stay unset.
         tasks: Where the tasks come from when the run is given no dataset (:class:`TaskSource`: a Harbor dataset).
+        gateway: Run the ``[rollout.agent]`` rollouts' gateway in worker processes or Ray actors
+            (:class:`GatewaySettings`); None serves them from the runner's own process.
     """
 
     group_size: int = 1
@@ -164,6 +197,7 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     gc: Literal["tuned", "default"] = "tuned"
     agent: AgentSettings | None = None
     tasks: TaskSource | None = None
+    gateway: GatewaySettings | None = None
 
     def __post_init__(self) -> None:
         if self.agent is not None:
@@ -171,6 +205,11 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         if self.tasks is not None and (self.agent is None or self.agent.command is None):
             raise ConfigError(
                 "`rollout.tasks.harbor` runs a harness in a sandbox: it needs `[rollout.agent]` with a `command`"
+            )
+        if self.gateway is not None and self.agent is None:
+            raise ConfigError(
+                "`rollout.gateway` runs the gateway of `[rollout.agent]` rollouts: it needs `[rollout.agent]` (a "
+                "Strands rollout calls its engine from the runner, through no gateway)"
             )
         if self.tasks is not None and self.reward is not None:
             raise ConfigError("`rollout.reward` with `rollout.tasks.harbor`: each task's verifier is the reward")

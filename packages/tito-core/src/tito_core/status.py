@@ -18,6 +18,7 @@ import msgspec
 from .errors import ContextLengthError, ContextWindowFullError, GenerationAbortedError, LoopLimitError
 
 __all__ = [
+    "AgentFailed",
     "CallEnd",
     "CallLimit",
     "Closed",
@@ -90,6 +91,16 @@ class WorkerLost(msgspec.Struct, frozen=True, gc=False):
     current: bool = True
 
 
+class AgentFailed(msgspec.Struct, frozen=True, gc=False):
+    """The rollout's agent failed (it crashed, or raised), for ``reason``.
+
+    Its runner says so when it finishes the rollout on a gateway in another process (``POST /rollouts/<id>/finish``
+    with ``ended.error``).
+    """
+
+    reason: str
+
+
 class GroupFailed(msgspec.Struct, frozen=True, gc=False):
     """The group reward function (advantages) failed for the rollout's group, for ``reason``."""
 
@@ -121,6 +132,7 @@ Outcome = (
     | RewardFailed
     | NoVerifierReward
     | WorkerLost
+    | AgentFailed
     | GroupFailed
     | Stopped
     | CallLimit
@@ -148,7 +160,7 @@ def status_of(outcome: Outcome) -> tuple[Status, str | None]:
     - :class:`NoModelCall`: ``failed`` (nothing the engine produced: the rollout is no sample to learn from);
     - :class:`WorkerLost`: ``failed`` for a branch still open (``running``, or the current branch ``completed``:
       its client might have called again), else its status stands;
-    - :class:`GroupFailed`: ``failed``; :class:`Stopped` and :class:`Discarded`: ``aborted``;
+    - :class:`AgentFailed` and :class:`GroupFailed`: ``failed``; :class:`Stopped` and :class:`Discarded`: ``aborted``;
       :class:`CallLimit`: ``truncated``.
     """
     if isinstance(outcome, CallEnd):
@@ -171,7 +183,7 @@ def status_of(outcome: Outcome) -> tuple[Status, str | None]:
         return outcome.status, outcome.status_reason
     if isinstance(outcome, NoVerifierReward):
         return "failed", f"no verifier reward: {outcome.reason}"
-    if isinstance(outcome, GroupFailed):
+    if isinstance(outcome, (AgentFailed, GroupFailed)):
         return "failed", outcome.reason
     if isinstance(outcome, Stopped):
         return "aborted", outcome.reason

@@ -12,8 +12,10 @@
 ``POST /rollouts/<id>/reward``                 ``{"value", "turn"?}``: reward one model call (default: the last) →
                                                ``{"turn", "value"}``; ``{"value", "branch"}``: one branch (its
                                                lineage's training row) → ``{"branch", "value"}``
-``POST /rollouts/<id>/finish``                 ``{"reward"?, "turn_rewards"?, "metadata"?}`` → the record, written
-                                               to the output
+``POST /rollouts/<id>/finish``                 ``{"reward"?, "turn_rewards"?, "metadata"?, "ended"?}`` → the record,
+                                               written to the output; ``ended`` (``{"timed_out_s"}`` or
+                                               ``{"error"}``): how the agent ended, which closes it as the runner
+                                               closes its own
 ``GET /ui/``                                   the viewer (:mod:`~tito_core.gateway.ui`): open and finished
                                                rollouts, read-only; its data routes take the viewer key
 =============================================  ================================================================
@@ -41,6 +43,7 @@ from ..errors import LineageLabelError
 from ..records import RolloutRecord
 from ..records.schema import ENCODER
 from ..rollout_core.labels import LABEL_HEADER, Label, parse_label
+from ..status import AgentFailed, Outcome, RolloutTimedOut
 from ..viewer import viewer_app
 from . import sse
 from .access import Access
@@ -103,8 +106,9 @@ class Served(Protocol):
         reward: float | None = None,
         metadata: dict[str, Any] | None = None,
         turn_rewards: Any = None,
+        ended: Outcome | None = None,
     ) -> RolloutRecord:
-        """End a rollout and write its record."""
+        """End a rollout (closed as ``ended`` says, when given) and write its record."""
 
 
 _GATEWAY: web.AppKey[Served] = web.AppKey("gateway")
@@ -282,7 +286,7 @@ async def _trajectory(request: web.Request) -> web.Response:
 async def _finish(request: web.Request) -> web.Response:
     gateway = request.app[_GATEWAY]
     gateway.authorize(request.match_info["rollout"], _credential(request))
-    body = _fields(await _body(request, optional=True), frozenset({"reward", "turn_rewards", "metadata"}))
+    body = _fields(await _body(request, optional=True), frozenset({"reward", "turn_rewards", "metadata", "ended"}))
     reward = body.get("reward")
     if reward is not None and (
         isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)
@@ -292,9 +296,34 @@ async def _finish(request: web.Request) -> web.Response:
     if turn_rewards is not None and not isinstance(turn_rewards, list):
         raise bad_request("turn_rewards", f"must be a list (one reward per model call), got {turn_rewards!r}")
     record = await gateway.finish(
-        request.match_info["rollout"], None if reward is None else float(reward), body.get("metadata"), turn_rewards
+        request.match_info["rollout"],
+        None if reward is None else float(reward),
+        body.get("metadata"),
+        turn_rewards,
+        _ended(body.get("ended")),
     )
     return web.Response(body=ENCODER.encode(record), content_type="application/json")
+
+
+MAX_ENDED_ERROR = 16 << 10
+"""The longest ``ended.error`` a finish takes (characters): an agent's error, with its standard error's tail."""
+
+
+def _ended(value: Any) -> Outcome | None:
+    """How the rollout's agent ended, from ``finish``'s ``ended``: its time limit ran out, or it failed."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) != 1 or not {"timed_out_s", "error"} & value.keys():
+        raise bad_request("ended", 'must be {"timed_out_s": SECONDS} or {"error": "why the agent failed"}')
+    seconds, error = value.get("timed_out_s"), value.get("error")
+    if "timed_out_s" in value:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+            raise bad_request("ended.timed_out_s", f"must be a positive number of seconds, got {seconds!r}")
+        return RolloutTimedOut(float(seconds))
+    if not isinstance(error, str) or not error.strip() or len(error) > MAX_ENDED_ERROR:
+        shown = repr(error)[:80]
+        raise bad_request("ended.error", f"must be a non-empty string of at most {MAX_ENDED_ERROR} characters: {shown}")
+    return AgentFailed(error)
 
 
 async def _reward(request: web.Request) -> web.Response:

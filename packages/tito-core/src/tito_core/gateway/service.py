@@ -274,20 +274,21 @@ class Gateway:
         reward: float | None = None,
         metadata: dict[str, Any] | None = None,
         turn_rewards: Sequence[Any] | None = None,
+        ended: Outcome | None = None,
     ) -> RolloutRecord:
-        """:meth:`take`, then write the record; ``turn_rewards`` join the per-call ones, ``reward`` is the total.
+        """:meth:`take` (``ended`` too), write the record; ``turn_rewards`` join per-call ones, ``reward`` is the total.
 
         Raises:
-            GatewayError: 404 unknown, 409 busy or finished already (a second finish writes nothing); 400 for
-                per-turn rewards that do not fit the rollout's calls (nothing is ended then).
+            GatewayError: 404 unknown, 409 busy (not with ``ended``: the calls are waited for) or finished already (a
+                second finish writes nothing); 400 for per-turn rewards not fitting its calls (nothing is ended then).
         """
-        rollout = self.get(rollout_id)  # a finished one: 409, not 404
+        rollout = await _after_calls(self, rollout_id) if ended is not None else self.get(rollout_id)  # finished: 409
         total, per_turn = rollout.rewards.final(reward, turn_rewards, len(rollout.core.trajectory.turns))
         if self.journal is not None and not rollout.busy:  # busy: refused below (409), nothing to journal
             _journaled(self.journal.finished, rollout_id, total, per_turn, metadata, what="the rollout could end")
         self.registry.remove(rollout_id)
         rollout.metadata.update(metadata or {})
-        traj = self._end(rollout, "finish", None)
+        traj = self._end(rollout, "finish", ended)
         per_branch = rollout.rewards.branches(traj.all_branches)
         return self.writer.write(rollout, traj, total, self.base_url, per_turn, per_branch)
 
@@ -355,6 +356,19 @@ class Gateway:
 
 
 _CLOSING = "the gateway is shutting down: it takes no new rollouts or calls"
+
+
+async def _after_calls(gateway: Gateway, rollout_id: str) -> GatewayRollout:
+    """Open rollout ``rollout_id`` once no call runs on it: its agent ended, so the calls it left are recorded first.
+
+    Raises:
+        GatewayError: 404 unknown; 409 finished, also while waiting (the idle timeout, a shutdown).
+    """
+    rollout = gateway.get(rollout_id)
+    while rollout.busy:
+        await rollout.idle()
+        rollout = gateway.get(rollout_id)
+    return rollout
 
 
 def _decode(rollout: GatewayRollout, front: Front, body: Any, context: Context) -> Decoded:

@@ -98,6 +98,12 @@ class WorkerPool:
         allow_origins: Browser origins allowed to call, on the door and every worker.
         drain_s: At shutdown, the seconds each worker's calls in flight get to finish.
         journal_fsync: Sync each journal line to the disk (a power cut loses no answered call either).
+        records: Where the records go instead of an ``output`` file: a writer of the caller's (the runner's, which
+            writes records of its own: :mod:`tito_core.runner.gateway_pool`), with ``journals``. The pool writes
+            to it every record the workers hand over and every record it recovers from a lost worker's journal,
+            and closes it at :meth:`close`.
+        journals: The folder of the workers' journals; by default ``<output>.journal`` beside the output (None
+            without an output: no journal, nothing to recover).
     """
 
     def __init__(
@@ -112,12 +118,20 @@ class WorkerPool:
         allow_hosts: Sequence[str] = (),
         allow_origins: Sequence[str] = (),
         journal_fsync: bool = False,
+        records: RecordWriter | None = None,
+        journals: str | Path | None = None,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ConfigError(f"workers must be a positive integer, got {workers!r}")
+        if output is not None and records is not None:
+            raise ConfigError("a worker pool writes to an `output` file or to `records`, not both")
+        if records is not None and journals is None:
+            raise ConfigError("a worker pool writing to `records` needs `journals`: the folder its workers journal in")
         self.config = config
         self.count = workers
         self.output = Path(output) if output is not None else None
+        self.records = records
+        self._journals = Path(journals) if journals is not None else None
         self.access = Access(api_key, allow_hosts, allow_origins)
         self.settings = WorkerSettings(
             api_key=api_key,
@@ -141,7 +155,9 @@ class WorkerPool:
 
     @property
     def journals(self) -> Path | None:
-        """The folder of the workers' journals, beside the output."""
+        """The folder of the workers' journals: the one given, else beside the output."""
+        if self._journals is not None:
+            return self._journals
         return None if self.output is None else self.output.with_name(self.output.name + ".journal")
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -153,8 +169,8 @@ class WorkerPool:
         if not is_loopback(host) and self.access.api_key is None:
             raise ConfigError(f"binding the gateway to {host!r} (not loopback) requires an api key (--api-key)")
         self.settings = msgspec.structs.replace(self.settings, host=host)
-        if self.output is not None:
-            self._writer = open_writer(self.output)
+        if self.output is not None or self.records is not None:
+            self._writer = open_writer(self.output) if self.output is not None else self.records
             self._recover_left_journals()
         for index in range(self.count):
             self.workers.append(await self._launch(index))

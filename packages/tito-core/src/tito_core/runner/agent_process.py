@@ -4,7 +4,9 @@ The ``[rollout.agent]`` table (:class:`~tito_core.config.AgentSettings`) names t
 runs one in-process gateway (``tito_core.gateway.Gateway``) per server it uses (loopback, a free port), started at
 its first agent rollout; each rollout opens a gateway rollout, runs the agent against its base URL and takes the
 closed trajectory back, which the worker turns into the same record a Strands rollout gets
-(:mod:`tito_core.runner.finish`).
+(:mod:`tito_core.runner.finish`). With ``[rollout.gateway]`` the gateways are worker processes or Ray actors
+instead (:mod:`tito_core.runner.gateway_pool`): the rollout is opened on one of them and its agent gets that
+worker's endpoint; the rest is the same.
 
 A ``command`` agent runs in a process group of its own, in the config file's directory, with ``OPENAI_BASE_URL``,
 ``ANTHROPIC_BASE_URL`` (the same without its ``/v1``), ``OPENAI_API_KEY`` and ``ANTHROPIC_API_KEY`` (the rollout's
@@ -24,16 +26,17 @@ import inspect
 import os
 import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from ..config import AgentSettings, TitoConfig
 from ..errors import ConfigError, TitoError
-from ..gateway import Gateway
+from ..gateway import Gateway, GatewayRollout
 from ..harbor.sandbox import Sandbox, base_env
 from ..harbor.tasks import harbor_spec
 from ..harbor.verifier import Verdict, verify
@@ -41,9 +44,10 @@ from ..status import RolloutTimedOut
 from ..trajectory import Trajectory
 from .dataset import Task
 from .finish import Ran
+from .gateway_pool import PoolGateways
 from .servers import Server
 
-__all__ = ["AgentExited", "AgentRunner", "answer_line"]
+__all__ = ["AgentExited", "AgentRunner", "Endpoint", "answer_line"]
 
 STDOUT_KEPT = 1 << 20
 """Bytes of an agent's standard output kept (its tail): the answer is its last non-empty line."""
@@ -57,6 +61,26 @@ _WEEK_S = 7 * 24 * 3600.0
 """The gateway's idle timeout for agents without a time limit: the runner ends its agents, not the gateway."""
 
 AgentFn = Callable[[Task, str, str], Awaitable[str]]  # (task, base_url, api_key: the rollout token)
+
+
+class Endpoint(Protocol):
+    """A rollout open on a gateway, as an agent run needs it: the in-process gateway's, or a pool worker's."""
+
+    base_url: str
+    token: str
+
+    @property
+    def lost_engine(self) -> bool:
+        """A model call lost its connection to the engine (the worker has the server checked)."""
+
+    async def guard(self, agent: Awaitable[str]) -> str:
+        """Run the agent (stopped, with an error, if the gateway holding the rollout is lost)."""
+
+    async def end(self, ended: BaseException | RolloutTimedOut | None) -> Trajectory:
+        """Close the rollout as its agent ``ended`` (after the calls it left in flight) and return its trajectory."""
+
+    async def drop(self) -> None:
+        """The run was cancelled: end the rollout unrecorded where that can be done at once."""
 
 
 class AgentExited(TitoError):
@@ -85,13 +109,22 @@ class AgentRunner:
         tokenizer: The loaded tokenizer, shared with the gateway.
         fn: The ``callable`` agent, imported (None for a ``command`` agent).
         base_dir: The config file's directory: where a ``command`` runs and its program is looked for.
+        journals: With ``[rollout.gateway]``, the folder of its workers' journals (by default a new temporary one).
 
     Raises:
         ConfigError: No ``[rollout.agent]``; a ``callable`` that is not an ``async def``; a ``command`` whose
             program is not found.
     """
 
-    def __init__(self, config: TitoConfig, tokenizer: Any, *, fn: Any = None, base_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: TitoConfig,
+        tokenizer: Any,
+        *,
+        fn: Any = None,
+        base_dir: Path | None = None,
+        journals: Path | None = None,
+    ) -> None:
         settings = config.rollout.agent
         if settings is None:
             raise ConfigError("the config has no `[rollout.agent]` table")
@@ -105,6 +138,10 @@ class AgentRunner:
             _check_command(settings.command, base_dir)
         self._gateways: dict[str, Gateway] = {}
         self._starting = asyncio.Lock()
+        self.pools: PoolGateways | None = None
+        if config.rollout.gateway is not None:
+            folder = journals if journals is not None else Path(tempfile.mkdtemp(prefix="tito-gateway-journal-"))
+            self.pools = PoolGateways(config, config.rollout.gateway, idle_timeout=self._idle_s(), journals=folder)
 
     async def run(self, server: Server, task: Task, sample: int) -> tuple[Trajectory, Ran]:
         """Run the agent on ``task`` through ``server``'s gateway: the closed trajectory (with a status), the rest.
@@ -114,9 +151,7 @@ class AgentRunner:
         :class:`~tito_core.harbor.Verdict` goes with the result.
         """
         started, t0 = time.time(), time.perf_counter()
-        gateway = await self._gateway(server)
-        rid = f"{task.id}:{sample}"
-        handle = gateway.open(task_id=task.id, metadata={"sample": sample}, rollout_id=rid, group=task.index)
+        endpoint = await self._open(server, task, sample)
         text = ""
         ended_by: BaseException | RolloutTimedOut | None = None
         spec = harbor_spec(task)
@@ -127,17 +162,15 @@ class AgentRunner:
         try:
             try:
                 if spec is not None:
-                    box = await asyncio.to_thread(Sandbox.create, spec, name=rid, hide=spec.hide)
+                    box = await asyncio.to_thread(Sandbox.create, spec, name=f"{task.id}:{sample}", hide=spec.hide)
                 async with limit:
-                    text = await self._agent(task, handle.base_url, handle.token, box)
+                    text = await endpoint.guard(self._agent(task, endpoint.base_url, endpoint.token, box))
             except TimeoutError as exc:
                 ended_by = RolloutTimedOut(seconds or 0.0) if limit.expired() else exc
             except Exception as exc:
                 ended_by = exc
-            except BaseException:  # cancelled: not recorded; an idle gateway rollout is closed now, a busy one on close
-                with contextlib.suppress(Exception):
-                    if not gateway.get(handle.id).busy:
-                        await gateway.take(handle.id)
+            except BaseException:  # cancelled: not recorded
+                await endpoint.drop()
                 raise
             agent_s = time.perf_counter() - t0
             if spec is not None:  # the verifier runs after an agent that ended well or ran out of time, as Harbor's
@@ -148,7 +181,7 @@ class AgentRunner:
         finally:
             if box is not None:
                 await asyncio.to_thread(box.remove)
-        traj = await _take(gateway, handle.id, ended_by)
+        traj = await endpoint.end(ended_by)
         calls = sum(turn.tool_calls - turn.tool_parse_errors for turn in traj.turns)
         ran = Ran(
             text=text,
@@ -158,16 +191,33 @@ class AgentRunner:
             t0=t0,
             agent_s=agent_s,
             tool_calls=calls,
-            lost_engine=handle.lost_engine,
+            lost_engine=endpoint.lost_engine,
             verdict=verdict,
         )
         return traj, ran
 
     async def aclose(self) -> None:
-        """Close every gateway this runner started."""
+        """Close every gateway this runner started (its worker pools too)."""
         gateways, self._gateways = list(self._gateways.values()), {}
-        for gateway in gateways:
-            await gateway.close()
+        try:
+            for gateway in gateways:
+                await gateway.close()
+        finally:
+            if self.pools is not None:
+                await self.pools.aclose()
+
+    async def _open(self, server: Server, task: Task, sample: int) -> Endpoint:
+        """Open the rollout ``task:sample`` on ``server``'s gateway: in this process, or on a pool worker."""
+        rid = f"{task.id}:{sample}"
+        if self.pools is not None:
+            return await self.pools.open(server, rid, task.id, sample, task.index)
+        gateway = await self._gateway(server)
+        handle = gateway.open(task_id=task.id, metadata={"sample": sample}, rollout_id=rid, group=task.index)
+        return _LocalEndpoint(gateway, handle)
+
+    def _idle_s(self) -> float:
+        """The gateway's idle timeout: the runner's limit ends an agent, not the gateway."""
+        return self.limit + 60.0 if self.limit else _WEEK_S
 
     async def _gateway(self, server: Server) -> Gateway:
         """``server``'s gateway, started on loopback at the first rollout that needs it."""
@@ -176,8 +226,9 @@ class AgentRunner:
             return gateway
         async with self._starting:
             if server.name not in self._gateways:
-                idle = self.limit + 60.0 if self.limit else _WEEK_S  # the runner's limit ends an agent, not the gateway
-                gateway = Gateway(self.config, tokenizer=self.tokenizer, backend=server.backend, idle_timeout=idle)
+                gateway = Gateway(
+                    self.config, tokenizer=self.tokenizer, backend=server.backend, idle_timeout=self._idle_s()
+                )
                 await gateway.start(host="127.0.0.1", port=0)
                 self._gateways[server.name] = gateway
             return self._gateways[server.name]
@@ -269,15 +320,38 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-async def _take(gateway: Gateway, rollout_id: str, ended: BaseException | RolloutTimedOut | None) -> Trajectory:
-    """Take the rollout's trajectory from the gateway, closed with the status of how its agent ended.
+class _LocalEndpoint:
+    """A rollout of the runner's in-process gateway."""
 
-    A call the agent left in flight (it was killed mid-call) ends first and is recorded as the engine answered it.
-    Then how the agent ended replaces the status its calls left where :func:`~tito_core.status.replaces` says so.
-    An agent that ended well leaves the closing to the gateway (aborted when tool calls were left unanswered).
-    """
-    await gateway.get(rollout_id).idle()
-    return await gateway.take(rollout_id, ended)
+    def __init__(self, gateway: Gateway, handle: GatewayRollout) -> None:
+        self.gateway = gateway
+        self.handle = handle
+        self.base_url = handle.base_url
+        self.token = handle.token
+
+    @property
+    def lost_engine(self) -> bool:
+        return self.handle.lost_engine
+
+    async def guard(self, agent: Awaitable[str]) -> str:
+        return await agent
+
+    async def end(self, ended: BaseException | RolloutTimedOut | None) -> Trajectory:
+        """Take the rollout's trajectory from the gateway, closed with the status of how its agent ended.
+
+        A call the agent left in flight (it was killed mid-call) ends first and is recorded as the engine answered
+        it. Then how the agent ended replaces the status its calls left where :func:`~tito_core.status.replaces`
+        says so. An agent that ended well leaves the closing to the gateway (aborted when tool calls were left
+        unanswered).
+        """
+        await self.gateway.get(self.handle.id).idle()
+        return await self.gateway.take(self.handle.id, ended)
+
+    async def drop(self) -> None:
+        """An idle rollout is closed now, a busy one when the gateway closes."""
+        with contextlib.suppress(Exception):
+            if not self.gateway.get(self.handle.id).busy:
+                await self.gateway.take(self.handle.id)
 
 
 def _why(ended: BaseException | RolloutTimedOut | None) -> str:

@@ -238,6 +238,7 @@ class RayExecutor(Executor):
 
     def prestart(self, settings: RolloutSettings) -> None:
         """Start the worker actors (Ray creates them in the background) while the driver loads and checks."""
+        _refuse_gateway_pool(settings)
         ray = import_ray()
         self._ensure_ray(ray)
         actor_class = self._actor_class(ray, self.concurrency or settings.concurrency)
@@ -392,6 +393,7 @@ class RolloutBatches:
     @staticmethod
     async def _setup(config: Any, overrides: Mapping[str, Any]) -> RolloutWorker:
         resolved, base_dir = await prepare_config(config, overrides)
+        _refuse_gateway_pool(resolved.rollout)
         worker = await RolloutWorker.create(resolved, base_dir=base_dir)
         worker.pool.start()
         return worker
@@ -470,3 +472,13 @@ def _tasks_of(rows: list[dict[str, Any]]) -> list[Task]:
         task = task_from_row(fields, int(group) if group is not None else 0, where="Ray Data batch")
         tasks.append(task)
     return tasks
+
+
+def _refuse_gateway_pool(settings: RolloutSettings) -> None:
+    """Each Ray worker serves its agents from a gateway of its own: ``[rollout.gateway]`` is for a local run."""
+    if settings.gateway is not None:
+        raise ConfigError(
+            "`[rollout.gateway]` with Ray workers: each Ray worker already runs its agents' gateway in its own "
+            "process; remove `[rollout.gateway]`, or run locally with `[rollout.gateway] ray = ...` to put the "
+            "gateway workers on Ray"
+        )

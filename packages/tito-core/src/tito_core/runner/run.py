@@ -130,8 +130,10 @@ async def arollout(
         if items:  # a rerun with nothing left to do loads no model and asks no server
             if executor is not None:
                 executor.prestart(settings)  # its workers start while this process loads and checks
-            routes_only = executor is not None and executor.routes_only
-            worker = await RolloutWorker.create(resolved, base_dir=base_dir, routes_only=routes_only)
+            # a run's gateway workers build their own backends, as an executor's workers do
+            routes_only = (executor is not None and executor.routes_only) or settings.gateway is not None
+            journals = Path(output).with_name(Path(output).name + ".journal")  # [rollout.gateway]'s workers'
+            worker = await RolloutWorker.create(resolved, base_dir=base_dir, routes_only=routes_only, journals=journals)
     except BaseException:
         writer.close()
         if fresh:

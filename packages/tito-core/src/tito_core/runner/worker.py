@@ -36,6 +36,7 @@ from .agent_process import AgentRunner
 from .dataset import Task, rollout_seed
 from .finish import Ran, failed_record, rewarded_record
 from .forcing import ForcedToolCalls
+from .gateway_pool import NoGatewayWorker
 from .limits import LoopLimiter
 from .rewards import GroupRewardFn, RewardFn
 from .servers import Server, ServerPool
@@ -102,13 +103,20 @@ class RolloutWorker:
 
     @classmethod
     async def create(
-        cls, config: TitoConfig, *, base_dir: Path | None = None, check_servers: bool = True, routes_only: bool = False
+        cls,
+        config: TitoConfig,
+        *,
+        base_dir: Path | None = None,
+        check_servers: bool = True,
+        routes_only: bool = False,
+        journals: Path | None = None,
     ) -> RolloutWorker:
         """Resolve a config: import tools and rewards, load the tokenizer, build and health-check the servers.
 
-        With ``routes_only`` (the driver of an executor whose workers build their own backends), an in-process
-        backend (an embedded model) is not built: the pool routes by its name, and generating through it is an
-        error.
+        With ``routes_only`` (the driver of an executor whose workers build their own backends, or a run whose
+        ``[rollout.gateway]`` workers do), an in-process backend (an embedded model) is not built: the pool routes
+        by its name, and generating through it is an error. ``journals``: the folder of the ``[rollout.gateway]``
+        workers' journals (the runner's is beside its output).
 
         Raises:
             ConfigError: A bad import path, a missing tokenizer, a backend option its factory refuses.
@@ -128,7 +136,7 @@ class RolloutWorker:
         agents = None
         if settings.agent is not None:
             fn = import_object(settings.agent.callable, search=base_dir) if settings.agent.callable else None
-            agents = AgentRunner(config, tokenizer, fn=fn, base_dir=base_dir)
+            agents = AgentRunner(config, tokenizer, fn=fn, base_dir=base_dir, journals=journals)
         pool = ServerPool(_backends(config, routes_only=routes_only), interval=settings.health_interval_s)
         if check_servers:
             try:
@@ -176,6 +184,8 @@ class RolloutWorker:
             started = time.time()
             try:
                 return await self._run_on(leased, task, sample)
+            except NoGatewayWorker:  # no gateway serves the server any more: every rollout left would fail the same
+                raise
             except Exception as exc:  # a bug or a bad option met while building this rollout: it alone fails
                 return failed_record(task, sample, leased.name, started, exc)
 
