@@ -8,6 +8,7 @@ test opens (files, so it holds calls in the worker processes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -211,6 +212,54 @@ async def test_a_killed_worker_loses_no_answered_call(serve: Any, tmp_path: Path
         outcomes = resumed.outcomes()
     assert {outcomes[(f"t{opened.index(o)}", 0)][0] for o in lost} == {"failed"}
     assert len(outcomes) == 7
+
+
+def _unread(port: int) -> bool:
+    """Whether a connection to local ``port`` holds bytes its process has not read (/proc/net/tcp's rx_queue)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                local, queues = fields[1], fields[4]
+                if int(local.rsplit(":", 1)[1], 16) == port and int(queues.split(":")[1], 16) > 0:
+                    return True
+    return False
+
+
+async def test_an_opening_whose_worker_dies_before_reading_it_opens_on_another(serve: Any, tmp_path: Path) -> None:
+    """Two openings with one worker stopped (SIGSTOP): round robin sends one of them there, where it waits unread;
+    then SIGKILL. The supervisor reads the worker's journal, which never opened that rollout, and the door opens it
+    on the other worker: both clients get a 201 on the live worker, and each rollout has one record."""
+    gate = FileGate(tmp_path / "gate")
+    gate.open()
+    out = tmp_path / "out.jsonl"
+    served = await serve(_config(tmp_path, gate, 10), out, 2)
+    victim, pid = next(iter(served.workers.items()))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        async with aiohttp.ClientSession() as session:
+            opening = [
+                asyncio.ensure_future(_post(session, f"{served.base}/rollouts", {"task_id": f"t{i}"})) for i in range(2)
+            ]
+            async with asyncio.timeout(GUARD_S):
+                while not _unread(int(victim.rsplit(":", 1)[1])):  # the door's request sits in the stopped worker
+                    await asyncio.sleep(0.01)
+            os.kill(pid, signal.SIGKILL)
+            answers = await asyncio.gather(*opening)
+            assert [status for status, _ in answers] == [201, 201], answers
+            assert {_worker_of(opened) for _, opened in answers} == set(served.workers) - {victim}
+            for _, opened in answers:
+                assert (await _call(session, opened))[0] == 200
+                finish = f"{opened['base_url'].removesuffix('/v1')}/finish"
+                assert (await _post(session, finish, {}, opened["token"]))[0] == 200
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    served.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(served.proc.wait(), GUARD_S) == 0
+    records = list(read_records(out))
+    assert sorted((r.task_id, r.status) for r in records) == [("t0", "completed"), ("t1", "completed")]
+    assert sorted(r.trajectory.rollout_id for r in records) == sorted(opened["id"] for _, opened in answers)
 
 
 def _ended(pid: int) -> bool:
