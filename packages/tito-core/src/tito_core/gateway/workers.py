@@ -50,6 +50,7 @@ from .access import Access, is_loopback
 from .channel import Ready, Reply, SampleOf, decode_request, encode
 from .door import door_app
 from .journal import lost_records
+from .service import LISTEN_BACKLOG
 from .worker import WorkerSettings, worker_main
 
 __all__ = ["LOST", "LostWorker", "WorkerHandle", "WorkerPool"]
@@ -185,7 +186,7 @@ class WorkerPool:
         self._session = aiohttp.ClientSession()
         runner = web.AppRunner(door_app(self), access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG).start()
         self._runner = runner
         bound = runner.addresses[0]
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
