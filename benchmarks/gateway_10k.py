@@ -51,6 +51,7 @@ import json
 import os
 import platform
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -95,8 +96,16 @@ def _ray_address(args: argparse.Namespace) -> str | None:
               file=sys.stderr)  # fmt: skip
         return None
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=max(args.workers, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
-             object_store_memory=128 * 1024 * 1024)  # fmt: skip
+    for attempt in range(1, 4):  # Ray gives its raylet 30 s to register: not always enough on a loaded machine
+        try:
+            ray.init(num_cpus=max(args.workers, os.cpu_count() or 1), include_dashboard=False, log_to_driver=False,
+                     object_store_memory=128 * 1024 * 1024)  # fmt: skip
+            break
+        except Exception as exc:
+            ray.shutdown()
+            if attempt == 3:
+                raise
+            print(f"gateway_10k: Ray did not start ({exc}); again", file=sys.stderr, flush=True)
     return str(ray.get_runtime_context().gcs_address)
 
 
@@ -152,6 +161,13 @@ async def _chaos(args: argparse.Namespace, engine: str, victim: int, todo: int, 
     return happened
 
 
+async def _sample_rss(pid: int, clients: asyncio.Future[Any], into: list[float]) -> None:
+    """The process's resident memory (MiB) about once a second until the clients are done (a figure, not a wait)."""
+    while not clients.done():
+        into.append(process_usage(pid)["rss_mb"])
+        await asyncio.wait([clients], timeout=1.0)
+
+
 def _settled(pid: int, before: dict[str, float], fd_tolerance: int) -> tuple[dict[str, float], float]:
     """The supervisor's usage once its fds are back within the tolerance, or at the deadline; how long that took.
 
@@ -183,8 +199,9 @@ async def one_pass(args: argparse.Namespace, engine: str, tokenizer_dir: str, ou
     post_json(engine + "/faults", {"rate": args.fault_rate, "seed": args.fault_seed})  # and a fresh log
     report: dict[str, Any] = {"already_recorded": len(done), "to_run": len(todo), "chaos": chaos}
     exits: list[int] = []
+    urls: list[str] = []
     opened = time.monotonic()
-    with served(engine, tokenizer_dir, output, args.workers, ray=ray, exits=exits) as (front, pids):
+    with served(engine, tokenizer_dir, output, args.workers, ray=ray, exits=exits, urls=urls) as (front, pids):
         report["startup_s"] = time.monotonic() - opened
         supervisor, workers = pids[0], pids[1:]
         usage_before = process_usage(supervisor)
@@ -199,8 +216,11 @@ async def one_pass(args: argparse.Namespace, engine: str, tokenizer_dir: str, ou
             for i, client in enumerate(clients)
         ]
         running = asyncio.ensure_future(asyncio.gather(*calls))
+        rss: list[float] = []
+        sampling = asyncio.ensure_future(_sample_rss(supervisor, running, rss))
         happened = await _chaos(args, engine, workers[0], len(todo), running, started) if chaos else {}
         results = await running
+        await sampling
         report["load_s"] = time.monotonic() - started
         cpu = {pid: happened.get("victim_cpu_s") if pid == workers[0] and chaos else cpu_seconds([pid]) for pid in
                cpu_before}  # fmt: skip
@@ -211,7 +231,8 @@ async def one_pass(args: argparse.Namespace, engine: str, tokenizer_dir: str, ou
             "clients": sum(spent[pid] for pid in client_pids),
         }
         usage_after, settle_s = await asyncio.to_thread(_settled, supervisor, usage_before, args.fd_tolerance)
-        report["supervisor"] = {"before": usage_before, "after": usage_after, "fds_settled_s": settle_s}
+        report["supervisor"] = {"before": usage_before, "after": usage_after, "fds_settled_s": settle_s,
+                                "rss_mb_peak": max(rss, default=0.0), "rss_mb_by_second": rss}  # fmt: skip
         stopping = time.monotonic()
     report["drain_s"] = time.monotonic() - stopping
     report.update(happened)
@@ -222,7 +243,7 @@ async def one_pass(args: argparse.Namespace, engine: str, tokenizer_dir: str, ou
     update = Update(**happened["update"]) if "update" in happened else None
     problems = one_record_per_task(mine, seen)
     problems += outputs_are_clean_answers(mine, log)
-    problems += outcomes_match(mine, seen, _victim(seen))
+    problems += outcomes_match(mine, seen, urls[0] if "killed_pid" in happened else "")
     version_problems, report["calls_by_update"] = versions_match(mine, log, seen, update)
     problems += version_problems
     problems += unique_keys(records)
@@ -254,11 +275,6 @@ def _digest(path: Path, size: int) -> str:
                 digest.update(chunk)
                 left -= len(chunk)
     return digest.hexdigest()
-
-
-def _victim(seen: dict[str, Seen]) -> str:
-    """The killed worker's address: where the rollouts lost under their clients lived."""
-    return ",".join(sorted({row.worker for row in seen.values() if row.outcome.startswith("lost") and row.worker}))
 
 
 def _usage_problems(args: argparse.Namespace, report: dict[str, Any], exits: list[int]) -> list[str]:
@@ -336,7 +352,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def _stop(worker: Worker) -> None:
     if worker.process.poll() is None:
         worker.process.terminate()
-        worker.process.wait(timeout=30)
+        try:
+            worker.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            worker.process.kill()
+            worker.process.wait(timeout=30)
     worker.close_pipes()
 
 
@@ -368,8 +388,8 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
             f"  times: tito serve ready in {one['startup_s']:.1f} s, load {one['load_s']:.1f} s, drain "
             f"{one['drain_s']:.1f} s; CPU s: gateway {cpu['gateway']:.1f} (supervisor {cpu['supervisor']:.1f}), "
             f"clients {cpu['clients']:.1f}; supervisor RSS {use['before']['rss_mb']:.0f} -> "
-            f"{use['after']['rss_mb']:.0f} MiB, fds {use['before']['fds']:.0f} -> {use['after']['fds']:.0f} (after "
-            f"{use['fds_settled_s']:.0f} s)"
+            f"{use['after']['rss_mb']:.0f} MiB (peak {use['rss_mb_peak']:.0f}), fds {use['before']['fds']:.0f} -> "
+            f"{use['after']['fds']:.0f} (after {use['fds_settled_s']:.0f} s)"
         )
         lines += [f"  PROBLEM {problem}" for problem in one["problems"][:30]]
         if len(one["problems"]) > 30:

@@ -378,7 +378,7 @@ class GatewayClient:
                     outcome = f"error {exc.status}" if row["opened"] else f"open {exc.status}"
                 except aiohttp.ClientError as exc:
                     at = "lost at finish" if row.get("finishing") else "lost" if row["opened"] else "open"
-                    outcome = f"{at} {type(exc).__name__}"
+                    outcome = f"{at} {type(exc).__name__}: {str(exc)[:120]}"
                 opened = row["opened"]
                 worker = str(opened.get("base_url", "")).split("/rollouts/")[0]
                 done.append([task, opened.get("id", ""), worker, outcome, time.monotonic(), row["calls"]])

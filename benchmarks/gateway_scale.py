@@ -43,12 +43,12 @@ CLI = "import sys; from tito_core.cli import main; sys.exit(main())"
 @contextlib.contextmanager
 def served(
     engine: str, tokenizer_dir: str, output: Path, workers: int, *, ray: str | None = None,
-    exits: list[int] | None = None,
+    exits: list[int] | None = None, urls: list[str] | None = None,
 ) -> Iterator[tuple[str, list[int]]]:  # fmt: skip
     """``tito serve`` (``workers`` 0: one process; else ``--workers N``, as Ray actors with ``ray``) before ``engine``.
 
-    Yields the front address and the pids of its processes (the supervisor's first); SIGTERM (the drain) at the
-    end, after which its exit status is appended to ``exits``.
+    Yields the front address and the pids of its processes (the supervisor's first); the workers' addresses are
+    appended to ``urls``. SIGTERM (the drain) at the end, after which its exit status is appended to ``exits``.
     """
     config = output.with_suffix(".toml")
     config.write_text(
@@ -61,7 +61,10 @@ def served(
     server = Worker("tito serve", argv, "tito serve: serving on ")
     pids = [server.process.pid]
     for _ in range(workers):
-        pids.append(int(server.read_line("tito serve: worker ", 120).rsplit("pid ", 1)[1].rstrip(")")))
+        line = server.read_line("tito serve: worker ", 120)  # "tito serve: worker I on URL (pid P)"
+        pids.append(int(line.rsplit("pid ", 1)[1].rstrip(")")))
+        if urls is not None:
+            urls.append(line.split(" on ", 1)[1].split()[0])
     try:
         yield server.first.rsplit(" ", 1)[1], pids
     finally:
