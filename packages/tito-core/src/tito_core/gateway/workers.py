@@ -268,12 +268,9 @@ class WorkerPool:
         return self._session
 
     async def never_opened(self, base_url: str, rollout_id: str) -> bool:
-        """Whether the worker at ``base_url`` ended without having opened ``rollout_id``.
+        """Whether the worker at ``base_url`` ended, its journal read whole, without having opened ``rollout_id``.
 
-        Waits up to :data:`LOST_WAIT_S` for the worker's end and the reading of its journal: a rollout the journal
-        never opened never answered anything, so another worker may open it; one it opened has its record written
-        ``failed``. False when the worker is still up, or its journal could not be read whole (it may be there).
-        Without an output nothing is recorded: a rollout of a worker that ended is gone with it.
+        Waits up to :data:`LOST_WAIT_S` for that. False while the worker is up: the rollout may be open there.
         """
         worker = next((w for w in self.workers if w.base_url == base_url), None)
         if worker is None:
@@ -360,10 +357,7 @@ class WorkerPool:
         worker.gone.set()
 
     def _recover(self, journal: Path | None, reason: str, ids: set[str] | None = None) -> int:
-        """Write the records of ``journal``'s rollouts not in the output; delete it once all are written.
-
-        Returns how many were written; their rollout ids are added to ``ids``.
-        """
+        """Write ``journal``'s rollouts not in the output (their ids into ``ids``); delete it once all are written."""
         if journal is None or not journal.exists():
             return 0
         if self._writer is None:
