@@ -21,7 +21,7 @@ nox.options.error_on_missing_interpreters = bool(os.environ.get("CI"))
 # `nox` with no arguments runs everything CI runs, one session after another; `python3 tools/run_tests.py` (README
 # command 2, CI) runs the same in two lanes. The SGLang suite runs before the vLLM one, so the vLLM suite compares
 # its greedy and image ids with SGLang's records (in CI it fails when they are missing: TITO_CROSS_ENGINE_REQUIRE).
-# `bench` is run on demand (`nox -s bench`).
+# `bench` and `gateway_10k` are run on demand (`nox -s bench`, `nox -s gateway_10k`).
 nox.options.sessions = [
     "lint",
     "typecheck",
@@ -428,11 +428,16 @@ def areal(session: nox.Session) -> None:
     release_env(session)
 
 
+# `benchmarks/gateway_10k.py` at the size of its test (tests/faults/test_gateway_10k.py)
+GATEWAY_10K_SMALL = ["--rollouts", "200", "--concurrency", "64", "--clients", "1"]
+
+
 @nox.session(python=PYTHON, venv_backend="virtualenv", tags=["tests"])
 def ray(session: nox.Session) -> None:
     """Rollouts on Ray (docs/scaling.md): a local 2-CPU Ray cluster started by the tests, 2 workers on fake SGLang
     servers (sticky routing, killed workers, resume) and on the embedded backend (the Ray executor and the Ray
-    Data entry point against the local executor)."""
+    Data entry point against the local executor); the gateway's workers as Ray actors (`tito serve --workers N
+    --ray`: a killed actor, the drain, and the 10,000-rollout run's checks at 200 rollouts)."""
     session.install(TORCH)  # pip, not uv: the local CPU wheel (see tests_transformers)
     install_core(session, ADAPTERS["sglang"], EMBEDDED)
     session.install("-e", f"{CORE}[ray]")
@@ -440,7 +445,20 @@ def ray(session: nox.Session) -> None:
     # the Ray benchmark's smoke run (see bench_smoke), here where Ray is installed: ~40 s, most of it Ray's start
     ray_smoke = ["--rollouts", "8", "--concurrency", "2", "--repeats", "1", "--workers", "1", "--num-cpus", "2"]
     session.run("python", "benchmarks/ray_rollouts.py", *ray_smoke, *SMOKE_SIZE, env={"RAY_USAGE_STATS_ENABLED": "0"})
+    # the 10,000-rollout run's checks at 200 rollouts on Ray actors (~2 minutes; tests/faults runs it on processes)
+    session.run("python", "benchmarks/gateway_10k.py", *GATEWAY_10K_SMALL, env={"RAY_USAGE_STATS_ENABLED": "0"})
     release_env(session)
+
+
+@nox.session(python=PYTHON)
+def gateway_10k(session: nox.Session) -> None:
+    """10,000 rollouts x 4 calls through `tito serve --workers 2 --ray` (a local Ray cluster the script starts) on
+    the fake SGLang server at 10 % engine faults, a worker SIGKILLed and a weight update mid-run, then the same
+    command again: every check of docs/scaling.md ("The 10,000-rollout run") must hold. Not in the default run (~10
+    minutes on 2 cores); `nox -s bench` runs it. `nox -s gateway_10k -- --rollouts 2000` passes options."""
+    install_core(session, ADAPTERS["sglang"])
+    session.install("-e", f"{CORE}[ray]")
+    session.run("python", "benchmarks/gateway_10k.py", *session.posargs, env={"RAY_USAGE_STATS_ENABLED": "0"})
 
 
 @nox.session(python=_python312(), tags=["tests"])
@@ -634,6 +652,7 @@ def bench_smoke(session: nox.Session) -> None:
     session.run("python", "benchmarks/journal.py", "--sizes", "1000,16000", "--repeats", "1", "--fsync")
     session.install("-e", f"{CORE}[vision]")  # Pillow, for images.py (~10 s: an agent with pictures vs without)
     session.run("python", "benchmarks/images.py", "--calls", "3", "--repeats", "1", "--size", "112", "--no-profile")
+    # gateway_10k.py runs at 200 rollouts in `faults` (tests/faults/test_gateway_10k.py) and, on Ray, in `ray`
 
 
 def _bench_smoke_embedded(session: nox.Session) -> None:
@@ -696,5 +715,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/tree.py", env={"HF_HUB_OFFLINE": "1"})
     session.install("-e", f"{CORE}[ray]")
     session.run("python", "benchmarks/ray_rollouts.py")  # local vs Ray with 1 and 2 workers (docs/scaling.md)
+    # 10,000 rollouts through `tito serve --workers 2 --ray`: faults, a killed worker, a weight update (its checks)
+    session.run("python", "benchmarks/gateway_10k.py", env={"RAY_USAGE_STATS_ENABLED": "0"})
     if os.environ.get("TITO_BENCH_REAL", "1") != "0":
         session.run("python", "benchmarks/real_engines.py")

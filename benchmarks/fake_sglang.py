@@ -24,6 +24,13 @@ client must refuse, never record) or the connection closed after the request was
 logs every generation (``GET /log``: per request its rid, what it did, the SHA-1 of the prompt ids and the turn
 answered, and the canned output of every turn), so a checker can prove that each recorded output is exactly one
 clean answer to the prompt recorded before it.
+
+Weight updates (``benchmarks/weight_update.py``, ``benchmarks/gateway_10k.py``): ``/pause_generation`` (any mode but
+``abort``, which this server cannot do) holds every ``/generate`` that arrives until ``/continue_generation``, which
+answers the held ones first; ``/update_weight_version`` relabels the weights. With ``"weight_versions": true`` in
+``/configure``, every answer's ``meta_info.weight_versions`` names the version it was generated under (one span over
+its output), and the log records it; ``GET /log`` also lists the pauses, resumes and relabels at their place in the
+log. ``GET /progress``: the generations so far (clean ones apart), those held, whether paused, the version.
 """
 
 from __future__ import annotations
@@ -78,6 +85,15 @@ class _Extras(msgspec.Struct):
 
     answers: list[str] | None = None
     image_tokens: int = 0
+    weight_versions: bool = False
+
+
+class _Pause(msgspec.Struct):
+    mode: str = "in_place"
+
+
+class _NewVersion(msgspec.Struct):
+    new_version: str | int
 
 
 class _Session(msgspec.Struct):
@@ -111,16 +127,24 @@ class FakeSGLang:
         self.fault_rate = 0.0
         self.fault_rng = random.Random(0)
         self.log: list[tuple[str, str, str, int]] | None = None  # rid, "ok" or the fault, prompt SHA-1, turn
+        self.versions: list[str] = []  # the weight version of each log entry
+        self.events: list[tuple[str, str, int]] = []  # pause / resume / version, its value, the log's length then
+        self.report_versions = False
+        self.weight_version = "default"
+        self.paused = False
+        self.held: list[tuple[_HttpProtocol, bytes, bool]] = []  # generations waiting for the resume
+        self.clean = 0  # clean generations answered
         self._decoder = msgspec.json.Decoder(_GenerateBody)
         self._encoder = msgspec.json.Encoder()
         self.routes: dict[tuple[str, str], Callable[[bytes], tuple[int, bytes]]] = {
             ("POST", "/generate"): self.generate,
             ("POST", "/configure"): self.configure,
             ("POST", "/abort_request"): lambda _body: (200, b"{}"),
-            # weight updates (benchmarks/weight_update.py): acknowledged at once, nothing is held
-            ("POST", "/pause_generation"): lambda _body: (200, b'{"status":"paused"}'),
-            ("POST", "/continue_generation"): lambda _body: (200, b'{"status":"resumed"}'),
-            ("POST", "/update_weight_version"): lambda _body: (200, b'{"success":true}'),
+            # weight updates: a pause holds the generations that arrive until the resume
+            ("POST", "/pause_generation"): self.pause,
+            ("POST", "/continue_generation"): self.resume,
+            ("POST", "/update_weight_version"): self.relabel,
+            ("GET", "/progress"): self.progress,
             ("POST", "/open_session"): self.open_session,
             ("POST", "/close_session"): self.close_session,
             ("GET", "/stats"): self.stats,
@@ -148,6 +172,7 @@ class FakeSGLang:
         self.workload = msgspec.json.decode(body, type=Workload)
         extras = msgspec.json.decode(body, type=_Extras)
         self.image_tokens = extras.image_tokens
+        self.report_versions = extras.weight_versions
         self.canned = {}
         for turn in range(self.workload.calls):
             text = extras.answers[turn] if extras.answers else answer_text(self.tokenizer, self.workload, turn)
@@ -171,13 +196,54 @@ class FakeSGLang:
         asked = msgspec.json.decode(body)
         self.fault_rate = float(asked.get("rate", 0.0))
         self.fault_rng = random.Random(int(asked.get("seed", 0)))
-        self.log = []
+        self.log, self.versions, self.events = [], [], []
         return 200, b"{}"
 
     def generation_log(self, _body: bytes) -> tuple[int, bytes]:
-        """The generation log since ``/faults`` and each turn's canned output ids (logprobs are all -0.25)."""
+        """The generation log since ``/faults``, with each entry's weight version and each turn's canned output.
+
+        ``events``: the pauses, resumes and relabels as ``[kind, value, log length then]``; the canned outputs'
+        logprobs are all -0.25.
+        """
         answers = {str(turn): canned.output_ids for turn, canned in self.canned.items()}
-        return 200, self._encoder.encode({"log": self.log or [], "answers": answers})
+        log = {"log": self.log or [], "versions": self.versions, "events": self.events, "answers": answers}
+        return 200, self._encoder.encode(log)
+
+    def _event(self, kind: str, value: str) -> None:
+        self.events.append((kind, value, len(self.log or ())))
+
+    def pause(self, body: bytes) -> tuple[int, bytes]:
+        """``/pause_generation``: hold the generations that arrive from now on.
+
+        ``abort`` is refused: nothing here is ever cut mid-decode, so an abort-mode pause could not be what it claims.
+        """
+        mode = msgspec.json.decode(body or b"{}", type=_Pause).mode
+        if mode == "abort":
+            return 400, b'{"error": "the fake server pauses in place or retracts; it cannot abort"}'
+        self.paused = True
+        self._event("pause", mode)
+        return 200, b'{"status":"paused"}'
+
+    def resume(self, _body: bytes) -> tuple[int, bytes]:
+        """``/continue_generation``: answer the held generations (in arrival order), then serve again."""
+        self.paused = False
+        self._event("resume", "")
+        held, self.held = self.held, []
+        for protocol, body, close in held:
+            protocol.answer_held(body, close)
+        return 200, b'{"status":"resumed"}'
+
+    def relabel(self, body: bytes) -> tuple[int, bytes]:
+        """``/update_weight_version``: the weights' new label."""
+        self.weight_version = str(msgspec.json.decode(body, type=_NewVersion).new_version)
+        self._event("version", self.weight_version)
+        return 200, b'{"success":true}'
+
+    def progress(self, _body: bytes) -> tuple[int, bytes]:
+        """Generations so far (all, and clean ones), held ones, whether paused, and the weight version."""
+        state = {"requests": self.requests, "clean": self.clean, "held": len(self.held), "paused": self.paused,
+                 "version": self.weight_version}  # fmt: skip
+        return 200, self._encoder.encode(state)
 
     def _fault(self, kind: str, canned: _Canned, meta: dict[str, Any]) -> tuple[int, bytes]:
         """The faulty answer ``kind`` (see :data:`FAULTS`)."""
@@ -256,6 +322,7 @@ class FakeSGLang:
                 fault = self.fault_rng.choice(FAULTS)
             digest = hashlib.sha1(array("i", ids).tobytes()).hexdigest()
             self.log.append((request.rid or "", fault or "ok", digest, turn))
+            self.versions.append(self.weight_version)
         earlier = session.image_tokens if session is not None else 0
         if session is not None and not fault:
             session.rid, session.tool_responses = request.rid, int(count)
@@ -269,9 +336,12 @@ class FakeSGLang:
             "cached_tokens": 0,
             "e2e_latency": 0.0,
         }
+        if self.report_versions:
+            meta["weight_versions"] = [{"version": self.weight_version, "start": 0, "end": len(canned.output_ids)}]
         if fault:
             self.handler_times.append(time.perf_counter() - started)
             return self._fault(fault, canned, meta)
+        self.clean += 1
         start = request.logprob_start_len
         if request.return_logprob and start is not None and start >= 0:
             meta["input_token_logprobs"] = [
@@ -290,6 +360,7 @@ class _HttpProtocol(asyncio.Protocol):
         self.buffer = bytearray()
         self.head: tuple[str, str, int, bool] | None = None  # method, path, body length, close after
         self.transport: asyncio.Transport | None = None
+        self.holding = False  # a generation of this connection waits for the resume: read nothing more
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -297,7 +368,7 @@ class _HttpProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        while self.transport is not None:
+        while self.transport is not None and not self.holding:
             if self.head is None:
                 end = self.buffer.find(b"\r\n\r\n")
                 if end < 0:
@@ -312,19 +383,36 @@ class _HttpProtocol(asyncio.Protocol):
             body = bytes(self.buffer[:length])
             del self.buffer[:length]
             self.head = None
-            handler = self.app.routes.get((method, path.split("?", 1)[0]))
+            route = (method, path.split("?", 1)[0])
+            handler = self.app.routes.get(route)
             if handler is None:
                 self._reply(404, b'{"error": "not found"}', close=close)
+            elif route == ("POST", "/generate") and self.app.paused:
+                self.holding = True  # answered by the resume (answer_held)
+                self.app.held.append((self, body, close))
             else:
-                try:
-                    status, payload = handler(body)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    status, payload = 400, msgspec.json.encode({"error": str(exc)})
-                if status == _RESET:  # an injected fault: the request was read, no answer comes
-                    self.transport.close()
-                    self.transport = None
-                    return
-                self._reply(status, payload, close=close)
+                self._handle(handler, body, close)
+
+    def _handle(self, handler: Callable[[bytes], tuple[int, bytes]], body: bytes, close: bool) -> None:
+        assert self.transport is not None
+        try:
+            status, payload = handler(body)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            status, payload = 400, msgspec.json.encode({"error": str(exc)})
+        if status == _RESET:  # an injected fault: the request was read, no answer comes
+            self.transport.close()
+            self.transport = None
+            return
+        self._reply(status, payload, close=close)
+
+    def answer_held(self, body: bytes, close: bool) -> None:
+        """Generate the held request now (the server was resumed), then read on."""
+        self.holding = False
+        if self.transport is None:  # the client went away meanwhile
+            return
+        self._handle(self.app.generate, body, close)
+        if self.buffer:
+            self.data_received(b"")
 
     @staticmethod
     def _parse_head(raw: bytes) -> tuple[str, str, int, bool]:

@@ -21,12 +21,16 @@ the next commands, so ``{"op": "connect", "gateway": URL}`` first lets ``run.py`
     ``throughput``: as ``client.py`` (C lanes, at least R rollouts, event-loop lag).
     ``faults``: ``rollouts`` rollouts at once, each ending at its first error answer (the gateway's OpenAI error
     JSON) or its answer; returns per rollout the HTTP statuses seen and the status of the record ``finish`` wrote.
+    ``tasks``: the rollouts of ``task_ids`` (each opened with its ``task_id``), ``concurrency`` at a time, each to
+    its end, its first error answer or its worker's loss (the connection broken); per rollout what the client saw
+    (``benchmarks/gateway_10k.py`` checks it against the records).
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import json
 import os
 import sys
@@ -34,6 +38,8 @@ import time
 import urllib.error
 import urllib.request
 import warnings
+from array import array
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -245,20 +251,27 @@ class GatewayClient:
         if status != 201:
             raise CallFailed(status, body)
         base, token = opened["base_url"], opened["token"]
+        if "opened" in row:
+            row["opened"] = opened
         conversation = FRONTS[self.front]()
         try:
             for _ in range(workload.calls + 2):
                 request = conversation.request()
-                started = time.perf_counter()
+                sent, started = time.monotonic(), time.perf_counter()
                 status, body, answer = await self._post(f"{base}{conversation.path}", request, row["json"], token)
                 row["stream"].append(time.perf_counter() - started)
                 row["statuses"].append(status)
                 if status != 200:
                     raise CallFailed(status, body)
+                if "calls" in row:  # the ``tasks`` command: when it was sent and answered, what it answered
+                    tito = answer["tito"]
+                    row["calls"].append([sent, time.monotonic(), output_digest(tito["output_ids"]), tito["branch"],
+                                         tito["turn"]])  # fmt: skip
                 queries = conversation.answered(answer)
                 if not queries:
                     break
                 conversation.results([f"Result for {query}: {blob}" for query in queries])
+            row["finishing"] = True  # every call answered: what fails now is the finish
         finally:  # every rollout is finished, failed ones included: the gateway writes its record
             finish = f"{base.removesuffix('/v1')}/finish"  # on the rollout's own address (a worker's, with workers)
             status, body, record = await self._post(finish, {}, scratch, token)
@@ -339,10 +352,54 @@ class GatewayClient:
         done = await asyncio.gather(*(one(i) for i in range(rollouts)))
         return {"wall": time.perf_counter() - started, "rollouts": done}
 
+    async def tasks(self, workload: Workload, task_ids: list[str], concurrency: int) -> dict[str, Any]:
+        """The ``tasks`` command: each rollout's ``[task_id, rollout_id, worker, outcome, ended, calls]``.
+
+        ``outcome``: ``finished`` (answered to its end, then finished), ``error <status>`` (a call answered an
+        error; then finished), ``open <status or error>`` (the door did not open it), ``lost <error>`` (the
+        connection to its worker broke during a call), ``lost at finish <error>`` (at the finish, every call
+        answered). ``worker``: the worker's address; ``ended``: when the client was done with it;
+        ``calls``: per call answered 200, ``[sent, answered]``, the output ids' digest, its branch and turn (times
+        are ``time.monotonic()``, one clock for every process of this machine).
+        """
+        import aiohttp
+
+        queue = deque(task_ids)
+        done: list[list[Any]] = []
+
+        async def lane() -> None:
+            while queue:
+                task = queue.popleft()
+                row = {**_row(), "calls": [], "opened": {}}
+                try:
+                    await self.rollout(workload, row, task_id=task)
+                    outcome = "finished"
+                except CallFailed as exc:
+                    outcome = f"error {exc.status}" if row["opened"] else f"open {exc.status}"
+                except aiohttp.ClientError as exc:
+                    at = "lost at finish" if row.get("finishing") else "lost" if row["opened"] else "open"
+                    outcome = f"{at} {type(exc).__name__}: {str(exc)[:120]}"
+                opened = row["opened"]
+                worker = str(opened.get("base_url", "")).split("/rollouts/")[0]
+                done.append([task, opened.get("id", ""), worker, outcome, time.monotonic(), row["calls"]])
+
+        started = time.perf_counter()
+        try:
+            await asyncio.gather(*(lane() for _ in range(max(1, concurrency))))
+        finally:  # its connections closed: the gateway's processes are left with none of this run's
+            await self.aclose()
+        return {"wall": time.perf_counter() - started, "rollouts": done}
+
     async def aclose(self) -> None:
-        """Close the HTTP session."""
+        """Close the HTTP session (the next request makes a new one)."""
         if self.session is not None:
             await self.session.close()
+            self.session = None
+
+
+def output_digest(ids: list[int]) -> str:
+    """A short digest of an output's ids (the same in the client and the checker)."""
+    return hashlib.sha1(array("i", ids).tobytes()).hexdigest()[:20]
 
 
 def _row() -> dict[str, Any]:
@@ -361,6 +418,7 @@ def main() -> None:
         ),
         "connect": lambda c: asyncio.sleep(0, {}),
         "faults": lambda c: client.faults(Workload(**c["workload"]), int(c["rollouts"])),
+        "tasks": lambda c: client.tasks(Workload(**c["workload"]), list(c["task_ids"]), int(c["concurrency"])),
     }
     for line in sys.stdin:
         if not line.strip():

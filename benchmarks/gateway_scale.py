@@ -41,10 +41,14 @@ CLI = "import sys; from tito_core.cli import main; sys.exit(main())"
 
 
 @contextlib.contextmanager
-def served(engine: str, tokenizer_dir: str, output: Path, workers: int) -> Iterator[tuple[str, list[int]]]:
-    """``tito serve`` (``workers`` 0: one process; else ``--workers N``) in front of ``engine``.
+def served(
+    engine: str, tokenizer_dir: str, output: Path, workers: int, *, ray: str | None = None,
+    exits: list[int] | None = None, urls: list[str] | None = None,
+) -> Iterator[tuple[str, list[int]]]:  # fmt: skip
+    """``tito serve`` (``workers`` 0: one process; else ``--workers N``, as Ray actors with ``ray``) before ``engine``.
 
-    Yields the front address and the pids of its processes; SIGTERM (the drain) at the end.
+    Yields the front address and the pids of its processes (the supervisor's first); the workers' addresses are
+    appended to ``urls``. SIGTERM (the drain) at the end, after which its exit status is appended to ``exits``.
     """
     config = output.with_suffix(".toml")
     config.write_text(
@@ -53,10 +57,14 @@ def served(engine: str, tokenizer_dir: str, output: Path, workers: int) -> Itera
     )
     argv = [sys.executable, "-c", CLI, "serve", "--config", str(config), "--port", "0", "-o", str(output)]
     argv += ["--workers", str(workers)] if workers else []
+    argv += ["--ray", ray] if ray else []
     server = Worker("tito serve", argv, "tito serve: serving on ")
     pids = [server.process.pid]
     for _ in range(workers):
-        pids.append(int(server.read_line("tito serve: worker ", 120).rsplit("pid ", 1)[1].rstrip(")")))
+        line = server.read_line("tito serve: worker ", 120)  # "tito serve: worker I on URL (pid P)"
+        pids.append(int(line.rsplit("pid ", 1)[1].rstrip(")")))
+        if urls is not None:
+            urls.append(line.split(" on ", 1)[1].split()[0])
     try:
         yield server.first.rsplit(" ", 1)[1], pids
     finally:
@@ -67,6 +75,8 @@ def served(engine: str, tokenizer_dir: str, output: Path, workers: int) -> Itera
             server.process.kill()
             server.process.wait(timeout=10)
         server.close_pipes()
+        if exits is not None:
+            exits.append(server.process.returncode)
 
 
 def cpu_seconds(pids: list[int]) -> float:

@@ -8,9 +8,11 @@ test opens (files, so it holds calls in the worker processes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -211,6 +213,95 @@ async def test_a_killed_worker_loses_no_answered_call(serve: Any, tmp_path: Path
         outcomes = resumed.outcomes()
     assert {outcomes[(f"t{opened.index(o)}", 0)][0] for o in lost} == {"failed"}
     assert len(outcomes) == 7
+
+
+def _unread(port: int) -> bool:
+    """Whether a connection to local ``port`` holds bytes its process has not read (/proc/net/tcp's rx_queue)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                local, queues = fields[1], fields[4]
+                if int(local.rsplit(":", 1)[1], 16) == port and int(queues.split(":")[1], 16) > 0:
+                    return True
+    return False
+
+
+async def test_an_opening_whose_worker_dies_before_reading_it_opens_on_another(serve: Any, tmp_path: Path) -> None:
+    """Two openings with one worker stopped (SIGSTOP): round robin sends one of them there, where it waits unread;
+    then SIGKILL. The supervisor reads the worker's journal, which never opened that rollout, and the door opens it
+    on the other worker: both clients get a 201 on the live worker, and each rollout has one record."""
+    gate = FileGate(tmp_path / "gate")
+    gate.open()
+    out = tmp_path / "out.jsonl"
+    served = await serve(_config(tmp_path, gate, 10), out, 2)
+    victim, pid = next(iter(served.workers.items()))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        async with aiohttp.ClientSession() as session:
+            opening = [
+                asyncio.ensure_future(_post(session, f"{served.base}/rollouts", {"task_id": f"t{i}"})) for i in range(2)
+            ]
+            async with asyncio.timeout(GUARD_S):
+                while not _unread(int(victim.rsplit(":", 1)[1])):  # the door's request sits in the stopped worker
+                    await asyncio.sleep(0.01)
+            os.kill(pid, signal.SIGKILL)
+            answers = await asyncio.gather(*opening)
+            assert [status for status, _ in answers] == [201, 201], answers
+            assert {_worker_of(opened) for _, opened in answers} == set(served.workers) - {victim}
+            for _, opened in answers:
+                assert (await _call(session, opened))[0] == 200
+                finish = f"{opened['base_url'].removesuffix('/v1')}/finish"
+                assert (await _post(session, finish, {}, opened["token"]))[0] == 200
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    served.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(served.proc.wait(), GUARD_S) == 0
+    records = list(read_records(out))
+    assert sorted((r.task_id, r.status) for r in records) == [("t0", "completed"), ("t1", "completed")]
+    assert sorted(r.trajectory.rollout_id for r in records) == sorted(opened["id"] for _, opened in answers)
+
+
+def _accept_queue(port: int) -> int:
+    """How many connections wait in the accept queue of the socket listening on local ``port`` (/proc/net/tcp)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # LISTEN: rx_queue is its queue
+                    return int(fields[4].split(":")[1], 16)
+    return 0
+
+
+async def test_the_door_and_a_worker_queue_a_burst_of_connections(serve: Any, tmp_path: Path) -> None:
+    """300 connections at once to the door and to a worker, both processes stopped (SIGSTOP) so that nothing is
+    accepted: the kernel queues every one until they accept. aiohttp's default backlog, 128, dropped the rest: with
+    512 rollouts in flight on Ray actors, clients saw connections reset under their calls."""
+    gate = FileGate(tmp_path / "gate")
+    served = await serve(_config(tmp_path, gate, 2), tmp_path / "out.jsonl", 1)
+    ((worker, pid),) = served.workers.items()
+    ports = [int(served.base.rsplit(":", 1)[1]), int(worker.rsplit(":", 1)[1])]
+    stopped = [served.proc.pid, pid]
+    for each in stopped:
+        os.kill(each, signal.SIGSTOP)
+    sockets: list[socket.socket] = []
+    try:
+        for port in ports:
+            for _ in range(300):
+                sockets.append(socket.socket())
+                sockets[-1].setblocking(False)
+                sockets[-1].connect_ex(("127.0.0.1", port))
+        async with asyncio.timeout(GUARD_S):
+            while min(_accept_queue(port) for port in ports) < 300:
+                await asyncio.sleep(0.05)
+    finally:
+        for each in stopped:
+            os.kill(each, signal.SIGCONT)
+        for sock in sockets:
+            sock.close()
+    served.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(served.proc.wait(), GUARD_S) == 0
 
 
 def _ended(pid: int) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from tito_core.records import read_records
 from tito_core.tokenizers import load_tokenizer
 from tito_testing.gate import FileGate
 from tito_testing.tokenizers import qwen_tokenizer_dir
+
+from ..gateway.test_workers import _config, serve  # noqa: F401  (serve: the fixture, `tito serve` in a subprocess)
 
 USER = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 GUARD_S = 300  # hang guards only
@@ -132,3 +135,31 @@ def test_the_ray_executor_refuses_a_gateway_pool() -> None:
     settings = load_config(pool_config()).rollout
     with pytest.raises(ConfigError, match=r"`\[rollout.gateway\]` with Ray workers"):
         RayExecutor(1).prestart(settings)
+
+
+async def test_tito_serve_on_ray_drains_on_sigterm(serve: Any, ray_cluster: Any, tmp_path: Path) -> None:  # noqa: F811
+    """`tito serve --workers 1 --ray ADDRESS` (the shipping command, joining this suite's cluster) drains on SIGTERM:
+    the call held in the actor is answered 200 and recorded, the command exits 0 and no journal is left. (Ray's
+    `ray.init` puts in its own SIGTERM handler, which ended the supervisor at once.) One actor: the suite's shared
+    executor holds one of the cluster's two CPUs."""
+    gate = FileGate(tmp_path / "gate")
+    out = tmp_path / "out.jsonl"
+    address = ray_cluster.get_runtime_context().gcs_address
+    served = await serve(_config(tmp_path, gate, 4), out, 1, "--ray", address, "--drain-s", "600")
+    async with aiohttp.ClientSession() as session:
+        status, opened = await _post(session, f"{served.base}/rollouts", {"task_id": "t"})
+        assert status == 201, opened
+        call = asyncio.ensure_future(_post(session, f"{opened['base_url']}/chat/completions", USER, opened["token"]))
+        await _until_held(gate, 1)
+        served.proc.send_signal(signal.SIGTERM)
+        await served.stderr_line("shutting down; ")
+        gate.open()
+        status, answer = await call
+    assert await asyncio.wait_for(served.proc.wait(), GUARD_S) == 0
+    assert status == 200, answer
+    (record,) = read_records(out)
+    traj = record.trajectory
+    assert [traj.token_ids[s.start : s.end] for s in traj.segments if s.kind == "output"] == [
+        answer["tito"]["output_ids"]
+    ]
+    assert not (tmp_path / "out.jsonl.journal").exists()

@@ -2,8 +2,11 @@
 
 The door picks a worker (round robin over the live ones; by a hash of the id when the client names the rollout's
 ``id``, so that the worker holding that id refuses a second one with a 409, as one gateway does), passes the
-request on to that worker's ``POST /rollouts`` (its body and credential, nothing else) and returns the worker's
-answer as it is: ``{id, token, base_url}``, with the worker's own address in ``base_url``. Every later request of
+request on to that worker's ``POST /rollouts`` (its body, with an ``id`` the door makes when the client named none,
+and its credential, nothing else) and returns the worker's answer as it is: ``{id, token, base_url}``, with the
+worker's own address in ``base_url``. A worker that dies with the request sent to it: once the supervisor has read
+its journal, a rollout the journal never opened is opened on the next worker (the client sees one ``201``); one it
+opened has its record written ``failed`` and the client gets a 502 naming it. Every later request of
 the rollout goes to that worker directly: no router sits in the call path. The door applies the gateway's browser
 rules (Host, Origin, JSON only) and, with an api key, checks it before passing anything on; the worker checks it
 again. Any other route is a 404 naming ``base_url``.
@@ -20,6 +23,7 @@ from aiohttp import web
 
 from .access import Access
 from .errors import GatewayError, error_body
+from .registry import Registry
 
 __all__ = ["Doorway", "door_app"]
 
@@ -40,6 +44,9 @@ class Doorway(Protocol):
 
     def session(self) -> aiohttp.ClientSession:
         """The client session the door talks to the workers with."""
+
+    async def never_opened(self, base_url: str, rollout_id: str) -> bool:
+        """Whether the worker at ``base_url`` ended without a trace of ``rollout_id`` (it may be opened elsewhere)."""
 
 
 _POOL: web.AppKey[Doorway] = web.AppKey("pool")
@@ -88,6 +95,7 @@ async def _open(request: web.Request) -> web.StreamResponse:
         pool.access.authorize_opening(bearer or key)
     body = await request.read()
     wanted = _wanted_id(body)
+    rollout_id, body = (wanted, body) if wanted is not None else _named(body)
     headers = {"Content-Type": "application/json"}
     if credential is not None:
         headers["Authorization"] = credential
@@ -100,8 +108,16 @@ async def _open(request: web.Request) -> web.StreamResponse:
                 return web.Response(body=data, status=answer.status, content_type="application/json")
         except aiohttp.ClientConnectorError:
             continue  # the worker is gone (the request never reached it): the next one
-        except aiohttp.ClientError as exc:  # it may have opened the rollout: its record comes from its journal
-            message = f"the worker went away while opening the rollout ({type(exc).__name__}): open another"
+        except aiohttp.ClientError as exc:  # it may have opened the rollout: its journal says
+            if rollout_id is not None and await pool.never_opened(url, rollout_id):
+                continue  # it died before opening it: nothing of the rollout exists, the next worker opens it
+            if rollout_id is not None:
+                message = (
+                    f"the worker went away while opening rollout {rollout_id!r} ({type(exc).__name__}): if it had "
+                    "opened it, its record is written failed ('gateway worker lost'); open another"
+                )
+            else:
+                message = f"the worker went away while opening the rollout ({type(exc).__name__}): open another"
             raise GatewayError(502, message, code="worker_lost") from None
     raise GatewayError(503, "no gateway worker is serving", code="no_worker")
 
@@ -114,6 +130,18 @@ def _wanted_id(body: bytes) -> str | None:
         return None  # the worker answers the 400
     wanted = data.get("id") if isinstance(data, dict) else None
     return wanted if isinstance(wanted, str) else None
+
+
+def _named(body: bytes) -> tuple[str | None, bytes]:
+    """The body with a fresh rollout ``id`` added, and that id; a body that is not a JSON object goes as it is."""
+    try:
+        data = _DECODER.decode(body) if body.strip() else {}
+    except (msgspec.DecodeError, RecursionError):
+        return None, body
+    if not isinstance(data, dict) or "id" in data:
+        return None, body
+    rollout_id = Registry.new_id()
+    return rollout_id, _ENCODER.encode({**data, "id": rollout_id})
 
 
 def door_app(pool: Doorway) -> web.Application:

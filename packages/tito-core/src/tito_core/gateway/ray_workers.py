@@ -21,6 +21,9 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import signal
+import threading
+from collections.abc import Iterator
 from multiprocessing.connection import Client, Listener
 from typing import Any
 
@@ -57,6 +60,25 @@ class GatewayActor:
         self.stopper.stop()
 
 
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """Put back the SIGINT and SIGTERM handlers the process had, once the block (``ray.init``) replaced them.
+
+    A Ray driver's ``ray.init`` installs its own SIGTERM handler, which exits the process at once: ``tito serve
+    --workers N --ray`` would then end on a SIGTERM without draining its workers or writing their records.
+    """
+    if threading.current_thread() is not threading.main_thread():  # only the main thread has handlers to keep
+        yield
+        return
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None and signal.getsignal(sig) is not handler:
+                signal.signal(sig, handler)
+
+
 async def _outcome(ref: Any) -> str:
     """How the actor's ``serve`` ended (it only ends before connecting when it fails)."""
     try:
@@ -90,7 +112,8 @@ class RayWorkerPool(WorkerPool):
         """Join the cluster, listen for the actors, then start as :meth:`WorkerPool.start` does."""
         ray = import_ray()
         if not ray.is_initialized():
-            ray.init(address=self.address, ignore_reinit_error=True, log_to_driver=False)
+            with _signal_handlers_kept():
+                ray.init(address=self.address, ignore_reinit_error=True, log_to_driver=False)
         self._listener = Listener((host if host not in ("", "0.0.0.0", "::") else "127.0.0.1", 0),
                                   authkey=self._authkey)  # fmt: skip
         return await super().start(host, port)

@@ -167,7 +167,8 @@ class Registry:
         """The trajectory JSON of a rollout finished lately (None: not finished, or let go)."""
         return self._finished.get(rollout_id)
 
-    def new_id(self) -> str:
+    @staticmethod
+    def new_id() -> str:
         """A fresh rollout id."""
         return f"ro-{uuid.uuid4().hex[:20]}"
 

@@ -52,6 +52,12 @@ SEND_GRACE_S = 1.0
 
 A request then is no call (the calls were drained): an answer on its way, or a body still arriving, which
 would be refused anyway. aiohttp's default (60 s) let one stalled upload hold the exit for a minute."""
+LISTEN_BACKLOG = 4096
+"""Connections the kernel queues for the gateway (and for the door of ``tito serve --workers``) until it accepts them.
+
+A batch of agents connects at once. aiohttp's default, 128, overflowed with 512 rollouts in flight on two Ray
+actors: the kernel dropped handshakes, and clients saw connections reset under their calls. Linux caps it at
+``net.core.somaxconn`` (4096 by default)."""
 
 
 class Gateway:
@@ -147,7 +153,7 @@ class Gateway:
         await self.prepare()
         runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False, shutdown_timeout=SEND_GRACE_S)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG)
         await site.start()
         self._runner = runner
         bound = runner.addresses[0]

@@ -50,6 +50,7 @@ from .access import Access, is_loopback
 from .channel import Ready, Reply, SampleOf, decode_request, encode
 from .door import door_app
 from .journal import lost_records
+from .service import LISTEN_BACKLOG
 from .worker import WorkerSettings, worker_main
 
 __all__ = ["LOST", "LostWorker", "WorkerHandle", "WorkerPool"]
@@ -57,6 +58,8 @@ __all__ = ["LOST", "LostWorker", "WorkerHandle", "WorkerPool"]
 logger = logging.getLogger("tito")
 LOST = "gateway worker lost"
 """The start of the reason of every rollout a lost worker's journal ends."""
+LOST_WAIT_S = 10.0
+"""How long the door waits for a worker that broke off an opening to be known gone (and its journal read)."""
 
 
 class LostWorker(msgspec.Struct, frozen=True):
@@ -82,6 +85,7 @@ class WorkerHandle:
         self.ending = False
         self.ready = asyncio.Event()
         self.gone = asyncio.Event()
+        self.lost_ids: set[str] = set()  # the rollouts its journal held open when it ended
 
 
 class WorkerPool:
@@ -182,7 +186,7 @@ class WorkerPool:
         self._session = aiohttp.ClientSession()
         runner = web.AppRunner(door_app(self), access_log=None, handle_signals=False, shutdown_timeout=1.0)
         await runner.setup()
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG).start()
         self._runner = runner
         bound = runner.addresses[0]
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
@@ -263,6 +267,22 @@ class WorkerPool:
             raise ConfigError("the worker pool is not started")
         return self._session
 
+    async def never_opened(self, base_url: str, rollout_id: str) -> bool:
+        """Whether the worker at ``base_url`` ended, its journal read whole, without having opened ``rollout_id``.
+
+        Waits up to :data:`LOST_WAIT_S` for that. False while the worker is up: the rollout may be open there.
+        """
+        worker = next((w for w in self.workers if w.base_url == base_url), None)
+        if worker is None:
+            return False
+        try:
+            await asyncio.wait_for(worker.gone.wait(), LOST_WAIT_S)
+        except TimeoutError:
+            return False
+        if worker.journal is not None and worker.journal.exists():
+            return False
+        return rollout_id not in worker.lost_ids
+
     # ----------------------------------------------------------------------------------------- the pipes
     def _on_requests(self, worker: WorkerHandle) -> None:
         while worker.conn.poll():
@@ -327,7 +347,8 @@ class WorkerPool:
         asyncio.get_running_loop().remove_reader(worker.conn.fileno())
         worker.conn.close()
         code = worker.exitcode
-        recovered = self._recover(worker.journal, f"{LOST}: worker {worker.index} (pid {worker.pid}) {how}")
+        reason = f"{LOST}: worker {worker.index} (pid {worker.pid}) {how}"
+        recovered = self._recover(worker.journal, reason, worker.lost_ids)
         if recovered or not (self.closing and code in (0, None)):
             logger.error("gateway worker %d (pid %d) %s; %d rollouts written as failed from its journal",
                          worker.index, worker.pid, how, recovered)  # fmt: skip
@@ -335,8 +356,8 @@ class WorkerPool:
             self.lost_changed.set()
         worker.gone.set()
 
-    def _recover(self, journal: Path | None, reason: str) -> int:
-        """Write the records of ``journal``'s rollouts that are not in the output; delete it once all are written."""
+    def _recover(self, journal: Path | None, reason: str, ids: set[str] | None = None) -> int:
+        """Write ``journal``'s rollouts not in the output (their ids into ``ids``); delete it once all are written."""
         if journal is None or not journal.exists():
             return 0
         if self._writer is None:
@@ -350,6 +371,8 @@ class WorkerPool:
                              journal, record.task_id, record.sample, exc)  # fmt: skip
                 return written
             written += 1
+            if ids is not None:
+                ids.add(record.trajectory.rollout_id)
         journal.unlink()
         journal.with_name(journal.name + ".tmp").unlink(missing_ok=True)  # a compaction cut short by the kill
         return written
