@@ -99,9 +99,9 @@ def outcomes_match(records: list[Any], seen: dict[str, Seen], victim: str) -> li
     """What each client saw is what its record says; every 200 answer's ids are its turn's in the record.
 
     A rollout answered to its end is ``completed``; one that got an error answer is not; one whose worker was lost
-    under a call is ``failed``, "gateway worker lost", and was on the killed worker; no rollout that was not is. One
-    lost at its finish (every call answered) is ``completed`` (the supervisor wrote the record before the worker
-    died, unanswered) or lost.
+    under a call is ``failed`` ("gateway worker lost", or the engine error the worker journaled just before it died,
+    unanswered) and was on the killed worker; no rollout that was not is. One lost at its finish (every call
+    answered) is ``completed`` (the supervisor wrote the record before the worker died, unanswered) or lost.
     """
     problems: list[str] = []
     by_task = {record.task_id: record for record in records}
@@ -111,13 +111,14 @@ def outcomes_match(records: list[Any], seen: dict[str, Seen], victim: str) -> li
             continue  # one_record_per_task says whether that is right
         reason = record.status_reason or ""
         lost = record.status == "failed" and reason.startswith(LOST)
+        under_call = rollout.outcome.startswith("lost") and not rollout.outcome.startswith("lost at finish")
         if rollout.outcome == "finished" and record.status != "completed":
             problems.append(f"{task}: answered to its end, recorded {record.status} ({reason})")
         elif rollout.outcome.startswith("error") and record.status == "completed":
             problems.append(f"{task}: the client got {rollout.outcome}, the record says completed")
         elif rollout.outcome.startswith("lost at finish") and not (lost or record.status == "completed"):
             problems.append(f"{task}: its worker was lost at its finish, recorded {record.status} ({reason})")
-        elif rollout.outcome.startswith("lost") and not rollout.outcome.startswith("lost at finish") and not lost:
+        elif under_call and record.status != "failed":  # "gateway worker lost", or the call's own error
             problems.append(f"{task}: its worker was lost under a call, recorded {record.status} ({reason})")
         if lost and not rollout.outcome.startswith(("lost", "open")):
             problems.append(f"{task}: recorded lost ({reason}) but its client saw {rollout.outcome}")
