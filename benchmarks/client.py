@@ -17,9 +17,12 @@ Commands:
     ``{"op": "throughput", "workload": {...}, "concurrency": C, "rollouts": R, "url": URL}``: C rollouts at
     once from this process (one model and agent each, one shared HTTP client), each of the C lanes starting
     its next rollout as the last ends until at least R have run (C when R is smaller); wall time, model
-    calls and the largest event-loop lag (how late a 10 ms timer fired) while they ran.
-    ``{"op": "profile", "workload": {...}, "repeats": R, "url": URL, "out": PATH}``: R rollouts under cProfile
-    (after a warm-up); the stats go to ``PATH`` (``.pstats``) and the top 30 by own time to ``PATH`` + ``.txt``.
+    calls, the largest event-loop lag (how late a 10 ms timer fired) while they ran, the process's CPU time
+    (every thread; the server runs in its own process) and the garbage collector's generation-0 collections:
+    figures that a busy machine moves far less than wall time.
+    ``{"op": "profile", "workload": {...}, "repeats": R, "url": URL, "out": PATH, "concurrency": C}``: R rollouts
+    under cProfile (after a warm-up), C at once (1 when absent); the stats go to ``PATH`` (``.pstats``) and the
+    top 30 by own time to ``PATH`` + ``.txt``.
 """
 
 from __future__ import annotations
@@ -88,18 +91,24 @@ class Timings:
 
     def __init__(self) -> None:
         self.stream: list[float] = []
+        self.stream_cpu: list[float] = []
         self.tool: list[float] = []
 
 
 def timed_stream(model: Any, timings: Timings) -> None:
-    """Wrap ``model.stream`` (on the instance) to record each call's wall time."""
+    """Wrap ``model.stream`` (on the instance) to record each call's wall time and the process's CPU time in it.
+
+    The CPU time is meaningful with one rollout at a time (the server runs in another process).
+    """
     inner = model.stream
 
     async def stream(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        cpu = time.process_time()
         started = time.perf_counter()
         async for event in inner(*args, **kwargs):
             yield event
         timings.stream.append(time.perf_counter() - started)
+        timings.stream_cpu.append(time.process_time() - cpu)
 
     model.stream = stream
 
@@ -343,6 +352,7 @@ class Client:
                 {
                     "wall": wall,
                     "stream": timings.stream,
+                    "stream_cpu": timings.stream_cpu,
                     "server": server,
                     "tool": sum(timings.tool),
                     "tokenizer": tokenizer,
@@ -368,31 +378,53 @@ class Client:
 
         lags: list[float] = [0.0]
         monitor = asyncio.ensure_future(loop_lag(lags))
+        collections = gc.get_stats()[0]["collections"]
+        collector = GcTimer()
+        cpu = time.process_time()
         started = time.perf_counter()
         try:
-            await asyncio.gather(*(lane() for _ in range(concurrency)))
-            await self.settle()  # closing the rollouts' sessions is part of their cost
+            with collector:
+                await asyncio.gather(*(lane() for _ in range(concurrency)))
+                await self.settle()  # closing the rollouts' sessions is part of their cost
         finally:
             monitor.cancel()
         wall = time.perf_counter() - started
+        cpu = time.process_time() - cpu
+        collections = gc.get_stats()[0]["collections"] - collections
         server = self.drain()
         calls = concurrency * per_lane * workload.calls
-        return {"wall": wall, "calls": calls, "server": sum(server), "lag": max(lags)}
+        return {
+            "wall": wall,
+            "calls": calls,
+            "server": sum(server),
+            "lag": max(lags),
+            "cpu": cpu,
+            "gc0": collections,
+            "gc_cpu": collector.seconds,
+        }
 
-    async def profile(self, workload: Workload, repeats: int, out: str) -> dict[str, Any]:
-        """The ``profile`` command: ``repeats`` rollouts under cProfile, written to ``out`` (+ ``.txt``)."""
+    async def profile(self, workload: Workload, repeats: int, out: str, concurrency: int = 1) -> dict[str, Any]:
+        """The ``profile`` command: ``repeats`` rollouts, ``concurrency`` at once, under cProfile (to ``out``)."""
         await self.rollout(workload, Timings())  # warm-up
+        await self.settle()
+        gc.collect()
+        per_lane = max(1, -(-repeats // concurrency))
+
+        async def lane() -> None:
+            for _ in range(per_lane):
+                await self.rollout(workload, Timings())
+
         profiler = cProfile.Profile()
         profiler.enable()
-        for _ in range(repeats):
-            await self.rollout(workload, Timings())
+        await asyncio.gather(*(lane() for _ in range(concurrency)))
+        await self.settle()
         profiler.disable()
         self.drain()
         profiler.dump_stats(out)
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
         Path(out + ".txt").write_text(text.getvalue())
-        return {"pstats": out, "text": out + ".txt", "calls": repeats * workload.calls}
+        return {"pstats": out, "text": out + ".txt", "calls": concurrency * per_lane * workload.calls}
 
     async def aclose(self) -> None:
         """Close the shared HTTP client (no "Unclosed client session" warning at exit)."""
@@ -405,6 +437,27 @@ class Client:
     def drain(self) -> list[float]:
         """The server's handler times since the last drain."""
         return server_times(self.url) if self.url and self.impl != "noop" else []
+
+
+class GcTimer:
+    """While entered, adds up the CPU time the garbage collector takes (every generation) in ``seconds``."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.seconds += time.thread_time() - self._started
+
+    def __enter__(self) -> GcTimer:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 LAG_TICK = 0.01
@@ -430,7 +483,9 @@ def main() -> None:
         "throughput": lambda c: client.throughput(
             Workload(**c["workload"]), int(c["concurrency"]), int(c.get("rollouts", 0))
         ),
-        "profile": lambda c: client.profile(Workload(**c["workload"]), int(c["repeats"]), str(c["out"])),
+        "profile": lambda c: client.profile(
+            Workload(**c["workload"]), int(c["repeats"]), str(c["out"]), int(c.get("concurrency", 1))
+        ),
     }
     for line in sys.stdin:
         if not line.strip():

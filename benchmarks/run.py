@@ -12,12 +12,14 @@ For every size, the workers run the same Strands agent (one tool, ``calls`` mode
 offline Qwen3 tokenizer, a warm-up rollout, then ``--repeats`` rollouts; then model calls/s with C
 concurrent rollouts from one process (at least ``--min-rollouts`` per run: below that, each of the C lanes
 runs several rollouts in turn), the median of ``--throughput-repeats`` runs (in rotating order) and the
-largest event-loop lag of those runs. See docs/performance.md for the definitions and a run.
+largest event-loop lag of those runs, with the client process's CPU time and garbage-collector work per call
+(figures a busy machine moves far less than calls/s). See docs/performance.md for the definitions and a run.
 
 Usage:
     python benchmarks/run.py --peer-python /path/to/py312-venv/bin/python
     python benchmarks/run.py --no-peer --sizes 1000,8000 --repeats 3 --concurrency 1,64
     python benchmarks/run.py --no-peer --profile 128000     # cProfile of tito at 137k, under --results
+    python benchmarks/run.py --peer-python PY --profile 1000 --profile-impl peer --profile-concurrency 64 --repeats 128
     python benchmarks/run.py --baseline /tmp/main           # also tito from another tree ("tito (before)")
 """
 
@@ -159,11 +161,13 @@ def summarize_latency(result: dict[str, Any], calls: int) -> dict[str, float]:
     total = [1e3 * (row["wall"] - sum(row["server"]) - row["tool"]) / calls for row in rows]
     outside = [1e3 * (row["wall"] - sum(row["stream"]) - row["tool"]) / calls for row in rows]
     server = [1e3 * sum(row["server"]) / calls for row in rows]
+    cpu = [1e3 * c for row in rows for c in row.get("stream_cpu", [])]
     tokenizer = [1e3 * row["tokenizer"] / calls for row in rows]
     tokens = rows[-1]["tokens"]
     return {
         "client_ms": median(per_call),
         "client_last_ms": median(last),
+        "client_cpu_ms": median(cpu),
         "total_ms": median(total),
         "strands_outside_ms": median(outside),
         "server_ms": median(server),
@@ -206,7 +210,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         and (i != "tito-before" or args.baseline)
     ]
     if args.profile:
-        impls = ["tito"]
+        impls = [args.profile_impl]
     report: dict[str, Any] = {"latency": {}, "throughput": {}, "notes": []}
 
     stack = contextlib.ExitStack()  # the client workers, stopped before the server
@@ -217,7 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         url = f"http://127.0.0.1:{int(server.first.split()[1])}"
         workers = stack.enter_context(client_workers(impls, tokenizer_dir, args.peer_python, args.baseline))
         if args.profile:
-            report["profile"] = profile(workers["tito"], url, args)
+            report["profile"] = profile(workers[args.profile_impl], url, args)
             return report
         for size in sizes:
             workload = Workload.for_size(size, args.calls)
@@ -274,6 +278,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "wall_s": median([raw["wall"] for raw in raws]),
                         "server_s": median([raw["server"] for raw in raws]),
                         "lag_ms": 1e3 * max(raw.get("lag", float("nan")) for raw in raws),
+                        # the client process's CPU time and gen-0 collections per model call (all runs together)
+                        "cpu_ms_per_call": 1e3 * sum(raw["cpu"] for raw in raws) / sum(raw["calls"] for raw in raws),
+                        "gc0_per_call": sum(raw["gc0"] for raw in raws) / sum(raw["calls"] for raw in raws),
+                        "gc_ms_per_call": 1e3
+                        * sum(raw.get("gc_cpu", 0.0) for raw in raws)
+                        / sum(raw["calls"] for raw in raws),
                     }
     finally:
         stack.close()
@@ -331,14 +341,25 @@ def worker_env(impl: str, baseline: str) -> dict[str, str] | None:
 
 
 def profile(worker: Worker, url: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Profile (cProfile) tito's rollouts at ``--profile`` tokens: a ``.pstats`` and its top 30 under ``--results``."""
+    """Profile (cProfile) ``--profile-impl``'s rollouts at ``--profile`` tokens, ``--profile-concurrency`` at once.
+
+    Writes a ``.pstats`` and its top 30 under ``--results``.
+    """
     size = int(args.profile)
     workload = Workload.for_size(size, args.calls)
     post_json(url + "/configure", workload.as_dict())
     results = Path(args.results).resolve()
     results.mkdir(parents=True, exist_ok=True)
-    out = results / f"profile-tito-{SIZES.get(size, size)}.pstats"
-    command = {"op": "profile", "workload": workload.as_dict(), "repeats": args.repeats, "url": url, "out": str(out)}
+    at_once = f"-x{args.profile_concurrency}" if args.profile_concurrency > 1 else ""
+    out = results / f"profile-{args.profile_impl}-{SIZES.get(size, size)}{at_once}.pstats"
+    command = {
+        "op": "profile",
+        "workload": workload.as_dict(),
+        "repeats": args.repeats,
+        "url": url,
+        "out": str(out),
+        "concurrency": args.profile_concurrency,
+    }
     return worker.call(command)
 
 
@@ -401,16 +422,17 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
         )
     lines.append("")
     lines.append(
-        "| size | implementation | client ms/call | last call | tokenizer ms/call | whole loop ms/call | "
-        "above floor | server handler ms/call | bytes/token |"
+        "| size | implementation | client ms/call | client CPU ms/call | last call | tokenizer ms/call | "
+        "whole loop ms/call | above floor | server handler ms/call | bytes/token |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for size, by_impl in report["latency"].items():
         floor = by_impl["noop"]["total_ms"] if "noop" in by_impl else None
         for impl, row in by_impl.items():
             lines.append(
                 f"| {SIZES.get(int(size), size)} | {NAMES.get(impl, impl)} | {fmt(row['client_ms'])} | "
-                f"{fmt(row['client_last_ms'])} | {fmt(row['tokenizer_ms'])} | {fmt(row['total_ms'])} | "
+                f"{fmt(row.get('client_cpu_ms'))} | {fmt(row['client_last_ms'])} | {fmt(row['tokenizer_ms'])} | "
+                f"{fmt(row['total_ms'])} | "
                 f"{fmt(row['total_ms'] - floor if floor is not None else None)} | {fmt(row['server_ms'])} | "
                 f"{fmt(row['bytes_per_token'], 1)} |"
             )
@@ -442,6 +464,21 @@ def render(report: dict[str, Any], args: argparse.Namespace) -> str:
                 + (f" / {fmt(lag.get('tito-before'), 0)}" if before else "")
                 + " |"
             )
+    lines.append("")
+    present = {impl for lv in report["throughput"].values() for by in lv.values() for impl in by}
+    order = [impl for impl in ("noop", "tito", "peer", "tito-before", "tito-sessions", "tito-httpx") if impl in present]
+    lines.append(
+        "| size | concurrent rollouts | client CPU ms/call ("
+        + " / ".join(NAMES[impl] for impl in order)
+        + ") | of it in the garbage collector | gen-0 collections per call |"
+    )
+    lines.append("|---|---|---|---|---|")
+    for size, by_level in report["throughput"].items():
+        for level, by_impl in by_level.items():
+            cpu = " / ".join(fmt(by_impl.get(impl, {}).get("cpu_ms_per_call")) for impl in order)
+            gc_ms = " / ".join(fmt(by_impl.get(impl, {}).get("gc_ms_per_call"), 3) for impl in order)
+            gcs = " / ".join(fmt(by_impl.get(impl, {}).get("gc0_per_call")) for impl in order)
+            lines.append(f"| {SIZES.get(int(size), size)} | {level} | {cpu} | {gc_ms} | {gcs} |")
     lines.extend(f"note: {note}" for note in report["notes"])
     if not peer:
         lines.append("note: strands-sglang was not measured (no Python >= 3.12 interpreter / --no-peer)")
@@ -484,6 +521,10 @@ def main() -> None:
     parser.add_argument("--lag-concurrency", default="1000", help="extra concurrency levels for the event-loop lag")
     parser.add_argument("--lag-sizes", default="1000", help="sizes of the --lag-concurrency runs")
     parser.add_argument("--profile", default="", help="only profile tito (cProfile) at this size, e.g. 128000")
+    parser.add_argument("--profile-impl", default="tito", choices=IMPLS, help="the client --profile profiles")
+    parser.add_argument(
+        "--profile-concurrency", type=int, default=1, help="--profile: rollouts at once (--repeats in all, at least)"
+    )
     parser.add_argument("--results", default=str(HERE / "results"), help="where --profile writes its files")
     parser.add_argument("--baseline", default="", help="a source tree whose tito also runs, as 'tito (before)'")
     parser.add_argument(
