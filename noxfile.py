@@ -454,8 +454,9 @@ def ray(session: nox.Session) -> None:
 def gateway_10k(session: nox.Session) -> None:
     """10,000 rollouts x 4 calls through `tito serve --workers 2 --ray` (a local Ray cluster the script starts) on
     the fake SGLang server at 10 % engine faults, a worker SIGKILLed and a weight update mid-run, then the same
-    command again: every check of docs/scaling.md ("The 10,000-rollout run") must hold. Not in the default run (~10
-    minutes on 2 cores); `nox -s bench` runs it. `nox -s gateway_10k -- --rollouts 2000` passes options."""
+    command again: every check of docs/scaling.md ("The 10,000-rollout run") must hold. Not in the default run (~3
+    minutes on 2 quiet cores, plus installing); `nox -s bench` runs it. `nox -s gateway_10k -- --rollouts 2000` passes
+    options."""
     install_core(session, ADAPTERS["sglang"])
     session.install("-e", f"{CORE}[ray]")
     session.run("python", "benchmarks/gateway_10k.py", *session.posargs, env={"RAY_USAGE_STATS_ENABLED": "0"})
