@@ -87,9 +87,14 @@ def server_times(url: str) -> list[float]:
 
 # --------------------------------------------------------------------------------------- the clients
 class Timings:
-    """What one rollout measured."""
+    """What one rollout measured.
 
-    def __init__(self) -> None:
+    ``cpu=False`` leaves out the per-call CPU time, which means nothing with other rollouts in the process (calls/s
+    runs, profiles).
+    """
+
+    def __init__(self, cpu: bool = True) -> None:
+        self.cpu = cpu
         self.stream: list[float] = []
         self.stream_cpu: list[float] = []
         self.tool: list[float] = []
@@ -103,12 +108,13 @@ def timed_stream(model: Any, timings: Timings) -> None:
     inner = model.stream
 
     async def stream(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        cpu = time.process_time()
+        cpu = time.process_time() if timings.cpu else 0.0
         started = time.perf_counter()
         async for event in inner(*args, **kwargs):
             yield event
         timings.stream.append(time.perf_counter() - started)
-        timings.stream_cpu.append(time.process_time() - cpu)
+        if timings.cpu:
+            timings.stream_cpu.append(time.process_time() - cpu)
 
     model.stream = stream
 
@@ -374,7 +380,7 @@ class Client:
 
         async def lane() -> None:
             for _ in range(per_lane):
-                await self.rollout(workload, Timings())
+                await self.rollout(workload, Timings(cpu=False))
 
         lags: list[float] = [0.0]
         monitor = asyncio.ensure_future(loop_lag(lags))
@@ -412,7 +418,7 @@ class Client:
 
         async def lane() -> None:
             for _ in range(per_lane):
-                await self.rollout(workload, Timings())
+                await self.rollout(workload, Timings(cpu=False))
 
         profiler = cProfile.Profile()
         profiler.enable()
