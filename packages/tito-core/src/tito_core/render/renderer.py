@@ -177,7 +177,9 @@ class ChatRenderer:
         ids = await self._encode_rendered(lambda c: boundary + self.continuation_text(c), chat)
         if not boundary:
             return ids, 0
-        boundary_ids = self.encode(boundary)
+        boundary_ids = self._boundary_ids.get(boundary)
+        if boundary_ids is None:  # one of two texts per template: tokenized once, not on every call
+            boundary_ids = self._boundary_ids[boundary] = self.encode(boundary)
         return ids, len(boundary_ids) if ids[: len(boundary_ids)] == boundary_ids else 0
 
     async def _encode_rendered(
@@ -264,6 +266,10 @@ class ChatRenderer:
 
     @cached_property
     def _tools_move(self) -> dict[tuple[str, tuple[str, ...]], bool]:
+        return {}
+
+    @cached_property
+    def _boundary_ids(self) -> dict[str, list[int]]:
         return {}
 
     @cached_property
