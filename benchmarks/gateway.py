@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         server = Worker("fake server", [sys.executable, str(HERE / "fake_sglang.py"), "--tokenizer", tokenizer_dir],
                         "PORT ")  # fmt: skip
-        stack.callback(_stop, server)
+        stack.callback(server.terminate)
         url = f"http://127.0.0.1:{int(server.first.split()[1])}"
         profile = args.profile_gateway + ".pstats" if args.profile_gateway else ""
         gateway = stack.enter_context(gateway_process(url, tokenizer_dir, profile=profile))
@@ -262,17 +262,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.profile_gateway:
         report["profile"] = profile
     return report
-
-
-def _stop(worker: Worker) -> None:
-    if worker.process.poll() is None:
-        worker.process.terminate()
-        try:
-            worker.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            worker.process.kill()
-            worker.process.wait(timeout=10)
-    worker.close_pipes()
 
 
 def render(report: dict[str, Any]) -> str:

@@ -51,7 +51,6 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -314,7 +313,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         argv = [sys.executable, str(HERE / "fake_sglang.py"), "--tokenizer", tokenizer_dir]
         engine_worker = Worker("fake server", argv, "PORT ")
-        stack.callback(_stop, engine_worker)
+        stack.callback(engine_worker.terminate, timeout=60, kill_timeout=30)
         engine = f"http://127.0.0.1:{int(engine_worker.first.split()[1])}"
         workload = Workload.for_size(args.size, args.calls)
         post_json(engine + "/configure", {**workload.as_dict(), "weight_versions": True})
@@ -347,17 +346,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             args.no_rerun else []
         )  # fmt: skip
     return report
-
-
-def _stop(worker: Worker) -> None:
-    if worker.process.poll() is None:
-        worker.process.terminate()
-        try:
-            worker.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            worker.process.kill()
-            worker.process.wait(timeout=30)
-    worker.close_pipes()
 
 
 def render(report: dict[str, Any], args: argparse.Namespace) -> str:

@@ -22,8 +22,6 @@ import contextlib
 import json
 import os
 import platform
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -68,13 +66,7 @@ def served(
     try:
         yield server.first.rsplit(" ", 1)[1], pids
     finally:
-        server.process.send_signal(signal.SIGTERM)
-        try:
-            server.process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-            server.process.wait(timeout=10)
-        server.close_pipes()
+        server.terminate(timeout=120)
         if exits is not None:
             exits.append(server.process.returncode)
 

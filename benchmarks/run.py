@@ -115,12 +115,19 @@ class Worker:
                     self.process.stdin.close()
                 self.process.wait(timeout=15)
             except (subprocess.TimeoutExpired, OSError):
-                self.process.terminate()
-                try:
-                    self.process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-                    self.process.wait(timeout=10)
+                self.terminate(timeout=10)
+                return
+        self.close_pipes()
+
+    def terminate(self, timeout: float = 15.0, kill_timeout: float = 10.0) -> None:
+        """SIGTERM the process if it runs, wait up to ``timeout`` s, then SIGKILL it; close the pipes."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=kill_timeout)
         self.close_pipes()
 
 
@@ -287,14 +294,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     }
     finally:
         stack.close()
-        if server.process.poll() is None:
-            server.process.terminate()
-            try:
-                server.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                server.process.kill()
-                server.process.wait(timeout=10)
-        server.close_pipes()
+        server.terminate()
     return report
 
 
