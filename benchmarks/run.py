@@ -149,9 +149,7 @@ def fake_server(tokenizer_dir: str, workload: Workload) -> Iterator[str]:
         post_json(url + "/configure", workload.as_dict())
         yield url
     finally:
-        server.process.terminate()
-        server.process.wait(timeout=15)
-        server.close_pipes()
+        server.terminate()
 
 
 # ------------------------------------------------------------------------------------------ figures
