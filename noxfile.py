@@ -651,6 +651,8 @@ def bench_smoke(session: nox.Session) -> None:
                 "--scale-workers", "2", "--scale-sessions", "2", "--scale-turns", "3",
                 "--scale-rollouts", "4")  # fmt: skip
     session.run("python", "benchmarks/journal.py", "--sizes", "1000,16000", "--repeats", "1", "--fsync")
+    session.run("python", "benchmarks/gc_survivors.py", "--impls", "tito,noop", "--size", "300", "--concurrency", "2",
+                "--throughput-rollouts", "2", "--rollouts", "1", "--repeats", "1", "--top", "3")  # fmt: skip
     session.install("-e", f"{CORE}[vision]")  # Pillow, for images.py (~10 s: an agent with pictures vs without)
     session.run("python", "benchmarks/images.py", "--calls", "3", "--repeats", "1", "--size", "112", "--no-profile")
     # gateway_10k.py runs at 200 rollouts in `faults` (tests/faults/test_gateway_10k.py) and, on Ray, in `ray`
@@ -700,6 +702,10 @@ def bench(session: nox.Session) -> None:
     peer_args = args[:2] if args[:1] == ["--peer-python"] else ["--no-peer"]
     real = "--real" if os.environ.get("TITO_BENCH_REAL", "1") != "0" else "--no-real"
     session.run("python", "benchmarks/long_agent.py", *peer_args, real)
+    # garbage-collector work under 64 rollouts, and the objects each call keeps alive across its engine request
+    with_peer = peer_args[0] == "--peer-python"
+    gc_args = [*peer_args, "--impls", "tito,peer,noop"] if with_peer else ["--impls", "tito,noop"]
+    session.run("python", "benchmarks/gc_survivors.py", *gc_args)
     # the gateway (tito serve) against TitoModel direct and strands-sglang; 1,000 rollouts at 10 % engine faults
     session.run("python", "benchmarks/gateway.py", *peer_args, "--scale-workers", "1,2")  # + Miles #1660's shape
     session.run("python", "benchmarks/journal.py")  # a gateway worker's journal line per call, 1k to 137k tokens
