@@ -45,7 +45,7 @@ def origin(obj: object, own: tuple[str, ...]) -> str:
     """Where ``obj`` was allocated: ``file:line`` of the innermost frame in ``own``, else in Strands, else any."""
     traceback = tracemalloc.get_object_traceback(obj)
     if traceback is None:
-        return "(untraced: reused from a free list)"
+        return "(no tracemalloc trace)"
     frames = list(traceback)  # oldest first
     for marks in (own, ("strands/",)):
         for frame in reversed(frames):
