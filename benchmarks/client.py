@@ -18,7 +18,7 @@ Commands:
     once from this process (one model and agent each, one shared HTTP client), each of the C lanes starting
     its next rollout as the last ends until at least R have run (C when R is smaller); wall time, model
     calls, the largest event-loop lag (how late a 10 ms timer fired) while they ran, the process's CPU time
-    (every thread; the server runs in its own process) and the garbage collector's generation-0 collections:
+    (every thread; the server runs in its own process) and the garbage collector's collections per generation:
     figures that a busy machine moves far less than wall time.
     ``{"op": "profile", "workload": {...}, "repeats": R, "url": URL, "out": PATH, "concurrency": C}``: R rollouts
     under cProfile (after a warm-up), C at once (1 when absent); the stats go to ``PATH`` (``.pstats``) and the
@@ -384,7 +384,7 @@ class Client:
 
         lags: list[float] = [0.0]
         monitor = asyncio.ensure_future(loop_lag(lags))
-        collections = gc.get_stats()[0]["collections"]
+        collections = [stats["collections"] for stats in gc.get_stats()]
         collector = GcTimer()
         cpu = time.process_time()
         started = time.perf_counter()
@@ -396,7 +396,7 @@ class Client:
             monitor.cancel()
         wall = time.perf_counter() - started
         cpu = time.process_time() - cpu
-        collections = gc.get_stats()[0]["collections"] - collections
+        collections = [stats["collections"] - before for stats, before in zip(gc.get_stats(), collections, strict=True)]
         server = self.drain()
         calls = concurrency * per_lane * workload.calls
         return {
@@ -405,7 +405,7 @@ class Client:
             "server": sum(server),
             "lag": max(lags),
             "cpu": cpu,
-            "gc0": collections,
+            "collections": collections,  # per generation, 0 to 2
             "gc_cpu": collector.seconds,
         }
 

@@ -56,20 +56,12 @@ def origin(obj: object, own: tuple[str, ...]) -> str:
 
 async def collections_per_call(client: Any, workload: Any, concurrency: int, rollouts: int, repeats: int) -> dict:
     """Collections per model call, by generation, over ``repeats`` throughput runs."""
-    counts: collections.Counter[int] = collections.Counter()
-
-    def count(phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            counts[info["generation"]] += 1
-
+    counts = [0, 0, 0]
     calls = 0
     for _ in range(repeats):
-        gc.callbacks.append(count)
-        try:
-            calls += (await client.throughput(workload, concurrency, rollouts))["calls"]
-        finally:
-            gc.callbacks.remove(count)
-    counts[2] -= repeats  # each throughput run starts with one gc.collect() of its own
+        run = await client.throughput(workload, concurrency, rollouts)
+        counts = [total + n for total, n in zip(counts, run["collections"], strict=True)]
+        calls += run["calls"]
     return {f"gen{g}": counts[g] / calls for g in range(3)} | {"calls": calls}
 
 

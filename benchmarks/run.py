@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         "lag_ms": 1e3 * max(raw.get("lag", float("nan")) for raw in raws),
                         # the client process's CPU time and gen-0 collections per model call (all runs together)
                         "cpu_ms_per_call": 1e3 * sum(raw["cpu"] for raw in raws) / sum(raw["calls"] for raw in raws),
-                        "gc0_per_call": sum(raw["gc0"] for raw in raws) / sum(raw["calls"] for raw in raws),
+                        "gc0_per_call": sum(raw["collections"][0] for raw in raws) / sum(raw["calls"] for raw in raws),
                         "gc_ms_per_call": 1e3
                         * sum(raw.get("gc_cpu", 0.0) for raw in raws)
                         / sum(raw["calls"] for raw in raws),
