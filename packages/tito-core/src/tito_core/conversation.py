@@ -21,6 +21,7 @@ import msgspec
 from .media import Image, image_part
 
 __all__ = [
+    "ChatCache",
     "ChatMessage",
     "Conversation",
     "ToolSpec",
@@ -160,3 +161,42 @@ def message_content(parts: Sequence[str | Image], joiner: str = "\n") -> str | l
     if texts:
         out.append({"type": "text", "text": joiner.join(texts)})
     return out
+
+
+class ChatCache:
+    """The chat messages of a front's recent conversations, so that a call's unchanged messages are last call's objects.
+
+    A front converts the whole conversation on every call (Strands sends all of it). :meth:`reuse` replaces each
+    leading message equal to the one at the same place in the previous call of that conversation by that one, so the
+    fresh copies are freed at once and only the new messages' objects stay alive while the engine generates: with
+    hundreds of rollouts in one process, objects that live across that wait are what the garbage collector's
+    generation-0 collections follow. Equality is the chat form's, what the template renders: a changed message is
+    never replaced. A conversation is known by its first message; the ``size`` most recently used are kept (a parent
+    agent and its sub-agents on one model).
+    """
+
+    def __init__(self, size: int = 4) -> None:
+        self._size = max(1, size)
+        self._recent: list[list[ChatMessage]] = []
+
+    def clear(self) -> None:
+        """Forget every conversation (a new rollout)."""
+        self._recent.clear()
+
+    def reuse(self, chat: list[ChatMessage]) -> list[ChatMessage]:
+        """``chat``, its leading messages that did not change since the last call replaced by that call's objects."""
+        if not chat:
+            return chat
+        recent, first = self._recent, chat[0]
+        known: list[ChatMessage] = []
+        for i, candidate in enumerate(recent):
+            if candidate[0] is first or candidate[0] == first:
+                known = recent.pop(i)
+                break
+        same, n = 0, min(len(known), len(chat))
+        while same < n and (known[same] is chat[same] or known[same] == chat[same]):
+            chat[same] = known[same]
+            same += 1
+        recent.insert(0, chat)
+        del recent[self._size :]
+        return chat

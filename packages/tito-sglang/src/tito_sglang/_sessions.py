@@ -250,6 +250,8 @@ class SessionPool:
             self._to_close.append(session_id)
 
     def _flush(self) -> None:
+        if not self._to_close:
+            return
         pending, self._to_close = self._to_close, []
         for session_id in pending:
             self._close_later(session_id)

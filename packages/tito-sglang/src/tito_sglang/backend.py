@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Final, Unpack
 
@@ -128,28 +128,37 @@ class SGLangBackend(HttpBackend):
         holds the literal ``<image>``) is a :class:`~tito_core.errors.BackendRequestError` naming that.
         """
         session = await self._sessions.begin(request)
-        try:
-            try:
-                return await self._generate(request, session)
-            except BackendError as exc:
-                if session is None or not session_refused(exc):
-                    raise
-                self._sessions.lost(request.sequence, session, exc)
-                return await self._generate(request, None)
+        try:  # one coroutine alive while the engine generates (hundreds of rollouts: the collector counts them)
+            return self._result(request, session, await self._post(request, session))
         except BackendError as exc:
-            refusal = _images.placeholder_refusal(exc, len(request.media)) if request.media else None
+            return await self._after_error(request, session, exc)
+
+    async def _after_error(
+        self, request: GenerateRequest, session: Session | None, exc: BackendError
+    ) -> GenerateResult:
+        """A lost session's request again without it (once); an image-count refusal named as such; else ``exc``."""
+        try:
+            if session is None or not session_refused(exc):
+                raise exc
+            self._sessions.lost(request.sequence, session, exc)
+            return self._result(request, None, await self._post(request, None))
+        except BackendError as error:
+            refusal = _images.placeholder_refusal(error, len(request.media)) if request.media else None
             if refusal is None:
                 raise
-            raise refusal from exc
+            raise refusal from error
 
-    async def _generate(self, request: GenerateRequest, session: Session | None) -> GenerateResult:
+    def _post(self, request: GenerateRequest, session: Session | None) -> Coroutine[Any, Any, bytes]:
+        """The ``/generate`` request of ``request`` (in ``session``); aborted on the server when cut short."""
         body = _wire.encode_generate(request, session, self._ids_json)
 
         async def abort() -> None:
             await self.abort(request.rid)
 
         # A failed request may be lost, half-generated or refused: the core ends its sequence (and so its session).
-        answer = await self._http.post("/generate", body, abort=abort, max_body=self._answer_limit(request))
+        return self._http.post("/generate", body, abort=abort, max_body=self._answer_limit(request))
+
+    def _result(self, request: GenerateRequest, session: Session | None, answer: bytes) -> GenerateResult:
         shape = self._routed_shape
         if request.return_routed_experts and not self._routed_shape_resolved:
             shape = self._resolve_routed_shape()
@@ -219,7 +228,7 @@ class SGLangBackend(HttpBackend):
             return_logprobs=False,
             return_prompt_logprobs=True,
         )
-        result = await self._generate(request, None)
+        result = self._result(request, None, await self._post(request, None))
         if result.prompt_logprobs is None:  # decode_generate refuses an answer without them; kept for mypy
             raise BackendResponseError(f"{self.name}: no prompt logprobs in the answer to a probe", backend=self.name)
         return list(result.prompt_logprobs)

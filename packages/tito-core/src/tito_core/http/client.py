@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from tito_core.errors import (
@@ -179,9 +179,9 @@ class HttpClient:
 
     # -- requests -----------------------------------------------------------------------------
 
-    async def post(
+    def post(
         self, path: str, body: bytes, *, abort: AbortCallback | None = None, max_body: int | None = None
-    ) -> bytes:
+    ) -> Coroutine[Any, Any, bytes]:
         """POST ``body`` (JSON bytes) to ``path`` and return the response body.
 
         ``max_body`` bounds the answer (default: the client's ``max_body``).
@@ -198,7 +198,7 @@ class HttpClient:
             asyncio.CancelledError: The caller was cancelled; ``abort`` was called first.
 
         """
-        return await self._request("POST", path, body, abort, max_body)
+        return self._request("POST", path, body, abort, max_body)  # no coroutine of its own alive during the request
 
     async def get(self, path: str, *, max_body: int | None = None) -> bytes:
         """GET ``path`` and return the response body (same errors as :meth:`post`)."""

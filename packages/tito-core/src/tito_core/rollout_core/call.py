@@ -42,6 +42,11 @@ __all__ = ["CallOptions", "Rollout"]
 logger = logging.getLogger("tito")
 
 
+def unchanged_or(new: Any, last: Any) -> Any:
+    """``last`` when it equals ``new``: a call keeps nothing new alive while the engine generates, when it can."""
+    return last if new == last else new
+
+
 class CallOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Per-call settings of a model (sampling, limits, what to ask the engine for)."""
 
@@ -99,6 +104,7 @@ class Rollout:
             input_kinds=self.capabilities.input_kinds,
         )
         self._lineages = Lineages(backend, rollout_id)
+        self._tools: list[dict[str, Any]] | None = None  # the last call's, in chat form
 
     @property
     def trajectory(self) -> Trajectory:
@@ -174,7 +180,7 @@ class Rollout:
     ) -> CallResult:
         prompts, backend = self.prompts, self.backend
         grammar = prompts.grammar(conversation.tool_specs, tool_choice, answer_schema)
-        tools = tool_specs_to_chat(conversation.tool_specs)
+        tools = self._tools = unchanged_or(tool_specs_to_chat(conversation.tool_specs), self._tools)
         lineage, plan = self._lineages.choose(conversation, tools, label.name if label is not None else None)
         held.append(lineage)
         sync = lineage.sync

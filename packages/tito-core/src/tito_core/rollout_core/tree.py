@@ -41,6 +41,8 @@ class BranchTree:
 
     def focus(self, branch: Trajectory) -> None:
         """Make ``branch`` (one of this rollout's) the current one."""
+        if branch is self._current and len(branch.branches) == len(self._all) - 1:
+            return  # already current with every other branch: nothing to rebuild
         self._current = branch
         branch.branches = [b for b in self._all if b is not branch]
         for other in branch.branches:

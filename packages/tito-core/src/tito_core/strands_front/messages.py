@@ -17,7 +17,7 @@ from typing import Any
 from strands.types.content import ContentBlock, Message, Messages
 from strands.types.tools import ToolResultContent, ToolSpec
 
-from ..conversation import ChatMessage, Conversation, message_content
+from ..conversation import ChatCache, ChatMessage, Conversation, message_content
 from ..errors import UnsupportedContentError
 from ..media import Image, ImageError
 
@@ -214,10 +214,16 @@ def to_conversation(
     tool_specs: Sequence[ToolSpec] | None = None,
     system_prompt: str | None = None,
     system_prompt_content: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    cache: ChatCache | None = None,
 ) -> Conversation:
-    """One Strands model call's input (what ``Model.stream`` receives) as tito's :class:`Conversation`."""
+    """One Strands model call's input (what ``Model.stream`` receives) as tito's :class:`Conversation`.
+
+    ``cache``: the model's :class:`~tito_core.conversation.ChatCache` (unchanged messages keep last call's objects).
+    """
+    chat = to_chat_messages(messages)
     return Conversation(
-        messages=to_chat_messages(messages),
+        messages=cache.reuse(chat) if cache is not None else chat,
         system=system_text(system_prompt, system_prompt_content),
         tool_specs=tool_specs or None,
     )

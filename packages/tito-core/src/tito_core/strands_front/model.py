@@ -27,6 +27,7 @@ from strands.types.tools import ToolSpec
 
 from .. import plugins
 from ..backend import Backend, SamplingParams, sampling_params
+from ..conversation import ChatCache
 from ..errors import ConfigError, ContextLengthError, ContextWindowFullError, TitoError
 from ..grammar import GrammarToolParser
 from ..model_setup import ModelSettings, ModelSetup, call_options
@@ -117,7 +118,9 @@ class TitoModel(Model):
         self._options = self.setup.options
         self._rollout = self.setup.rollout(backend, rollout_id)
         self._malformed: dict[str, str] = {}
-        self._guarded_agents: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._chat = ChatCache()
+        self._guarded: weakref.ref[Any] | None = None  # the agent whose tool calls are guarded (one, mostly)
+        self._guarded_more: weakref.WeakSet[Any] | None = None  # any other agent on this model
 
     @classmethod
     async def create(
@@ -161,17 +164,23 @@ class TitoModel(Model):
     def reset(self, rollout_id: str | None = None) -> Trajectory:
         """Close every branch of the current rollout, start a new one, and return the closed trajectory."""
         self._malformed.clear()
+        self._chat.clear()
         return self._rollout.reset(rollout_id)
 
     # ------------------------------------------------------------------------------------ calling
     def _attach_guard(self, invocation_state: Mapping[str, Any] | None) -> None:
         agent = (invocation_state or {}).get("agent")
-        if agent is None or agent in self._guarded_agents:
+        first = self._guarded() if self._guarded is not None else None
+        if agent is None or agent is first or (self._guarded_more is not None and agent in self._guarded_more):
             return
         from strands.hooks import BeforeToolCallEvent
 
         agent.hooks.add_callback(BeforeToolCallEvent, self._refuse_malformed_call)
-        self._guarded_agents.add(agent)
+        if first is None:
+            self._guarded = weakref.ref(agent)
+        else:
+            self._guarded_more = self._guarded_more if self._guarded_more is not None else weakref.WeakSet()
+            self._guarded_more.add(agent)
 
     def _refuse_malformed_call(self, event: BeforeToolCallEvent) -> None:
         message = self._malformed.pop(event.tool_use["toolUseId"], None)
@@ -201,7 +210,7 @@ class TitoModel(Model):
         label = parse_label((invocation_state or {}).get("tito_lineage"), "invocation_state['tito_lineage']")
         self._attach_guard(invocation_state)
         try:
-            conversation = to_conversation(messages, tool_specs, system_prompt, system_prompt_content)
+            conversation = to_conversation(messages, tool_specs, system_prompt, system_prompt_content, cache=self._chat)
         except Exception as exc:  # content tito cannot render ends the call like any other failure
             self._rollout.fail(exc)
             raise
