@@ -393,3 +393,35 @@ def test_bad_worker_flags_are_an_error_before_any_work(tmp_path: Path, flags: li
     args = [sys.executable, "-c", code, "serve", "--config", str(cfg), "--port", "0", *flags]
     done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)  # a hang guard only
     assert done.returncode == 2 and done.stderr.startswith(f"tito serve: error: {said}"), done.stderr
+
+
+def test_a_rollout_opened_again_after_its_worker_died_keeps_its_sample_number(tmp_path: Path) -> None:
+    """The door opens a rollout on another worker when the first died before opening it, and that worker may have
+    asked the supervisor for the rollout's sample number already. Asked again for the same rollout id (the pipe's
+    request, as a worker sends it), the supervisor gives the same number, so no sample is skipped; another rollout of
+    the task gets the next one, and once the rollout's record is written its id is forgotten."""
+    from tito_core.config import TitoConfig
+    from tito_core.gateway.channel import SampleOf, WriteRecord, encode
+    from tito_core.gateway.workers import WorkerPool
+    from tito_core.records import rollout_record
+    from tito_core.trajectory import Trajectory
+
+    config = TitoConfig(backend="scripted", tokenizer=str(qwen_tokenizer_dir("qwen3")))
+    pool = WorkerPool(config, 2, output=tmp_path / "out.jsonl")
+    pool._writer = open_writer(tmp_path / "out.jsonl")
+
+    def ask(task: str, rollout_id: str) -> int:
+        reply = pool._answer(None, encode(SampleOf(task, rollout_id)))  # type: ignore[arg-type]
+        assert reply.error is None
+        return reply.sample
+
+    assert ask("t", "first") == 0
+    assert ask("t", "first") == 0  # the same rollout, opened again on another worker
+    assert ask("t", "second") == 1
+    assert ask("u", "first") == 0  # another task's numbering (and a rollout id reused for it)
+    traj = Trajectory("second").close("completed")
+    record = rollout_record(traj, task_id="t", sample=1, group=0, reward=None, server="", started=0.0, wall_s=0.0,
+                            agent_s=0.0, tool_calls=0)  # fmt: skip
+    assert pool._answer(None, encode(WriteRecord(record))).error is None  # type: ignore[arg-type]
+    assert ask("t", "second") == 2  # written: the id is a new rollout now
+    pool._writer.close()

@@ -31,9 +31,14 @@ class Ready(msgspec.Struct, frozen=True, tag="ready"):
 
 
 class SampleOf(msgspec.Struct, frozen=True, tag="sample"):
-    """The next sample number of ``task_id`` across the workers."""
+    """The next sample number of ``task_id`` across the workers, for rollout ``rollout_id``.
+
+    The same rollout id asked again (the door opening it on another worker after the first died before opening it)
+    gets the same number.
+    """
 
     task_id: str
+    rollout_id: str | None = None
 
 
 class WriteRecord(msgspec.Struct, frozen=True, tag="write"):
@@ -125,9 +130,12 @@ class RemoteOutput(GatewayOutput):
         self.channel = channel
         self._writer = _SupervisorWriter(channel, journal)
 
-    def next_sample(self, task: str) -> int:
-        """The next sample number of ``task``, across every worker of the supervisor (503 when it is gone)."""
+    def next_sample(self, task: str, rollout_id: str | None = None) -> int:
+        """The next sample number of ``task``, across every worker of the supervisor (503 when it is gone).
+
+        The supervisor gives a rollout id it has seen the number it gave it (see :class:`SampleOf`).
+        """
         try:
-            return self.channel.request(SampleOf(task)).sample
+            return self.channel.request(SampleOf(task, rollout_id)).sample
         except OSError as exc:
             raise GatewayError(503, f"the gateway cannot open rollouts: {exc}", code="shutting_down") from None

@@ -62,8 +62,8 @@ class GatewayOutput:
         self.unwritten = []
         writer.close()
 
-    def next_sample(self, task: str) -> int:
-        """The next sample number of ``task``."""
+    def next_sample(self, task: str, rollout_id: str | None = None) -> int:
+        """The next sample number of ``task`` (for rollout ``rollout_id``: one process opens it once)."""
         if task not in self._samples:
             done = self._writer.finished() if self._writer is not None else set()
             self._samples[task] = 1 + max((s for t, s in done if t == task), default=-1)

@@ -229,7 +229,7 @@ class Gateway:
         self.registry.add(rollout)
         self.access.add(rid, rollout.token)
         core.trajectory.metadata.update({**rollout.metadata, "task_id": task})
-        rollout.sample = self.writer.next_sample(task)
+        rollout.sample = self.writer.next_sample(task, rid)
         if self.journal is not None:
             _journaled(self.journal.opened, rollout, self.base_url, what="the rollout was opened")
         return rollout
