@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from ..records import RecordWriter, RolloutRecord, open_writer, rollout_record
-from ..records.schema import ENCODER
+from ..records.schema import ENCODER, Key
 from ..trajectory import Trajectory
 from .errors import GatewayError
 from .registry import GatewayRollout
@@ -27,6 +28,38 @@ RECENT = 1000
 """Finished records the gateway keeps in memory for its viewer (``/ui``); the output file keeps them all."""
 
 
+class SampleNumbers:
+    """The next sample number of each task, counted on after the task's records already written.
+
+    A rollout asked for again by its id (the door opening it on another worker after the first died before opening
+    it) gets the number it was given, until :meth:`written` says its record is out.
+    """
+
+    def __init__(self) -> None:
+        self._next: dict[str, int] = {}
+        self._given: dict[str, tuple[str, int]] = {}  # rollout id -> (task, sample), while the rollout is open
+
+    def next(self, task: str, finished: Callable[[], set[Key]], rollout_id: str | None = None) -> int:
+        """The number of ``task``'s next rollout, or ``rollout_id``'s own when it was given one.
+
+        ``finished`` gives the keys already written (read once per task).
+        """
+        given = self._given.get(rollout_id) if rollout_id is not None else None
+        if given is not None and given[0] == task:
+            return given[1]
+        if task not in self._next:
+            self._next[task] = 1 + max((s for t, s in finished() if t == task), default=-1)
+        sample = self._next[task]
+        self._next[task] = sample + 1
+        if rollout_id is not None:
+            self._given[rollout_id] = (task, sample)
+        return sample
+
+    def written(self, rollout_id: str) -> None:
+        """Rollout ``rollout_id``'s record is written: its id is no longer asked for."""
+        self._given.pop(rollout_id, None)
+
+
 class GatewayOutput:
     """The records of a gateway's ended rollouts, written to ``path`` (JSONL or ``.parquet``) when there is one.
 
@@ -37,7 +70,7 @@ class GatewayOutput:
     def __init__(self, path: str | Path | None) -> None:
         self.path = path
         self._writer: RecordWriter | None = None
-        self._samples: dict[str, int] = {}
+        self._samples = SampleNumbers()
         self.recent: deque[tuple[int, RolloutRecord]] = deque(maxlen=RECENT)  # (number, record): the viewer's
         self.unwritten: list[RolloutRecord] = []  # records a write failed for: written again later
         self._written = 0
@@ -63,13 +96,11 @@ class GatewayOutput:
         writer.close()
 
     def next_sample(self, task: str, rollout_id: str | None = None) -> int:
-        """The next sample number of ``task`` (for rollout ``rollout_id``: one process opens it once)."""
-        if task not in self._samples:
-            done = self._writer.finished() if self._writer is not None else set()
-            self._samples[task] = 1 + max((s for t, s in done if t == task), default=-1)
-        sample = self._samples[task]
-        self._samples[task] = sample + 1
-        return sample
+        """The next sample number of ``task`` (:class:`SampleNumbers`)."""
+        return self._samples.next(task, self._finished, rollout_id)
+
+    def _finished(self) -> set[Key]:
+        return self._writer.finished() if self._writer is not None else set()
 
     def write(
         self,

@@ -46,10 +46,12 @@ from aiohttp import web
 from ..config import TitoConfig
 from ..errors import ConfigError
 from ..records import RecordWriter, open_writer
+from ..records.schema import Key
 from .access import Access, is_loopback
 from .channel import Ready, Reply, SampleOf, decode_request, encode
 from .door import door_app
 from .journal import lost_records
+from .output import SampleNumbers
 from .service import LISTEN_BACKLOG
 from .worker import WorkerSettings, worker_main
 
@@ -152,8 +154,7 @@ class WorkerPool:
         self.closing = False
         self.base_url = ""
         self._writer: RecordWriter | None = None
-        self._samples: dict[str, int] = {}
-        self._sampled: dict[str, tuple[str, int]] = {}  # rollout id -> (task, sample) given, until its record
+        self._samples = SampleNumbers()
         self._next = 0
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -307,7 +308,7 @@ class WorkerPool:
             worker.ready.set()
             return Reply()
         if isinstance(request, SampleOf):
-            return Reply(sample=self._next_sample(request.task_id, request.rollout_id))
+            return Reply(sample=self._samples.next(request.task_id, self._finished, request.rollout_id))
         if self._writer is None:
             return Reply(error="the gateway has no output")
         record = request.record
@@ -318,22 +319,11 @@ class WorkerPool:
             self._writer.write(record)
         except (OSError, ValueError) as exc:
             return Reply(error=f"{type(exc).__name__}: {exc}")
-        self._sampled.pop(record.trajectory.rollout_id, None)
+        self._samples.written(record.trajectory.rollout_id)
         return Reply()
 
-    def _next_sample(self, task: str, rollout_id: str | None = None) -> int:
-        """The next sample of ``task``; a rollout id asked again (its first worker died opening it) gets its own."""
-        given = self._sampled.get(rollout_id) if rollout_id is not None else None
-        if given is not None and given[0] == task:
-            return given[1]
-        if task not in self._samples:
-            done = self._writer.finished() if self._writer is not None else set()
-            self._samples[task] = 1 + max((s for t, s in done if t == task), default=-1)
-        sample = self._samples[task]
-        self._samples[task] = sample + 1
-        if rollout_id is not None:
-            self._sampled[rollout_id] = (task, sample)
-        return sample
+    def _finished(self) -> set[Key]:
+        return self._writer.finished() if self._writer is not None else set()
 
     # ---------------------------------------------------------------------------------------- lost workers
     def connection_closed(self, worker: WorkerHandle) -> None:
@@ -379,7 +369,7 @@ class WorkerPool:
                              journal, record.task_id, record.sample, exc)  # fmt: skip
                 return written
             written += 1
-            self._sampled.pop(record.trajectory.rollout_id, None)
+            self._samples.written(record.trajectory.rollout_id)
             if ids is not None:
                 ids.add(record.trajectory.rollout_id)
         journal.unlink()
