@@ -43,6 +43,17 @@ def test_a_changed_message_and_everything_after_it_stay_the_calls_own():
     assert second[2] is edited[2]  # equal again, but after a change: not replaced
 
 
+def test_a_message_equal_in_python_but_not_in_its_tokens_is_not_replaced():
+    """``1 == 1.0 == True``, but a template writes them differently: such a change is the call's own message."""
+    cache = ChatCache()
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
+    cache.reuse([user("q"), {"role": "assistant", "content": "", "tool_calls": [call]}])
+    for value in (1.0, True):
+        changed = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": value}}}
+        edited = [user("q"), {"role": "assistant", "content": "", "tool_calls": [changed]}]
+        assert cache.reuse(edited)[1]["tool_calls"][0]["function"]["arguments"]["a"] is value
+
+
 def test_each_conversation_is_known_by_its_first_message_and_only_the_most_recent_are_kept():
     cache = ChatCache(size=2)
     parent = cache.reuse([user("parent"), assistant("p")])

@@ -167,36 +167,49 @@ class ChatCache:
     """The chat messages of a front's recent conversations, so that a call's unchanged messages are last call's objects.
 
     A front converts the whole conversation on every call (Strands sends all of it). :meth:`reuse` replaces each
-    leading message equal to the one at the same place in the previous call of that conversation by that one, so the
-    fresh copies are freed at once and only the new messages' objects stay alive while the engine generates: with
+    leading message that is the same as the one at its place in the previous call of that conversation by that one, so
+    the fresh copies are freed at once and only the new messages' objects stay alive while the engine generates: with
     hundreds of rollouts in one process, objects that live across that wait are what the garbage collector's
-    generation-0 collections follow. Equality is the chat form's, what the template renders: a changed message is
-    never replaced. A conversation is known by its first message; the ``size`` most recently used are kept (a parent
-    agent and its sub-agents on one model).
+    generation-0 collections follow. "The same" is what the rollout's sync compares (:func:`canonical`: ``1``,
+    ``1.0`` and ``True`` differ), so a message that changed in any way that can change its tokens is never replaced. A
+    conversation is known by its first message; the ``size`` most recently used are kept (a parent agent and its
+    sub-agents on one model).
     """
 
     def __init__(self, size: int = 4) -> None:
         self._size = max(1, size)
-        self._recent: list[list[ChatMessage]] = []
+        self._chats: list[list[ChatMessage]] = []  # most recent first
+        self._forms: list[list[bytes | Mapping[str, Any]]] = []  # their messages' canonical forms
 
     def clear(self) -> None:
         """Forget every conversation (a new rollout)."""
-        self._recent.clear()
+        self._chats.clear()
+        self._forms.clear()
 
     def reuse(self, chat: list[ChatMessage]) -> list[ChatMessage]:
         """``chat``, its leading messages that did not change since the last call replaced by that call's objects."""
         if not chat:
             return chat
-        recent, first = self._recent, chat[0]
+        chats, forms = self._chats, self._forms
+        first = chat[0]
         known: list[ChatMessage] = []
-        for i, candidate in enumerate(recent):
-            if candidate[0] is first or candidate[0] == first:
-                known = recent.pop(i)
+        known_forms: list[bytes | Mapping[str, Any]] = []
+        for i, candidate in enumerate(chats):
+            if candidate[0] is first or _unchanged(candidate[0], forms[i][0], first):
+                known, known_forms = chats.pop(i), forms.pop(i)
                 break
         same, n = 0, min(len(known), len(chat))
-        while same < n and (known[same] is chat[same] or known[same] == chat[same]):
+        while same < n and (known[same] is chat[same] or _unchanged(known[same], known_forms[same], chat[same])):
             chat[same] = known[same]
             same += 1
-        recent.insert(0, chat)
-        del recent[self._size :]
+        del known_forms[same:]
+        known_forms.extend(canonical(message) for message in chat[same:])
+        chats.insert(0, chat)
+        forms.insert(0, known_forms)
+        del chats[self._size :], forms[self._size :]
         return chat
+
+
+def _unchanged(old: ChatMessage, old_form: bytes | Mapping[str, Any], new: ChatMessage) -> bool:
+    """Whether ``new`` is ``old`` again: equal, and equal in canonical form (which tells ``1`` from ``1.0``)."""
+    return old == new and canonical(new) == old_form
